@@ -1,0 +1,3 @@
+from reflectrl.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,177 @@
+"""The `reflectrl` command. Thin: parse, validate, call; every failure the user can fix is
+one line on stderr with exit code 2 and no traceback.
+
+    reflectrl train --algo ppo --env ID --seed N --total-steps N --out DIR [--wrapper W] [--set k=v ...]
+    reflectrl train --resume DIR
+    reflectrl eval DIR --episodes N [--deterministic] [--json] [--video FILE.mp4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import warnings
+
+from reflectrl.errors import NonFiniteError, UserError
+
+EXIT_USAGE = 2
+EXIT_FAILED = 1
+EXIT_INTERRUPTED = 130
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, no usage dump
+        raise UserError(f"{message} (see '{self.prog} --help')")
+
+
+def _flatten(sets: list[list[str]] | None) -> list[str]:
+    return [item for group in (sets or []) for item in group]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from reflectrl import __version__
+    from reflectrl.config import ALGOS
+    from reflectrl.envs import DEFAULT_ENV
+
+    parser = _Parser(prog="reflectrl", description="Agentic RL in which the agent learns its own learning signal.")
+    parser.add_argument("--version", action="version", version=f"reflectrl {__version__}")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser, required=True)
+
+    train = sub.add_parser("train", help="train one run (or continue one with --resume)")
+    train.add_argument("--algo", default=None, help=f"one of: {', '.join(ALGOS)} (default ppo)")
+    train.add_argument("--env", default=None, help=f"Gymnasium env id (default {DEFAULT_ENV})")
+    train.add_argument("--seed", type=int, default=None, help="random seed (default 1)")
+    train.add_argument("--total-steps", type=int, default=None, help="env steps to train for (default 100000)")
+    train.add_argument("--out", default=None, help="run directory to create")
+    train.add_argument("--wrapper", default=None, help="reward wrapper: sparse or delayed:K")
+    train.add_argument("--set", action="append", nargs="+", metavar="KEY=VALUE",
+                       help="override a knob, e.g. --set num_envs=8 learning_rate=1e-3 env.size=12")
+    train.add_argument("--resume", metavar="DIR", default=None, help="continue the interrupted run in DIR")
+    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    ev = sub.add_parser("eval", help="evaluate a run's latest checkpoint")
+    ev.add_argument("run_dir", metavar="DIR")
+    ev.add_argument("--episodes", type=int, default=10)
+    ev.add_argument("--deterministic", action="store_true", help="greedy / mean actions")
+    ev.add_argument("--seed", type=int, default=None, help="seed of the evaluation episodes")
+    ev.add_argument("--json", action="store_true", help="print one JSON object")
+    ev.add_argument("--video", metavar="FILE.mp4", default=None, help="record the episodes")
+    return parser
+
+
+def _train_new(args) -> int:
+    from reflectrl.config import PPOConfig, RunConfig, apply_overrides
+    from reflectrl.control.ppo import PPOTrainer, resolve_config
+    from reflectrl.envs import DEFAULT_ENV
+    from reflectrl.runs import RunDir
+
+    if args.out is None:
+        raise UserError("train needs --out DIR (a new run directory), or --resume DIR to continue a run")
+    cfg = RunConfig(
+        algo=args.algo or "ppo",
+        env_id=args.env or DEFAULT_ENV,
+        seed=1 if args.seed is None else args.seed,
+        total_steps=100_000 if args.total_steps is None else args.total_steps,
+        wrapper=args.wrapper,
+        ppo=PPOConfig(),
+    )
+    apply_overrides(cfg, _flatten(args.set))
+    resolve_config(cfg)  # every check that needs no run directory happens before we make one
+
+    created = not os.path.exists(args.out)
+    run = RunDir.create(args.out, cfg.to_dict(), command=["reflectrl", *sys.argv[1:]])
+    try:
+        trainer = PPOTrainer(cfg, run)
+    except BaseException:
+        if created:
+            shutil.rmtree(run.path, ignore_errors=True)
+        raise
+    return _run_training(trainer, run, progress=not args.no_progress)
+
+
+def _train_resume(args) -> int:
+    from reflectrl.config import RunConfig
+    from reflectrl.control.ppo import PPOTrainer
+    from reflectrl.runs import RunDir
+
+    given = [flag for flag, value in (("--algo", args.algo), ("--env", args.env), ("--seed", args.seed),
+             ("--total-steps", args.total_steps), ("--out", args.out), ("--wrapper", args.wrapper), ("--set", args.set))
+             if value is not None]
+    if given:
+        raise UserError(f"--resume continues a run with its saved config; drop {', '.join(given)}")
+    run = RunDir.open(args.resume)
+    cfg = RunConfig.from_dict(run.config())
+    if run.status().get("status") == "finished":
+        print(f"run {run.path} already finished; nothing to do", file=sys.stderr)
+        return 0
+    state = run.load_checkpoint()
+    trainer = PPOTrainer(cfg, run)
+    trainer.load_state_dict(state)
+    run.set_status("running")
+    return _run_training(trainer, run, progress=not args.no_progress)
+
+
+def _run_training(trainer, run, progress: bool) -> int:
+    import numpy as np
+
+    from reflectrl.control.policies import params_sha256
+
+    try:
+        trainer.train(progress=progress)
+    except NonFiniteError as err:
+        run.set_status("failed", reason=str(err))
+        print(f"reflectrl: error: {err}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        run.set_status("interrupted", global_step=trainer.global_step)
+        print(f"\nreflectrl: interrupted; continue with: reflectrl train --resume {run.path}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        trainer.close()
+    recent = float(np.mean(trainer.recent_returns)) if trainer.recent_returns else float("nan")
+    run.set_status("finished", global_step=trainer.global_step, params_sha256=params_sha256(trainer.agent))
+    print(f"finished {trainer.cfg.algo} on {trainer.cfg.env_id}: {trainer.global_step} steps, "
+          f"mean return of the last {len(trainer.recent_returns)} episodes {recent:.4g}; run: {run.path}")
+    return 0
+
+
+def _eval(args) -> int:
+    from reflectrl.control.evaluate import evaluate
+
+    result = evaluate(args.run_dir, episodes=args.episodes, deterministic=args.deterministic,
+                      seed=args.seed, video=args.video)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"{result['env_id']} @ {result['global_step']} steps: mean return {result['mean_return']:.4g} "
+              f"+- {result['std_return']:.3g} over {result['episodes']} episodes "
+              f"({'deterministic' if args.deterministic else 'stochastic'}); params_sha256 {result['params_sha256'][:16]}")
+    return 0
+
+
+def _one_line_warnings(message, category, filename, lineno, line=None):
+    return f"reflectrl: warning: {message}\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    warnings.formatwarning = _one_line_warnings
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command == "train":
+            return _train_resume(args) if args.resume else _train_new(args)
+        if args.command == "eval":
+            return _eval(args)
+        raise UserError(f"unknown command {args.command}")
+    except UserError as err:
+        print(f"reflectrl: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("\nreflectrl: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

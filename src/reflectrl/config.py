@@ -1,0 +1,259 @@
+"""Run configuration: dataclasses with one name per knob, `--set key=value` parsing, validation.
+
+PPO knobs carry CleanRL's names (`num_envs, num_steps, ...`). A knob left as `None` takes
+its default for the env's action type (CleanRL's ppo.py for discrete actions,
+ppo_continuous_action.py for continuous ones) when the run is resolved; the resolved values
+are what `config.json` in the run directory records.
+
+`--set` keys: a bare name sets a PPO knob or a run knob (`num_envs=8`,
+`checkpoint_every=10000`); `env.NAME=VALUE` passes a keyword to the env's constructor;
+`SECTION.NAME=VALUE` sets a knob of a signal's section (registered by the signal modules).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import math
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from reflectrl.errors import UserError
+
+ALGOS = ("ppo",)
+
+
+@dataclass
+class PPOConfig:
+    num_envs: int | None = None
+    num_steps: int | None = None
+    num_minibatches: int | None = None
+    update_epochs: int | None = None
+    learning_rate: float | None = None
+    anneal_lr: bool = True
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    clip_coef: float = 0.2
+    clip_vloss: bool = True
+    ent_coef: float | None = None
+    vf_coef: float = 0.5
+    max_grad_norm: float = 0.5
+    target_kl: float | None = None
+    norm_adv: bool = True
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    # Continuous control: observation/reward normalisation and clipping (CleanRL's wrappers).
+    norm_obs: bool | None = None
+    norm_reward: bool | None = None
+    clip_obs: float = 10.0
+    clip_reward: float = 10.0
+
+    @property
+    def batch_size(self) -> int:
+        return self.num_envs * self.num_steps
+
+    @property
+    def minibatch_size(self) -> int:
+        return self.batch_size // self.num_minibatches
+
+
+# CleanRL's defaults: ppo.py (Atari-free classic control) and ppo_continuous_action.py.
+DISCRETE_DEFAULTS = dict(
+    num_envs=4, num_steps=128, num_minibatches=4, update_epochs=4, learning_rate=2.5e-4,
+    ent_coef=0.01, norm_obs=False, norm_reward=False,
+)
+CONTINUOUS_DEFAULTS = dict(
+    num_envs=1, num_steps=2048, num_minibatches=32, update_epochs=10, learning_rate=3e-4,
+    ent_coef=0.0, norm_obs=True, norm_reward=True,
+)
+
+
+@dataclass
+class RunConfig:
+    algo: str = "ppo"
+    env_id: str = "reflectrl/GridWorld-v0"
+    seed: int = 1
+    total_steps: int = 100_000
+    wrapper: str | None = None
+    env: dict[str, Any] = field(default_factory=dict)
+    checkpoint_every: int = 50_000
+    torch_threads: int = 1
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    # Signal sections (calibration, shaping, gear) are added by the signal modules.
+    sections: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["ppo"]["hidden_sizes"] = list(self.ppo.hidden_sizes)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RunConfig":
+        d = dict(d)
+        ppo = dict(d.pop("ppo", {}))
+        if "hidden_sizes" in ppo:
+            ppo["hidden_sizes"] = tuple(ppo["hidden_sizes"])
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise UserError(f"config has unknown keys {sorted(unknown)}; was it written by a newer reflectrl?")
+        return cls(**d, ppo=PPOConfig(**ppo))
+
+
+RUN_KNOBS = ("checkpoint_every", "torch_threads")
+
+
+def resolve_defaults(ppo: PPOConfig, continuous: bool) -> PPOConfig:
+    """Fill the knobs left as None with the defaults for the action type."""
+    defaults = CONTINUOUS_DEFAULTS if continuous else DISCRETE_DEFAULTS
+    values = {k: (defaults[k] if getattr(ppo, k) is None else getattr(ppo, k)) for k in defaults}
+    return dataclasses.replace(ppo, **values)
+
+
+# --------------------------------------------------------------------------- parsing
+
+def _parse_value(key: str, raw: str, annotation: Any) -> Any:
+    """Parse `raw` as the type a dataclass field is annotated with."""
+    args = typing.get_args(annotation)
+    origin = typing.get_origin(annotation)
+    optional = type(None) in args
+    if optional and raw.strip().lower() in ("none", "null"):
+        return None
+    base = annotation
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        non_none = [a for a in args if a is not type(None)]
+        base = non_none[0] if len(non_none) == 1 else str
+    text = raw.strip()
+    try:
+        if base is bool:
+            low = text.lower()
+            if low in ("true", "1", "yes", "on"):
+                return True
+            if low in ("false", "0", "no", "off"):
+                return False
+            raise ValueError
+        if base is int:
+            value = float(text)
+            if not value.is_integer():
+                raise ValueError
+            return int(value)
+        if base is float:
+            return float(text)
+        if typing.get_origin(base) is tuple or base is tuple:
+            return tuple(int(x) for x in text.replace("(", "").replace(")", "").split(",") if x.strip())
+        return text
+    except ValueError:
+        kind = {bool: "true or false", int: "an integer", float: "a number"}.get(base, "a comma-separated list of integers")
+        raise UserError(f"--set {key}={raw}: expected {kind}") from None
+
+
+def _parse_env_value(raw: str) -> Any:
+    """Env keywords are free-form: take JSON literals (numbers, true, lists), else the string."""
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        low = raw.lower()
+        if low in ("true", "false"):
+            return low == "true"
+        return raw
+
+
+def _set_dataclass_field(obj: Any, key: str, name: str, raw: str, where: str) -> None:
+    hints = typing.get_type_hints(type(obj))
+    names = [f.name for f in dataclasses.fields(obj)]
+    if name not in names:
+        close = difflib.get_close_matches(name, names, n=3)
+        hint = f" (did you mean {', '.join(close)}?)" if close else f"; known: {', '.join(names)}"
+        raise UserError(f"unknown --set key '{key}' for {where}{hint}")
+    setattr(obj, name, _parse_value(key, raw, hints[name]))
+
+
+SECTION_TYPES: dict[str, type] = {}
+"""Signal modules register their config dataclass here under their --set prefix."""
+
+
+def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
+    """Apply `--set key=value` strings to a config, in order."""
+    for item in overrides:
+        if "=" not in item:
+            raise UserError(f"--set '{item}' is not key=value (example: --set num_envs=8)")
+        key, raw = item.split("=", 1)
+        key = key.strip()
+        if "." in key:
+            section, name = key.split(".", 1)
+            if section == "env":
+                cfg.env[name] = _parse_env_value(raw)
+            elif section in SECTION_TYPES:
+                obj = cfg.sections.setdefault(section, SECTION_TYPES[section]())
+                _set_dataclass_field(obj, key, name, raw, f"section '{section}'")
+            elif section == "ppo":
+                _set_dataclass_field(cfg.ppo, key, name, raw, "PPO")
+            else:
+                known = ["env", "ppo", *SECTION_TYPES]
+                raise UserError(f"unknown --set section '{section}' in '{key}'; known sections: {', '.join(known)}")
+        elif key in RUN_KNOBS:
+            _set_dataclass_field(cfg, key, key, raw, "the run")
+        else:
+            ppo_names = [f.name for f in dataclasses.fields(PPOConfig)]
+            if key not in ppo_names:
+                close = difflib.get_close_matches(key, ppo_names + list(RUN_KNOBS), n=3)
+                hint = f" (did you mean {', '.join(close)}?)" if close else ""
+                raise UserError(f"unknown --set key '{key}'{hint}; PPO knobs: {', '.join(ppo_names)}; run knobs: {', '.join(RUN_KNOBS)}")
+            _set_dataclass_field(cfg.ppo, key, key, raw, "PPO")
+    return cfg
+
+
+# --------------------------------------------------------------------------- validation
+
+def _finite(name: str, value: float) -> None:
+    if not math.isfinite(value):
+        raise UserError(f"{name}={value} must be a finite number")
+
+
+def validate(cfg: RunConfig) -> None:
+    """Check a resolved config; raise UserError naming the first bad value and the fix."""
+    p = cfg.ppo
+    if cfg.algo not in ALGOS:
+        close = difflib.get_close_matches(cfg.algo, ALGOS, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise UserError(f"unknown --algo '{cfg.algo}'{hint}; available: {', '.join(ALGOS)}")
+    if cfg.seed < 0:
+        raise UserError(f"--seed {cfg.seed}: must be >= 0")
+    if cfg.total_steps <= 0:
+        raise UserError(f"--total-steps {cfg.total_steps}: must be a positive integer")
+    for name in ("num_envs", "num_steps", "num_minibatches", "update_epochs"):
+        if getattr(p, name) < 1:
+            raise UserError(f"{name}={getattr(p, name)}: must be a positive integer")
+    if p.batch_size % p.num_minibatches:
+        raise UserError(
+            f"batch of num_envs*num_steps={p.batch_size} does not divide into num_minibatches={p.num_minibatches}; "
+            "pick num_minibatches that divides it"
+        )
+    if p.batch_size > cfg.total_steps:
+        raise UserError(
+            f"--total-steps {cfg.total_steps} is smaller than one batch (num_envs*num_steps={p.batch_size}); "
+            "raise --total-steps or lower num_steps"
+        )
+    for name in ("learning_rate", "gamma", "gae_lambda", "clip_coef", "ent_coef", "vf_coef", "max_grad_norm", "clip_obs", "clip_reward"):
+        _finite(name, getattr(p, name))
+    if not 0.0 < p.gamma <= 1.0:
+        raise UserError(f"gamma={p.gamma}: must be in (0, 1]")
+    if not 0.0 <= p.gae_lambda <= 1.0:
+        raise UserError(f"gae_lambda={p.gae_lambda}: must be in [0, 1]")
+    if p.learning_rate <= 0:
+        raise UserError(f"learning_rate={p.learning_rate}: must be > 0")
+    for name in ("clip_coef", "max_grad_norm", "clip_obs", "clip_reward"):
+        if getattr(p, name) <= 0:
+            raise UserError(f"{name}={getattr(p, name)}: must be > 0")
+    for name in ("ent_coef", "vf_coef"):
+        if getattr(p, name) < 0:
+            raise UserError(f"{name}={getattr(p, name)}: must be >= 0")
+    if p.target_kl is not None and (not math.isfinite(p.target_kl) or p.target_kl <= 0):
+        raise UserError(f"target_kl={p.target_kl}: must be a positive number, or none to disable")
+    if not p.hidden_sizes or any(h < 1 for h in p.hidden_sizes):
+        raise UserError(f"hidden_sizes={p.hidden_sizes}: give one or more positive layer widths, e.g. 64,64")
+    if cfg.checkpoint_every < 1:
+        raise UserError(f"checkpoint_every={cfg.checkpoint_every}: must be a positive number of env steps")
+    if cfg.torch_threads < 1:
+        raise UserError(f"torch_threads={cfg.torch_threads}: must be >= 1")

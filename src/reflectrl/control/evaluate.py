@@ -1,0 +1,114 @@
+"""Evaluate a run's latest checkpoint on fresh episodes of the true env return.
+
+The env is built as in training but without reward normalisation or reward wrappers
+(the return reported is the env's own, recorded below every wrapper anyway), and with the
+observation normaliser frozen at the statistics saved in the checkpoint.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from reflectrl.config import RunConfig
+from reflectrl.control.policies import ActorCritic, params_sha256
+from reflectrl.envs import ClipObservation, is_continuous, make_env
+from reflectrl.errors import UserError
+from reflectrl.runs import RunDir
+
+
+def load_policy(run: RunDir) -> tuple[RunConfig, ActorCritic, dict]:
+    cfg = RunConfig.from_dict(run.config())
+    state = run.load_checkpoint()
+    env = make_env(cfg.env_id, env_kwargs=cfg.env)
+    continuous = is_continuous(env.action_space)
+    obs_dim = int(np.prod(env.observation_space.shape))
+    action_dim = env.action_space.shape[0] if continuous else int(env.action_space.n)
+    env.close()
+    agent = ActorCritic(obs_dim, action_dim, continuous, cfg.ppo.hidden_sizes)
+    try:
+        agent.load_state_dict(state["agent"])
+    except (KeyError, RuntimeError):
+        raise UserError(f"checkpoint in {run.path} does not match its config.json (network shapes differ)") from None
+    return cfg, agent, state
+
+
+def evaluate(
+    run_path: str,
+    episodes: int = 10,
+    deterministic: bool = False,
+    seed: int | None = None,
+    video: str | None = None,
+) -> dict:
+    if episodes < 1:
+        raise UserError(f"--episodes {episodes}: must be >= 1")
+    if video is not None and not video.lower().endswith(".mp4"):
+        raise UserError(f"--video {video}: give a file name ending in .mp4")
+    run = RunDir.open(run_path)
+    cfg, agent, state = load_policy(run)
+    env = make_env(cfg.env_id, env_kwargs=cfg.env, render_mode="rgb_array" if video else None)
+    normalizer = state.get("obs_normalizer")
+    if cfg.ppo.norm_obs and normalizer is not None:
+        env = gym.wrappers.NormalizeObservation(env)
+        env.update_running_mean = False
+        env.obs_rms.mean, env.obs_rms.var, env.obs_rms.count = normalizer["mean"], normalizer["var"], normalizer["count"]
+        env = ClipObservation(env, cfg.ppo.clip_obs)
+    continuous = is_continuous(env.action_space)
+    generator = torch.Generator().manual_seed(cfg.seed + 1_000_003 if seed is None else seed)
+    base_seed = cfg.seed + 1_000_003 if seed is None else seed
+
+    returns, lengths, frames = [], [], []
+    for ep in range(episodes):
+        obs, _ = env.reset(seed=base_seed + ep)
+        done = False
+        while not done:
+            if video:
+                frames.append(env.render())
+            x = torch.as_tensor(obs, dtype=torch.float32).unsqueeze(0)
+            with torch.no_grad():
+                action = agent.deterministic_action(x) if deterministic else agent.act(x, generator)[0]
+            a = action[0].numpy()
+            if continuous:
+                a = np.clip(a, env.action_space.low, env.action_space.high)
+            else:
+                a = int(a)
+            obs, _, terminated, truncated, info = env.step(a)
+            done = terminated or truncated
+        returns.append(float(info["episode"]["r"]))
+        lengths.append(int(info["episode"]["l"]))
+    env.close()
+
+    if video:
+        _write_video(Path(video), frames, env.metadata.get("render_fps", 30))
+    return {
+        "run": str(run.path),
+        "env_id": cfg.env_id,
+        "global_step": int(state["global_step"]),
+        "episodes": episodes,
+        "deterministic": deterministic,
+        "mean_return": float(np.mean(returns)),
+        "std_return": float(np.std(returns)),
+        "min_return": float(np.min(returns)),
+        "max_return": float(np.max(returns)),
+        "mean_length": float(np.mean(lengths)),
+        "returns": returns,
+        "params_sha256": params_sha256(agent),
+    }
+
+
+def _write_video(path: Path, frames: list, fps: int) -> None:
+    try:
+        import imageio.v2 as imageio
+    except ImportError:
+        raise UserError("--video needs imageio with ffmpeg: pip install 'reflectrl[plot]'") from None
+    tmp = path.with_name(f".{path.name}.tmp.mp4")
+    try:
+        with imageio.get_writer(tmp, fps=fps, macro_block_size=1) as writer:
+            for frame in frames:
+                writer.append_data(np.asarray(frame))
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -1,0 +1,98 @@
+"""Actor-critic MLPs with CleanRL's initialisation, and fast action distributions.
+
+Separate actor and critic trunks (tanh, orthogonal init with gain sqrt(2), output gains
+0.01 for the actor and 1 for the critic), as in CleanRL. Continuous actions are a diagonal
+Gaussian with a state-independent log-std. Log-probabilities and entropies are written out
+rather than built through `torch.distributions`, whose per-call validation and object
+construction cost more than the tiny networks themselves.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import nn
+
+_HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
+
+
+def layer_init(layer: nn.Linear, std: float = math.sqrt(2.0), bias_const: float = 0.0) -> nn.Linear:
+    nn.init.orthogonal_(layer.weight, std)
+    nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+def mlp(in_dim: int, hidden_sizes: tuple[int, ...], out_dim: int, out_std: float) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    last = in_dim
+    for width in hidden_sizes:
+        layers += [layer_init(nn.Linear(last, width)), nn.Tanh()]
+        last = width
+    layers.append(layer_init(nn.Linear(last, out_dim), std=out_std))
+    return nn.Sequential(*layers)
+
+
+class ActorCritic(nn.Module):
+    """Policy and value networks for a flat observation vector."""
+
+    def __init__(self, obs_dim: int, action_dim: int, continuous: bool, hidden_sizes=(64, 64)):
+        super().__init__()
+        self.continuous = continuous
+        self.action_dim = action_dim
+        self.critic = mlp(obs_dim, tuple(hidden_sizes), 1, out_std=1.0)
+        self.actor = mlp(obs_dim, tuple(hidden_sizes), action_dim, out_std=0.01)
+        if continuous:
+            self.actor_logstd = nn.Parameter(torch.zeros(1, action_dim))
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.critic(obs).squeeze(-1)
+
+    def features(self, obs: torch.Tensor) -> torch.Tensor:
+        """The actor's last hidden layer, for signals that read the policy's features."""
+        return self.actor[:-1](obs)
+
+    def act(self, obs: torch.Tensor, generator: torch.Generator | None = None):
+        """Sample actions; returns (action, logprob, value). Call under no_grad."""
+        out = self.actor(obs)
+        if self.continuous:
+            logstd = self.actor_logstd.expand_as(out)
+            std = logstd.exp()
+            noise = torch.randn(out.shape, generator=generator, dtype=out.dtype)
+            action = out + std * noise
+            logprob = (-0.5 * noise.square() - logstd - _HALF_LOG_2PI).sum(-1)
+        else:
+            logp_all = torch.log_softmax(out, dim=-1)
+            action = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(-1)
+            logprob = logp_all.gather(-1, action.unsqueeze(-1)).squeeze(-1)
+        return action, logprob, self.value(obs)
+
+    def evaluate(self, obs: torch.Tensor, action: torch.Tensor):
+        """(logprob, entropy, value) of given actions, with gradients."""
+        out = self.actor(obs)
+        if self.continuous:
+            logstd = self.actor_logstd.expand_as(out)
+            z = (action - out) * torch.exp(-logstd)
+            logprob = (-0.5 * z.square() - logstd - _HALF_LOG_2PI).sum(-1)
+            entropy = (0.5 + _HALF_LOG_2PI + logstd).sum(-1)
+        else:
+            logp_all = torch.log_softmax(out, dim=-1)
+            logprob = logp_all.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
+            entropy = -(logp_all.exp() * logp_all).sum(-1)
+        return logprob, entropy, self.value(obs)
+
+    def deterministic_action(self, obs: torch.Tensor) -> torch.Tensor:
+        out = self.actor(obs)
+        return out if self.continuous else out.argmax(-1)
+
+
+def params_sha256(module: nn.Module) -> str:
+    """A hash of every parameter and buffer, in name order, so two runs compare exactly."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, tensor in sorted(module.state_dict().items()):
+        h.update(name.encode())
+        h.update(np.ascontiguousarray(tensor.detach().cpu().numpy()).tobytes())
+    return h.hexdigest()

@@ -1,0 +1,336 @@
+"""PPO for Gymnasium vector envs, in three phases per iteration: collect, estimate, update.
+
+Follows CleanRL's ppo.py / ppo_continuous_action.py (GAE, advantage normalisation, clipped
+policy and value losses, entropy bonus, global grad-norm clip, lr annealing, minibatch
+epochs, optional target-KL stop, orthogonal init, obs/reward normalisation for continuous
+control) with one correction: at a time-limit truncation the TD target bootstraps from
+V(final observation) instead of treating the cut as a termination (see gae.py).
+
+Everything random in training draws from the trainer's own `torch.Generator` (action
+sampling, minibatch order), so a checkpoint holding that generator, the networks, the
+optimiser and an exact snapshot of the envs resumes to bit-identical weights on CPU.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+import warnings
+from collections import deque
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from reflectrl.config import RunConfig, resolve_defaults, validate
+from reflectrl.control.gae import compute_gae
+from reflectrl.control.policies import ActorCritic, params_sha256
+from reflectrl.envs import find_wrapper, is_continuous, make_env, make_vector_env, snapshot
+from reflectrl.errors import NonFiniteError
+from reflectrl.runs import MetricsLogger, RunDir
+
+CHECKPOINT_FORMAT = 1
+
+
+def resolve_config(cfg: RunConfig) -> RunConfig:
+    """Fill per-action-type defaults (needs the env's action space) and validate."""
+    probe = make_env(cfg.env_id, wrapper=cfg.wrapper, env_kwargs=cfg.env)
+    try:
+        continuous = is_continuous(probe.action_space)
+    finally:
+        probe.close()
+    cfg.ppo = resolve_defaults(cfg.ppo, continuous)
+    validate(cfg)
+    return cfg
+
+
+@dataclass
+class Rollout:
+    """One iteration's experience, each tensor (num_steps, num_envs, ...)."""
+
+    obs: torch.Tensor
+    actions: torch.Tensor
+    logprobs: torch.Tensor
+    rewards: torch.Tensor
+    terminations: torch.Tensor
+    truncations: torch.Tensor
+    values: torch.Tensor
+    next_values: torch.Tensor
+    advantages: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+
+
+class PPOTrainer:
+    def __init__(self, cfg: RunConfig, run: RunDir | None = None):
+        torch.set_num_threads(cfg.torch_threads)
+        self.cfg = cfg
+        self.run = run
+        p = cfg.ppo
+        self.envs = make_vector_env(cfg)
+        obs_space = self.envs.single_observation_space
+        act_space = self.envs.single_action_space
+        self.continuous = is_continuous(act_space)
+        self.obs_dim = int(np.prod(obs_space.shape))
+        self.action_shape = act_space.shape if self.continuous else ()
+        action_dim = act_space.shape[0] if self.continuous else int(act_space.n)
+        if self.continuous:
+            self.action_low, self.action_high = act_space.low, act_space.high
+
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        self.agent = ActorCritic(self.obs_dim, action_dim, self.continuous, p.hidden_sizes)
+        self.optimizer = torch.optim.Adam(self.agent.parameters(), lr=p.learning_rate, eps=1e-5)
+        self.generator = torch.Generator().manual_seed(cfg.seed)
+
+        self.num_iterations = math.ceil(cfg.total_steps / p.batch_size)
+        self.global_step = 0
+        self.iteration = 0
+        self.recent_returns: deque[float] = deque(maxlen=20)
+        obs, _ = self.envs.reset(seed=cfg.seed)
+        self.next_obs = torch.as_tensor(obs, dtype=torch.float32)
+        self._check_finite(self.next_obs, "observation")
+        self.logger: MetricsLogger | None = None
+
+    # ------------------------------------------------------------------ collect
+
+    def collect(self) -> tuple[Rollout, list[tuple[float, int]]]:
+        """Run the policy for num_steps in every env; returns the rollout and finished episodes."""
+        p = self.cfg.ppo
+        T, N = p.num_steps, p.num_envs
+        obs = torch.zeros((T, N, self.obs_dim))
+        actions = torch.zeros((T, N, *self.action_shape), dtype=torch.float32 if self.continuous else torch.long)
+        logprobs, rewards, values = torch.zeros((T, N)), torch.zeros((T, N)), torch.zeros((T, N))
+        terminations = torch.zeros((T, N), dtype=torch.bool)
+        truncations = torch.zeros((T, N), dtype=torch.bool)
+        truncated_at: list[tuple[int, int, np.ndarray]] = []
+        episodes: list[tuple[float, int]] = []
+
+        for t in range(T):
+            obs[t] = self.next_obs
+            with torch.no_grad():
+                action, logprob, value = self.agent.act(self.next_obs, self.generator)
+            actions[t], logprobs[t], values[t] = action, logprob, value
+            env_action = action.numpy()
+            if self.continuous:
+                env_action = np.clip(env_action, self.action_low, self.action_high)
+            next_obs, reward, term, trunc, info = self.envs.step(env_action)
+            self.global_step += N
+            self.next_obs = torch.as_tensor(next_obs, dtype=torch.float32)
+            self._check_finite(self.next_obs, "observation")
+            rewards[t] = torch.as_tensor(reward, dtype=torch.float32)
+            self._check_finite(rewards[t], "reward")
+            terminations[t] = torch.from_numpy(term)
+            truncations[t] = torch.from_numpy(trunc)
+            if "final_obs" in info:
+                for i in np.flatnonzero(trunc & ~term):
+                    truncated_at.append((t, int(i), info["final_obs"][i]))
+                final = info["final_info"]
+                if "episode" in final:
+                    for i in np.flatnonzero(final["_episode"]):
+                        episodes.append((float(final["episode"]["r"][i]), int(final["episode"]["l"][i])))
+
+        next_values = torch.empty_like(values)
+        with torch.no_grad():
+            next_values[:-1] = values[1:]
+            next_values[-1] = self.agent.value(self.next_obs)
+            if truncated_at:
+                final_obs = torch.as_tensor(np.stack([o for _, _, o in truncated_at]), dtype=torch.float32)
+                self._check_finite(final_obs, "observation")
+                bootstrap = self.agent.value(final_obs)
+                for k, (t, i, _) in enumerate(truncated_at):
+                    next_values[t, i] = bootstrap[k]
+        rollout = Rollout(obs, actions, logprobs, rewards, terminations, truncations, values, next_values)
+        return rollout, episodes
+
+    # ------------------------------------------------------------------ estimate
+
+    def estimate(self, rollout: Rollout) -> None:
+        p = self.cfg.ppo
+        rollout.advantages, rollout.returns = compute_gae(
+            rollout.rewards, rollout.values, rollout.next_values,
+            rollout.terminations, rollout.truncations, p.gamma, p.gae_lambda,
+        )
+
+    # ------------------------------------------------------------------ update
+
+    def update(self, rollout: Rollout) -> dict:
+        p = self.cfg.ppo
+        b_obs = rollout.obs.reshape(-1, self.obs_dim)
+        b_actions = rollout.actions.reshape(-1, *self.action_shape)
+        b_logprobs = rollout.logprobs.reshape(-1)
+        b_advantages = rollout.advantages.reshape(-1)
+        b_returns = rollout.returns.reshape(-1)
+        b_values = rollout.values.reshape(-1)
+        batch_size, mb_size = p.batch_size, p.minibatch_size
+        params = list(self.agent.parameters())
+
+        clipfracs = []
+        for epoch in range(p.update_epochs):
+            order = torch.randperm(batch_size, generator=self.generator)
+            for start in range(0, batch_size, mb_size):
+                idx = order[start:start + mb_size]
+                newlogprob, entropy, newvalue = self.agent.evaluate(b_obs[idx], b_actions[idx])
+                logratio = newlogprob - b_logprobs[idx]
+                ratio = logratio.exp()
+                with torch.no_grad():
+                    old_approx_kl = (-logratio).mean()
+                    approx_kl = ((ratio - 1) - logratio).mean()
+                    clipfracs.append(((ratio - 1.0).abs() > p.clip_coef).float().mean())
+
+                mb_adv = b_advantages[idx]
+                if p.norm_adv:
+                    mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
+                pg_loss = torch.max(
+                    -mb_adv * ratio, -mb_adv * torch.clamp(ratio, 1 - p.clip_coef, 1 + p.clip_coef)
+                ).mean()
+
+                if p.clip_vloss:
+                    v_unclipped = (newvalue - b_returns[idx]).square()
+                    v_clipped = b_values[idx] + torch.clamp(newvalue - b_values[idx], -p.clip_coef, p.clip_coef)
+                    v_loss = 0.5 * torch.max(v_unclipped, (v_clipped - b_returns[idx]).square()).mean()
+                else:
+                    v_loss = 0.5 * (newvalue - b_returns[idx]).square().mean()
+                entropy_loss = entropy.mean()
+                loss = pg_loss - p.ent_coef * entropy_loss + v_loss * p.vf_coef
+                self._check_finite(loss, "loss")
+
+                self.optimizer.zero_grad()
+                loss.backward()
+                grad_norm = nn.utils.clip_grad_norm_(params, p.max_grad_norm)
+                self._check_finite(grad_norm, "gradient")
+                self.optimizer.step()
+            if p.target_kl is not None and approx_kl > p.target_kl:
+                break
+
+        y_pred, y_true = b_values.numpy(), b_returns.numpy()
+        var_y = np.var(y_true)
+        return {
+            "policy_loss": pg_loss.item(),
+            "value_loss": v_loss.item(),
+            "entropy": entropy_loss.item(),
+            "old_approx_kl": old_approx_kl.item(),
+            "approx_kl": approx_kl.item(),
+            "clipfrac": torch.stack(clipfracs).mean().item(),
+            "explained_variance": float("nan") if var_y == 0 else float(1 - np.var(y_true - y_pred) / var_y),
+            "update_epochs_done": epoch + 1,
+        }
+
+    # ------------------------------------------------------------------ loop
+
+    def train(self, progress: bool = True) -> None:
+        cfg, p = self.cfg, self.cfg.ppo
+        from tqdm import tqdm
+
+        if self.run is not None and self.logger is None:
+            self.logger = MetricsLogger(self.run, resume_step=self.global_step if self.iteration else None)
+            if self.iteration == 0:
+                self.save_checkpoint()  # a good checkpoint exists before the first update
+        total = self.num_iterations * p.batch_size
+        bar = tqdm(total=total, initial=self.global_step, unit="step", unit_scale=True,
+                   disable=not progress, dynamic_ncols=True, smoothing=0.1, mininterval=0.5)
+        try:
+            while self.iteration < self.num_iterations:
+                self.iteration += 1
+                if p.anneal_lr:
+                    frac = 1.0 - (self.iteration - 1.0) / self.num_iterations
+                    self.optimizer.param_groups[0]["lr"] = frac * p.learning_rate
+                start = time.perf_counter()
+                rollout, episodes = self.collect()
+                self.estimate(rollout)
+                stats = self.update(rollout)
+                elapsed = time.perf_counter() - start
+
+                returns = [r for r, _ in episodes]
+                self.recent_returns.extend(returns)
+                row = {
+                    "global_step": self.global_step,
+                    "iteration": self.iteration,
+                    "episodic_return": float(np.mean(returns)) if returns else None,
+                    "episodic_length": float(np.mean([n for _, n in episodes])) if episodes else None,
+                    "episodes": len(episodes),
+                    "learning_rate": self.optimizer.param_groups[0]["lr"],
+                    **stats,
+                    "steps_per_second": p.batch_size / elapsed,
+                }
+                if self.logger is not None:
+                    self.logger.log(row)
+                bar.update(p.batch_size)
+                if self.recent_returns:
+                    bar.set_postfix_str(f"return={np.mean(self.recent_returns):.3g}", refresh=False)
+                previous = self.global_step - p.batch_size
+                if self.run is not None and (
+                    self.global_step // cfg.checkpoint_every > previous // cfg.checkpoint_every
+                    or self.iteration == self.num_iterations
+                ):
+                    self.save_checkpoint()
+        finally:
+            bar.close()
+            if self.logger is not None:
+                self.logger.close()
+                self.logger = None
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _check_finite(self, tensor: torch.Tensor, quantity: str) -> None:
+        if not torch.isfinite(tensor).all():
+            raise NonFiniteError(quantity, self.global_step)
+
+    def obs_normalizer_state(self) -> dict | None:
+        wrapper = find_wrapper(self.envs.envs[0], gym.wrappers.NormalizeObservation)
+        if wrapper is None:
+            return None
+        rms = wrapper.obs_rms
+        return {"mean": rms.mean.copy(), "var": rms.var.copy(), "count": rms.count}
+
+    def state_dict(self) -> dict:
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "config": self.cfg.to_dict(),
+            "global_step": self.global_step,
+            "iteration": self.iteration,
+            "agent": self.agent.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "generator": self.generator.get_state(),
+            "torch_rng": torch.get_rng_state(),
+            "numpy_rng": np.random.get_state(),
+            "python_rng": random.getstate(),
+            "envs": snapshot.dumps(self.envs),
+            "next_obs": self.next_obs.clone(),
+            "recent_returns": list(self.recent_returns),
+            "obs_normalizer": self.obs_normalizer_state(),
+            "params_sha256": params_sha256(self.agent),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.global_step = state["global_step"]
+        self.iteration = state["iteration"]
+        self.agent.load_state_dict(state["agent"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.generator.set_state(state["generator"])
+        torch.set_rng_state(state["torch_rng"])
+        np.random.set_state(state["numpy_rng"])
+        random.setstate(state["python_rng"])
+        self.recent_returns = deque(state["recent_returns"], maxlen=20)
+        self.envs.close()
+        self.envs, stale = snapshot.loads(state["envs"])
+        self.next_obs = state["next_obs"].clone()
+        if stale:
+            warnings.warn(
+                f"env '{self.cfg.env_id}' cannot be snapshotted exactly; its {len(stale)} in-progress "
+                "episode(s) restart on resume, so this run is not bit-identical to an uninterrupted one",
+                stacklevel=2,
+            )
+            for i in stale:
+                obs, _ = self.envs.envs[i].reset(seed=self.cfg.seed + self.global_step + i)
+                self.next_obs[i] = torch.as_tensor(obs, dtype=torch.float32)
+
+    def save_checkpoint(self) -> None:
+        assert self.run is not None
+        self.run.save_checkpoint(self.state_dict())
+
+    def close(self) -> None:
+        self.envs.close()
