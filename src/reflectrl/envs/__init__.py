@@ -84,7 +84,10 @@ def make_env(
 ) -> gym.Env:
     """Make one env with flat observations, true-return statistics and the reward wrapper."""
     _check_env_id(env_id)
-    add_reward_wrapper = parse_reward_wrapper(wrapper)
+    try:
+        add_reward_wrapper = parse_reward_wrapper(wrapper)
+    except ValueError as err:
+        raise UserError(str(err)) from None
     kwargs = dict(env_kwargs or {})
     if render_mode is not None:
         kwargs["render_mode"] = render_mode

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Create the project's virtual environment (.venv) and install reflectrl into it.
+#   scripts/setup.sh [EXTRAS]      EXTRAS defaults to "all" (envs, plot, bench, test)
+# torch comes first: on a machine without a CUDA GPU we ask for torch==2.13.0, which these
+# machines serve as a CPU build from a local file; anywhere else pip picks its usual build.
+# Re-running is cheap: nothing is reinstalled unless pyproject.toml or EXTRAS changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras="${1:-all}"
+venv="${REFLECTRL_VENV:-.venv}"
+
+if [ ! -x "$venv/bin/python" ]; then
+  # The local CPU torch file is built for CPython 3.11: prefer it when present.
+  py="$(command -v python3.11 || command -v python3)"
+  echo "setup: creating $venv with $($py --version)"
+  "$py" -m venv "$venv"
+fi
+pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
+
+if ! "$venv/bin/python" -c "import torch" >/dev/null 2>&1; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    echo "setup: installing torch (CUDA machine)"
+    "${pip[@]}" install torch
+  else
+    echo "setup: installing torch==2.13.0 (no CUDA GPU here)"
+    "${pip[@]}" install torch==2.13.0
+  fi
+fi
+
+stamp="$venv/.reflectrl-installed"
+want="$(sha256sum pyproject.toml | cut -c1-16)-$extras"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "setup: installing reflectrl[$extras]"
+  "${pip[@]}" install -e ".[$extras]" 2>&1 | grep -v -E "^WARNING: Location .* is ignored" || true
+  "$venv/bin/python" -c "import reflectrl" # fail here, not later, if the install did not work
+  echo "$want" > "$stamp"
+fi
