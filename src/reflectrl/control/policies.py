@@ -14,6 +14,7 @@ import math
 import numpy as np
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
@@ -34,6 +35,15 @@ def mlp(in_dim: int, hidden_sizes: tuple[int, ...], out_dim: int, out_std: float
     return nn.Sequential(*layers)
 
 
+def _forward(net: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
+    """Run a Linear/Tanh stack without nn.Module call overhead (it dominates at batch size 4)."""
+    layers = net._modules_list
+    for layer in layers[:-1]:
+        x = torch.tanh(F.linear(x, layer.weight, layer.bias))
+    last = layers[-1]
+    return F.linear(x, last.weight, last.bias)
+
+
 class ActorCritic(nn.Module):
     """Policy and value networks for a flat observation vector."""
 
@@ -45,17 +55,19 @@ class ActorCritic(nn.Module):
         self.actor = mlp(obs_dim, tuple(hidden_sizes), action_dim, out_std=0.01)
         if continuous:
             self.actor_logstd = nn.Parameter(torch.zeros(1, action_dim))
+        for net in (self.actor, self.critic):  # the Linear layers, in order, for _forward
+            object.__setattr__(net, "_modules_list", [m for m in net if isinstance(m, nn.Linear)])
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.critic(obs).squeeze(-1)
+        return _forward(self.critic, obs).squeeze(-1)
 
     def features(self, obs: torch.Tensor) -> torch.Tensor:
         """The actor's last hidden layer, for signals that read the policy's features."""
         return self.actor[:-1](obs)
 
     def act(self, obs: torch.Tensor, generator: torch.Generator | None = None):
-        """Sample actions; returns (action, logprob, value). Call under no_grad."""
-        out = self.actor(obs)
+        """Sample actions; returns (action, logprob). Call under no_grad."""
+        out = _forward(self.actor, obs)
         if self.continuous:
             logstd = self.actor_logstd.expand_as(out)
             std = logstd.exp()
@@ -64,13 +76,16 @@ class ActorCritic(nn.Module):
             logprob = (-0.5 * noise.square() - logstd - _HALF_LOG_2PI).sum(-1)
         else:
             logp_all = torch.log_softmax(out, dim=-1)
-            action = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(-1)
+            # Inverse-CDF sampling: one uniform per row, cheaper than torch.multinomial.
+            u = torch.rand((out.shape[0], 1), generator=generator, dtype=out.dtype)
+            cdf = logp_all.exp().cumsum(-1)
+            action = (cdf < u).sum(-1).clamp_(max=out.shape[-1] - 1)
             logprob = logp_all.gather(-1, action.unsqueeze(-1)).squeeze(-1)
-        return action, logprob, self.value(obs)
+        return action, logprob
 
     def evaluate(self, obs: torch.Tensor, action: torch.Tensor):
         """(logprob, entropy, value) of given actions, with gradients."""
-        out = self.actor(obs)
+        out = _forward(self.actor, obs)
         if self.continuous:
             logstd = self.actor_logstd.expand_as(out)
             z = (action - out) * torch.exp(-logstd)
@@ -83,8 +98,31 @@ class ActorCritic(nn.Module):
         return logprob, entropy, self.value(obs)
 
     def deterministic_action(self, obs: torch.Tensor) -> torch.Tensor:
-        out = self.actor(obs)
+        out = _forward(self.actor, obs)
         return out if self.continuous else out.argmax(-1)
+
+
+def flatten_parameters(module: nn.Module) -> nn.Parameter:
+    """Re-home every parameter of `module` (and its gradient) into one flat tensor.
+
+    The module's parameters become views of the returned flat parameter, their `.grad`
+    views of its `.grad`, which autograd accumulates into in place. An optimiser and the
+    gradient-norm clip then work on one tensor instead of a dozen: on small networks that
+    is most of the update's cost. Zero gradients with `flat.grad.zero_()`, never by
+    setting them to None.
+    """
+    params = list(module.parameters())
+    total = sum(p.numel() for p in params)
+    flat = nn.Parameter(torch.zeros(total, dtype=params[0].dtype))
+    flat.grad = torch.zeros_like(flat)
+    offset = 0
+    for p in params:
+        n = p.numel()
+        flat.data[offset:offset + n] = p.data.reshape(-1)
+        p.data = flat.data[offset:offset + n].view_as(p)
+        p.grad = flat.grad[offset:offset + n].view_as(p)
+        offset += n
+    return flat
 
 
 def params_sha256(module: nn.Module) -> str:

@@ -27,7 +27,7 @@ from torch import nn
 
 from reflectrl.config import RunConfig, resolve_defaults, validate
 from reflectrl.control.gae import compute_gae
-from reflectrl.control.policies import ActorCritic, params_sha256
+from reflectrl.control.policies import ActorCritic, flatten_parameters, params_sha256
 from reflectrl.envs import find_wrapper, is_continuous, make_env, make_vector_env, snapshot
 from reflectrl.errors import NonFiniteError
 from reflectrl.runs import MetricsLogger, RunDir
@@ -83,7 +83,8 @@ class PPOTrainer:
         np.random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
         self.agent = ActorCritic(self.obs_dim, action_dim, self.continuous, p.hidden_sizes)
-        self.optimizer = torch.optim.Adam(self.agent.parameters(), lr=p.learning_rate, eps=1e-5)
+        self.flat_params = flatten_parameters(self.agent)
+        self.optimizer = torch.optim.Adam([self.flat_params], lr=p.learning_rate, eps=1e-5, fused=True)
         self.generator = torch.Generator().manual_seed(cfg.seed)
 
         self.num_iterations = math.ceil(cfg.total_steps / p.batch_size)
@@ -97,34 +98,34 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------ collect
 
+    @torch.no_grad()  # once around the loop: entering it per step costs more than the policy
     def collect(self) -> tuple[Rollout, list[tuple[float, int]]]:
         """Run the policy for num_steps in every env; returns the rollout and finished episodes."""
         p = self.cfg.ppo
         T, N = p.num_steps, p.num_envs
-        obs = torch.zeros((T, N, self.obs_dim))
+        # numpy buffers: per-step writes into them cost a fraction of torch indexing
+        obs = np.zeros((T, N, self.obs_dim), dtype=np.float32)
+        rewards = np.zeros((T, N), dtype=np.float32)
+        terminations = np.zeros((T, N), dtype=bool)
+        truncations = np.zeros((T, N), dtype=bool)
         actions = torch.zeros((T, N, *self.action_shape), dtype=torch.float32 if self.continuous else torch.long)
-        logprobs, rewards, values = torch.zeros((T, N)), torch.zeros((T, N)), torch.zeros((T, N))
-        terminations = torch.zeros((T, N), dtype=torch.bool)
-        truncations = torch.zeros((T, N), dtype=torch.bool)
+        logprobs = torch.zeros((T, N))
         truncated_at: list[tuple[int, int, np.ndarray]] = []
         episodes: list[tuple[float, int]] = []
 
+        next_obs = self.next_obs.numpy()
         for t in range(T):
-            obs[t] = self.next_obs
-            with torch.no_grad():
-                action, logprob, value = self.agent.act(self.next_obs, self.generator)
-            actions[t], logprobs[t], values[t] = action, logprob, value
+            obs[t] = next_obs
+            action, logprob = self.agent.act(torch.from_numpy(obs[t]), self.generator)
+            actions[t], logprobs[t] = action, logprob
             env_action = action.numpy()
             if self.continuous:
                 env_action = np.clip(env_action, self.action_low, self.action_high)
             next_obs, reward, term, trunc, info = self.envs.step(env_action)
             self.global_step += N
-            self.next_obs = torch.as_tensor(next_obs, dtype=torch.float32)
-            self._check_finite(self.next_obs, "observation")
-            rewards[t] = torch.as_tensor(reward, dtype=torch.float32)
-            self._check_finite(rewards[t], "reward")
-            terminations[t] = torch.from_numpy(term)
-            truncations[t] = torch.from_numpy(trunc)
+            if not (np.isfinite(next_obs).all() and np.isfinite(reward).all()):
+                raise NonFiniteError("observation" if not np.isfinite(next_obs).all() else "reward", self.global_step)
+            rewards[t], terminations[t], truncations[t] = reward, term, trunc
             if "final_obs" in info:
                 for i in np.flatnonzero(trunc & ~term):
                     truncated_at.append((t, int(i), info["final_obs"][i]))
@@ -132,17 +133,24 @@ class PPOTrainer:
                 if "episode" in final:
                     for i in np.flatnonzero(final["_episode"]):
                         episodes.append((float(final["episode"]["r"][i]), int(final["episode"]["l"][i])))
+        self.next_obs = torch.as_tensor(next_obs, dtype=torch.float32)
 
+        # Values do not steer the rollout, so one batched pass after it replaces T small ones:
+        # V(s_t) for every step, V(s_T) and V(final observation) at each truncation.
+        obs = torch.from_numpy(obs)
+        inputs = [obs.reshape(-1, self.obs_dim), self.next_obs]
+        if truncated_at:
+            final_obs = torch.as_tensor(np.stack([o for _, _, o in truncated_at]), dtype=torch.float32)
+            self._check_finite(final_obs, "observation")
+            inputs.append(final_obs)
+        all_values = self.agent.value(torch.cat(inputs))
+        values = all_values[:T * N].reshape(T, N)
         next_values = torch.empty_like(values)
-        with torch.no_grad():
-            next_values[:-1] = values[1:]
-            next_values[-1] = self.agent.value(self.next_obs)
-            if truncated_at:
-                final_obs = torch.as_tensor(np.stack([o for _, _, o in truncated_at]), dtype=torch.float32)
-                self._check_finite(final_obs, "observation")
-                bootstrap = self.agent.value(final_obs)
-                for k, (t, i, _) in enumerate(truncated_at):
-                    next_values[t, i] = bootstrap[k]
+        next_values[:-1] = values[1:]
+        next_values[-1] = all_values[T * N:T * N + N]
+        for k, (t, i, _) in enumerate(truncated_at):
+            next_values[t, i] = all_values[T * N + N + k]
+        rewards, terminations, truncations = map(torch.from_numpy, (rewards, terminations, truncations))
         rollout = Rollout(obs, actions, logprobs, rewards, terminations, truncations, values, next_values)
         return rollout, episodes
 
@@ -166,9 +174,11 @@ class PPOTrainer:
         b_returns = rollout.returns.reshape(-1)
         b_values = rollout.values.reshape(-1)
         batch_size, mb_size = p.batch_size, p.minibatch_size
-        params = list(self.agent.parameters())
-
-        clipfracs = []
+        flat, grad = self.flat_params, self.flat_params.grad
+        # Each minibatch's log-ratios are kept so KL and clip-fraction statistics cost a few
+        # ops per epoch rather than per minibatch.
+        logratios = torch.empty(batch_size)
+        kls, clipfracs = [], []
         for epoch in range(p.update_epochs):
             order = torch.randperm(batch_size, generator=self.generator)
             for start in range(0, batch_size, mb_size):
@@ -176,10 +186,7 @@ class PPOTrainer:
                 newlogprob, entropy, newvalue = self.agent.evaluate(b_obs[idx], b_actions[idx])
                 logratio = newlogprob - b_logprobs[idx]
                 ratio = logratio.exp()
-                with torch.no_grad():
-                    old_approx_kl = (-logratio).mean()
-                    approx_kl = ((ratio - 1) - logratio).mean()
-                    clipfracs.append(((ratio - 1.0).abs() > p.clip_coef).float().mean())
+                logratios[start:start + mb_size] = logratio.detach()
 
                 mb_adv = b_advantages[idx]
                 if p.norm_adv:
@@ -198,11 +205,19 @@ class PPOTrainer:
                 loss = pg_loss - p.ent_coef * entropy_loss + v_loss * p.vf_coef
                 self._check_finite(loss, "loss")
 
-                self.optimizer.zero_grad()
+                grad.zero_()
                 loss.backward()
-                grad_norm = nn.utils.clip_grad_norm_(params, p.max_grad_norm)
+                # the global grad-norm clip of nn.utils.clip_grad_norm_, on the one flat gradient
+                grad_norm = torch.linalg.vector_norm(grad)
                 self._check_finite(grad_norm, "gradient")
+                grad.mul_(torch.clamp(p.max_grad_norm / (grad_norm + 1e-6), max=1.0))
                 self.optimizer.step()
+
+            ratios = logratios.exp()
+            old_approx_kl = (-logratios).mean()
+            approx_kl = ((ratios - 1) - logratios).mean()
+            kls.append(approx_kl)
+            clipfracs.append(((ratios - 1.0).abs() > p.clip_coef).float().mean())
             if p.target_kl is not None and approx_kl > p.target_kl:
                 break
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from reflectrl.errors import UserError
 from reflectrl.envs.gridworld import GridWorldEnv, register_gridworld
+from reflectrl.envs.normalize import NormalizeObservation, NormalizeReward
 from reflectrl.envs.wrappers import DelayedReward, SparseReward, parse_reward_wrapper
 
 __all__ = [
@@ -122,10 +123,10 @@ def make_env(
 def _make_training_env(env_id, wrapper, env_kwargs, norm_obs, norm_reward, clip_obs, clip_reward, gamma):
     env = make_env(env_id, wrapper=wrapper, env_kwargs=env_kwargs)
     if norm_obs:
-        env = gym.wrappers.NormalizeObservation(env)
+        env = NormalizeObservation(env)
         env = ClipObservation(env, clip_obs)
     if norm_reward:
-        env = gym.wrappers.NormalizeReward(env, gamma=gamma)
+        env = NormalizeReward(env, gamma=gamma)
         env = gym.wrappers.ClipReward(env, -clip_reward, clip_reward)
     return env
 

@@ -1,0 +1,182 @@
+"""The run directory, the unit every command reads and writes.
+
+    DIR/config.json      the resolved RunConfig (every default filled in)
+    DIR/run.json         status (running | finished | failed | interrupted), command, versions
+    DIR/metrics.jsonl    one JSON object per iteration
+    DIR/tb/              TensorBoard event files
+    DIR/checkpoint.pt    the latest checkpoint, replaced atomically
+
+Checkpoints are written to a temporary file, flushed to disk and renamed over the old one,
+so a kill at any instant leaves either the old checkpoint or the new one. On resume the
+metrics written after the checkpoint are cut away (they will be produced again, identically)
+and TensorBoard purges its events past the checkpoint's step.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from reflectrl.errors import UserError
+
+CONFIG = "config.json"
+STATUS = "run.json"
+METRICS = "metrics.jsonl"
+TENSORBOARD = "tb"
+CHECKPOINT = "checkpoint.pt"
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _json_default(value: Any):
+    if hasattr(value, "item"):
+        return value.item()
+    raise TypeError(f"cannot serialise {type(value).__name__}")
+
+
+class RunDir:
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.path / CHECKPOINT
+
+    # -- creation and opening
+
+    @classmethod
+    def create(cls, path: str | os.PathLike, config: dict, command: list[str] | None = None) -> "RunDir":
+        run = cls(path)
+        if run.path.exists() and (not run.path.is_dir() or any(run.path.iterdir())):
+            if (run.path / CONFIG).exists():
+                raise UserError(f"--out {run.path} already holds a run; continue it with 'reflectrl train --resume {run.path}' or choose another --out")
+            raise UserError(f"--out {run.path} exists and is not an empty directory; choose another --out")
+        run.path.mkdir(parents=True, exist_ok=True)
+        run.write_json(CONFIG, config)
+        import reflectrl
+
+        run.write_json(STATUS, {
+            "status": "running",
+            "command": command if command is not None else sys.argv,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "reflectrl_version": reflectrl.__version__,
+            "torch_version": torch.__version__,
+            "python": platform.python_version(),
+        })
+        return run
+
+    @classmethod
+    def open(cls, path: str | os.PathLike) -> "RunDir":
+        run = cls(path)
+        if not run.path.is_dir():
+            raise UserError(f"no run directory at {run.path}; pass the --out of a 'reflectrl train' run")
+        if not (run.path / CONFIG).is_file():
+            raise UserError(f"{run.path} is not a run directory (no {CONFIG}); pass the --out of a 'reflectrl train' run")
+        return run
+
+    def read_json(self, name: str) -> dict:
+        try:
+            with open(self.path / name) as f:
+                return json.load(f)
+        except (OSError, json.JSONDecodeError) as err:
+            raise UserError(f"{self.path / name} is missing or corrupt ({type(err).__name__}); the run directory cannot be used") from None
+
+    def write_json(self, name: str, data: dict) -> None:
+        text = json.dumps(data, indent=2, default=_json_default) + "\n"
+        atomic_write_bytes(self.path / name, text.encode())
+
+    def config(self) -> dict:
+        return self.read_json(CONFIG)
+
+    def status(self) -> dict:
+        return self.read_json(STATUS) if (self.path / STATUS).exists() else {}
+
+    def set_status(self, status: str, **extra: Any) -> None:
+        data = self.status()
+        data.update(status=status, updated=time.strftime("%Y-%m-%dT%H:%M:%S%z"), **extra)
+        self.write_json(STATUS, data)
+
+    # -- checkpoints
+
+    def save_checkpoint(self, state: dict) -> None:
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        atomic_write_bytes(self.checkpoint_path, buf.getvalue())
+
+    def has_checkpoint(self) -> bool:
+        return self.checkpoint_path.is_file()
+
+    def load_checkpoint(self) -> dict:
+        if not self.has_checkpoint():
+            raise UserError(f"no checkpoint in {self.path} ({CHECKPOINT} missing); the run cannot be resumed or evaluated")
+        try:
+            state = torch.load(self.checkpoint_path, map_location="cpu", weights_only=False)
+        except Exception as err:  # torch raises many types for a damaged file
+            raise UserError(f"checkpoint {self.checkpoint_path} is corrupt ({type(err).__name__}); delete the run directory and train again") from None
+        if not isinstance(state, dict) or "global_step" not in state:
+            raise UserError(f"checkpoint {self.checkpoint_path} is not a reflectrl checkpoint")
+        return state
+
+
+class MetricsLogger:
+    """Writes each iteration's metrics to metrics.jsonl and TensorBoard."""
+
+    def __init__(self, run: RunDir, resume_step: int | None = None):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.path = run.path / METRICS
+        if resume_step is not None:
+            self._truncate_after(resume_step)
+        purge = resume_step + 1 if resume_step is not None else None
+        self.writer = SummaryWriter(log_dir=str(run.path / TENSORBOARD), purge_step=purge)
+        self.file = open(self.path, "a")
+
+    def _truncate_after(self, step: int) -> None:
+        if not self.path.exists():
+            return
+        kept = []
+        with open(self.path) as f:
+            for line in f:
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    break  # a line cut by the kill: everything after it is gone too
+                if row.get("global_step", 0) > step:
+                    break
+                kept.append(line)
+        atomic_write_bytes(self.path, "".join(kept).encode())
+
+    def log(self, row: dict) -> None:
+        self.file.write(json.dumps(row, default=_json_default) + "\n")
+        self.file.flush()
+        step = row["global_step"]
+        for key, value in row.items():
+            if key != "global_step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.writer.add_scalar(key, value, step)
+
+    def close(self) -> None:
+        self.file.close()
+        self.writer.close()
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict]:
+    rows = []
+    with open(Path(path) / METRICS) as f:
+        for line in f:
+            rows.append(json.loads(line))
+    return rows
