@@ -52,6 +52,25 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", metavar="DIR", default=None, help="continue the interrupted run in DIR")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
 
+    cmp = sub.add_parser("compare", help="run every (env, algo, seed) and write the report")
+    cmp.add_argument("--env", required=True, help="env id(s), comma-separated")
+    cmp.add_argument("--algos", required=True, help="algo entries, e.g. ppo,refgrpo,refgrpo[alpha=0]")
+    cmp.add_argument("--seeds", type=int, default=5, help="seeds 1..N per (env, algo) (default 5)")
+    cmp.add_argument("--total-steps", type=int, required=True)
+    cmp.add_argument("--out", required=True, help="experiment directory (re-run to resume)")
+    cmp.add_argument("--wrapper", default=None, help="reward wrapper for every run: sparse or delayed:K")
+    cmp.add_argument("--set", action="append", nargs="+", metavar="KEY=VALUE",
+                     help="override for every run, or ALGO.KEY=VALUE for one algo's entries")
+    cmp.add_argument("--backend", default="local", choices=["local", "ray"])
+    cmp.add_argument("--workers", type=int, default=None, help="parallel runs (default: the cores)")
+    cmp.add_argument("--ray-address", default=None, help="Ray cluster address (default: start a local one)")
+    cmp.add_argument("--no-progress", action="store_true")
+    cmp.add_argument("--no-report", action="store_true", help="skip writing the report at the end")
+
+    rep = sub.add_parser("report", help="write the HTML and Markdown report of an experiment")
+    rep.add_argument("exp_dir", metavar="DIR")
+    rep.add_argument("--reps", type=int, default=2000, help="bootstrap resamples (default 2000)")
+
     ev = sub.add_parser("eval", help="evaluate a run's latest checkpoint")
     ev.add_argument("run_dir", metavar="DIR")
     ev.add_argument("--episodes", type=int, default=10)
@@ -62,14 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _train_new(args) -> int:
+def config_from_args(args):
+    """The resolved, validated RunConfig of `reflectrl train` arguments (no --resume)."""
     from reflectrl.config import PPOConfig, RunConfig, apply_overrides
-    from reflectrl.control.ppo import PPOTrainer, resolve_config
+    from reflectrl.control.ppo import resolve_config
     from reflectrl.envs import DEFAULT_ENV
-    from reflectrl.runs import RunDir
 
-    if args.out is None:
-        raise UserError("train needs --out DIR (a new run directory), or --resume DIR to continue a run")
     cfg = RunConfig(
         algo=args.algo or "ppo",
         env_id=args.env or DEFAULT_ENV,
@@ -79,7 +96,22 @@ def _train_new(args) -> int:
         ppo=PPOConfig(),
     )
     apply_overrides(cfg, _flatten(args.set))
-    resolve_config(cfg)  # every check that needs no run directory happens before we make one
+    return resolve_config(cfg)
+
+
+def config_from_train_argv(argv: list[str]):
+    """Check a `reflectrl train` command line without running it (used by `compare`)."""
+    args = build_parser().parse_args(["train", *argv])
+    return config_from_args(args)
+
+
+def _train_new(args) -> int:
+    from reflectrl.control.ppo import PPOTrainer
+    from reflectrl.runs import RunDir
+
+    if args.out is None:
+        raise UserError("train needs --out DIR (a new run directory), or --resume DIR to continue a run")
+    cfg = config_from_args(args)  # every check that needs no run directory happens before we make one
 
     created = not os.path.exists(args.out)
     run = RunDir.create(args.out, cfg.to_dict(), command=["reflectrl", *sys.argv[1:]])
@@ -152,6 +184,51 @@ def _eval(args) -> int:
     return 0
 
 
+def _compare(args) -> int:
+    from pathlib import Path
+
+    from reflectrl.experiments.runner import run_experiment
+    from reflectrl.experiments.spec import ExperimentSpec
+
+    spec = ExperimentSpec(envs=[e.strip() for e in args.env.split(",") if e.strip()],
+                          algos=[e.label for e in _parse_algos(args.algos)], seeds=args.seeds,
+                          total_steps=args.total_steps, wrapper=args.wrapper, sets=_flatten(args.set))
+    root = Path(args.out)
+    result = run_experiment(root, spec, backend=args.backend, workers=args.workers,
+                            ray_address=args.ray_address, progress=not args.no_progress)
+    print(f"runs: {len(result.finished)} trained, {len(result.skipped)} already finished, {len(result.failed)} failed")
+    for run, why in result.failed:
+        print(f"  failed: {run.path} ({why}); see {run.path.with_suffix('.log')}", file=sys.stderr)
+    if not args.no_report:
+        _print_report(root, reps=2000)
+    return EXIT_FAILED if result.failed else 0
+
+
+def _parse_algos(text):
+    from reflectrl.experiments.spec import parse_algos
+
+    return parse_algos(text)
+
+
+def _print_report(root, reps: int) -> None:
+    from reflectrl.report.analysis import evaluate_claims, load_experiment
+    from reflectrl.report.render import claims_text, write_report
+
+    path = write_report(root, reps=reps)
+    print(f"report: {path}")
+    print(f"summary: {path.with_name('report.md')}")
+    print(claims_text(evaluate_claims(load_experiment(root), reps)))
+
+
+def _report(args) -> int:
+    from pathlib import Path
+
+    if args.reps < 100:
+        raise UserError(f"--reps {args.reps}: use at least 100 bootstrap resamples")
+    _print_report(Path(args.exp_dir), args.reps)
+    return 0
+
+
 def _one_line_warnings(message, category, filename, lineno, line=None):
     return f"reflectrl: warning: {message}\n"
 
@@ -164,6 +241,10 @@ def main(argv: list[str] | None = None) -> int:
             return _train_resume(args) if args.resume else _train_new(args)
         if args.command == "eval":
             return _eval(args)
+        if args.command == "compare":
+            return _compare(args)
+        if args.command == "report":
+            return _report(args)
         raise UserError(f"unknown command {args.command}")
     except UserError as err:
         print(f"reflectrl: error: {err}", file=sys.stderr)

@@ -1,0 +1,1 @@
+"""Statistics, plots and the HTML/Markdown report of an experiment."""

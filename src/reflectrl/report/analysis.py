@@ -1,0 +1,273 @@
+"""From an experiment directory to numbers: curves, scores, intervals, claims.
+
+Per run, the learning curve is the true episodic return logged each iteration, averaged
+into `GRID` equal bins of env steps (an empty bin carries the previous bin's value).
+Per run scores:
+* final return: the mean episodic return over the last 10% of training;
+* AUC: the mean of the curve over training (the area under it divided by its length);
+* early AUC: the same over the first 25% of training.
+For aggregates across envs, scores are min-max normalised per env over all runs'
+curves in the experiment (0 = the worst value seen in that env, 1 = the best).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from reflectrl.experiments.spec import ExperimentSpec, RunSpec, read_spec
+from reflectrl.report import stats
+
+GRID = 50
+BASELINE = "ppo"
+SPARSE_ENV_PREFIXES = ("reflectrl/GridWorld", "MiniGrid", "BabyAI")
+# Metrics every PPO run logs; anything else in metrics.jsonl is a signal's diagnostic.
+STANDARD_METRICS = {
+    "global_step", "iteration", "episodic_return", "episodic_length", "episodes", "learning_rate",
+    "policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac",
+    "explained_variance", "update_epochs_done", "steps_per_second",
+}
+
+
+@dataclass
+class RunData:
+    spec: RunSpec
+    rows: list[dict]
+    curve: np.ndarray          # (GRID,) true episodic return per bin, nan where nothing was logged yet
+    config: dict
+    command: list[str]
+    status: str
+
+    @property
+    def done(self) -> bool:
+        return self.status == "finished"
+
+
+@dataclass
+class Experiment:
+    root: Path
+    spec: ExperimentSpec
+    runs: list[RunData]
+    grid: np.ndarray
+    missing: list[RunSpec] = field(default_factory=list)
+
+    def select(self, env_id: str, label: str) -> list[RunData]:
+        return [r for r in self.runs if r.spec.env_id == env_id and r.spec.entry.label == label]
+
+
+def _curve(rows: list[dict], total_steps: int) -> np.ndarray:
+    edges = np.linspace(0, total_steps, GRID + 1)
+    sums, counts = np.zeros(GRID), np.zeros(GRID)
+    for row in rows:
+        value = row.get("episodic_return")
+        if value is None:
+            continue
+        b = min(GRID - 1, max(0, int(np.searchsorted(edges, row["global_step"], side="left")) - 1))
+        sums[b] += value * row.get("episodes", 1)
+        counts[b] += row.get("episodes", 1)
+    curve = np.full(GRID, np.nan)
+    last = np.nan
+    for b in range(GRID):
+        if counts[b]:
+            last = sums[b] / counts[b]
+        curve[b] = last
+    return curve
+
+
+def load_experiment(root: Path) -> Experiment:
+    spec = read_spec(root)
+    runs, missing = [], []
+    for run in spec.runs(root):
+        metrics = run.path / "metrics.jsonl"
+        if not metrics.is_file():
+            missing.append(run)
+            continue
+        rows = []
+        for line in metrics.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                break
+        status = json.loads((run.path / "run.json").read_text()) if (run.path / "run.json").is_file() else {}
+        config = json.loads((run.path / "config.json").read_text()) if (run.path / "config.json").is_file() else {}
+        runs.append(RunData(run, rows, _curve(rows, spec.total_steps), config, status.get("command", []),
+                            status.get("status", "unknown")))
+    grid = np.linspace(0, spec.total_steps, GRID + 1)[1:]
+    return Experiment(root, spec, runs, grid, missing)
+
+
+def _fill(curve: np.ndarray) -> np.ndarray:
+    """Replace the leading nans (nothing logged yet) with the first logged value."""
+    c = curve.copy()
+    finite = np.flatnonzero(np.isfinite(c))
+    if finite.size == 0:
+        return c
+    c[:finite[0]] = c[finite[0]]
+    return c
+
+
+def run_scores(run: RunData) -> dict:
+    c = _fill(run.curve)
+    tail = c[int(0.9 * GRID):]
+    early = c[:max(1, GRID // 4)]
+    return {"final": float(np.nanmean(tail)) if np.isfinite(tail).any() else math.nan,
+            "auc": float(np.nanmean(c)) if np.isfinite(c).any() else math.nan,
+            "early_auc": float(np.nanmean(early)) if np.isfinite(early).any() else math.nan}
+
+
+def env_range(exp: Experiment, env_id: str) -> tuple[float, float]:
+    values = np.concatenate([_fill(r.curve) for r in exp.runs if r.spec.env_id == env_id] or [np.array([0.0])])
+    values = values[np.isfinite(values)]
+    if values.size == 0:
+        return 0.0, 1.0
+    lo, hi = float(values.min()), float(values.max())
+    return (lo, hi) if hi > lo else (lo, lo + 1.0)
+
+
+def score_matrix(exp: Experiment, label: str, key: str, normalised: bool, envs: list[str] | None = None) -> np.ndarray:
+    """(seeds, envs) matrix of one score for one algo entry; runs missing a score give nan."""
+    envs = envs or exp.spec.envs
+    cols = []
+    for env_id in envs:
+        lo, hi = env_range(exp, env_id)
+        col = []
+        for seed in range(1, exp.spec.seeds + 1):
+            match = [r for r in exp.select(env_id, label) if r.spec.seed == seed]
+            value = run_scores(match[0])[key] if match else math.nan
+            col.append((value - lo) / (hi - lo) if normalised else value)
+        cols.append(col)
+    return np.array(cols, dtype=float).T
+
+
+def _complete(m: np.ndarray) -> np.ndarray:
+    """Keep the seeds that have a score in every env (stratified bootstrap needs full rows)."""
+    return m[np.isfinite(m).all(axis=1)]
+
+
+def summary_table(exp: Experiment, reps: int = 2000) -> list[dict]:
+    rows = []
+    for env_id in exp.spec.envs:
+        base = _complete(score_matrix(exp, BASELINE, "final", False, [env_id])) if BASELINE in exp.spec.algos else None
+        threshold = _threshold(exp, env_id)
+        for label in exp.spec.algos:
+            final = _complete(score_matrix(exp, label, "final", False, [env_id]))
+            auc = _complete(score_matrix(exp, label, "auc", True, [env_id]))
+            if final.size == 0:
+                rows.append({"env": env_id, "algo": label, "seeds": 0})
+                continue
+            f = stats.interval([final], stats.iqm, reps)
+            a = stats.interval([auc], stats.iqm, reps) if auc.size else (math.nan,) * 3
+            poi = None
+            if base is not None and base.size and label != BASELINE:
+                poi = stats.interval([final, base], stats.probability_of_improvement, reps)
+            reach = [stats.steps_to_threshold(exp.grid, _fill(r.curve), threshold) for r in exp.select(env_id, label)]
+            rows.append({
+                "env": env_id, "algo": label, "seeds": int(final.shape[0]),
+                "final_iqm": f[0], "final_ci": [f[1], f[2]],
+                "auc_iqm": a[0], "auc_ci": [a[1], a[2]],
+                "p_improve_over_ppo": None if poi is None else poi[0],
+                "p_improve_ci": None if poi is None else [poi[1], poi[2]],
+                "threshold": threshold,
+                "steps_to_threshold_median": float(np.median(reach)) if reach else math.inf,
+                "reached": int(np.isfinite(reach).sum()),
+            })
+    return rows
+
+
+def _threshold(exp: Experiment, env_id: str) -> float:
+    """Default threshold: 80% of the way from the worst to the best return seen in the env."""
+    lo, hi = env_range(exp, env_id)
+    return lo + 0.8 * (hi - lo)
+
+
+# ------------------------------------------------------------------------------- claims
+
+@dataclass
+class Claim:
+    statement: str
+    verdict: str  # supported | not supported | inconclusive | not tested
+    evidence: str
+
+
+def _method_label(exp: Experiment, algo: str) -> str | None:
+    entries = exp.spec.entries()
+    exact = [e.label for e in entries if e.label == algo]
+    if exact:
+        return exact[0]
+    same = [e.label for e in entries if e.algo == algo]
+    return same[0] if same else None
+
+
+def _diff_interval(exp: Experiment, label: str, key: str, envs: list[str], reps: int):
+    a = score_matrix(exp, label, key, True, envs)
+    b = score_matrix(exp, BASELINE, key, True, envs)
+    a, b = _complete(a), _complete(b)
+    if a.shape[0] < 2 or b.shape[0] < 2:
+        return None
+    return stats.interval([a, b], lambda x, y: stats.iqm(x) - stats.iqm(y), reps), a.shape[0], b.shape[0]
+
+
+def _verdict_greater(ci) -> str:
+    _, lo, hi = ci
+    return "supported" if lo > 0 else "not supported" if hi < 0 else "inconclusive"
+
+
+def _fmt(ci) -> str:
+    return f"{ci[0]:+.3f} [{ci[1]:+.3f}, {ci[2]:+.3f}]"
+
+
+def evaluate_claims(exp: Experiment, reps: int = 2000, margin: float = 0.05) -> list[Claim]:
+    claims: list[Claim] = []
+    has_base = BASELINE in exp.spec.algos
+    envs = exp.spec.envs
+
+    def untested(statement, why):
+        claims.append(Claim(statement, "not tested", why))
+
+    def compare(statement, algo, key, envs_, decide, what):
+        label = _method_label(exp, algo)
+        if label is None or not has_base:
+            return untested(statement, f"needs '{algo}' and '{BASELINE}' in --algos")
+        if not envs_:
+            return untested(statement, "no env of the kind this claim is about in the experiment")
+        res = _diff_interval(exp, label, key, envs_, reps)
+        if res is None:
+            return untested(statement, "needs at least 2 finished seeds of each")
+        ci, n_a, n_b = res
+        claims.append(Claim(statement, decide(ci), f"IQM difference in normalised {what}, {label} - {BASELINE}: "
+                            f"{_fmt(ci)} (95% stratified bootstrap CI; {n_a} vs {n_b} seeds x {len(envs_)} env(s))"))
+
+    compare("RefGRPO learns faster early than PPO", "refgrpo", "early_auc", envs, _verdict_greater,
+            "area under the first 25% of the learning curve")
+
+    def non_inferior(ci):
+        _, lo, hi = ci
+        return "not supported" if hi < 0 else "supported" if lo > -margin else "inconclusive"
+
+    compare(f"RefGRPO's final return >= PPO's (margin {margin:.0%} of each env's range)", "refgrpo", "final", envs,
+            non_inferior, "final return")
+
+    label = _method_label(exp, "refgrpo")
+    runs = [r for r in exp.runs if label and r.spec.entry.label == label]
+    losses = [[row["calibration_loss"] for row in r.rows if row.get("calibration_loss") is not None] for r in runs]
+    losses = [x for x in losses if len(x) >= 10]
+    if not losses:
+        untested("RefGRPO's calibration loss falls and settles", "no refgrpo run logged calibration_loss")
+    else:
+        ratios = np.array([[np.mean(x[-max(1, len(x) // 10):]) / max(np.mean(x[:max(1, len(x) // 10)]), 1e-12)]
+                           for x in losses])
+        ci = stats.interval([ratios], stats.iqm, reps)
+        verdict = "supported" if ci[2] < 1 else "not supported" if ci[1] >= 1 else "inconclusive"
+        claims.append(Claim("RefGRPO's calibration loss falls and settles", verdict,
+                            f"IQM ratio of calibration loss, last 10% / first 10% of training: {ci[0]:.3f} "
+                            f"[{ci[1]:.3f}, {ci[2]:.3f}] over {len(losses)} runs"))
+
+    sparse = [e for e in envs if e.startswith(SPARSE_ENV_PREFIXES) or (exp.spec.wrapper or "").startswith(("sparse", "delayed"))]
+    compare("Shaping (SDRS) helps on sparse-reward tasks", "sdrs", "auc", sparse, _verdict_greater,
+            "area under the learning curve")
+    compare("GEAR beats the baseline", "gear", "final", envs, _verdict_greater, "final return")
+    return claims

@@ -1,0 +1,175 @@
+"""`reflectrl compare` and `reflectrl report`: runs, resume, Ray, bad input, the rendered report."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from reflectrl.experiments.spec import parse_algos
+
+TINY = ["--env", "reflectrl/GridWorld-v0", "--seeds", "2", "--total-steps", "1024",
+        "--set", "env.size=5", "num_envs=2", "num_steps=64", "num_minibatches=2", "update_epochs=1"]
+
+
+def assert_one_line_error(code, err, needle):
+    assert code == 2, err
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("reflectrl: error: ") and needle in lines[0], err
+
+
+def test_parse_algos_entries_and_ablations():
+    entries = parse_algos("ppo, ppo[ent_coef=0;num_envs=8],ppo[checkpoint_every=100]")
+    assert [e.label for e in entries] == ["ppo", "ppo[ent_coef=0;num_envs=8]", "ppo[checkpoint_every=100]"]
+    assert entries[1].overrides == ("ent_coef=0", "num_envs=8")
+
+
+@pytest.mark.parametrize("algos, needle", [
+    ("ppo,nosuch", "unknown algo 'nosuch'"),
+    ("ppo,ppo", "more than once"),
+    ("ppo[ent_coef=0", "unbalanced"),
+    ("ppo[ent_coef]", "not key=value"),
+    ("ppo[bogus_knob=1]", "unknown --set key 'bogus_knob'"),
+])
+def test_bad_algos(cli, tmp_path, algos, needle):
+    out = tmp_path / "exp"
+    code, _, err = cli("compare", "--algos", algos, "--out", out, "--no-progress", *TINY)
+    assert_one_line_error(code, err, needle)
+    assert not out.exists()
+
+
+def test_bad_env_and_seeds(cli, tmp_path):
+    out = tmp_path / "exp"
+    code, _, err = cli("compare", "--env", "CartPol-v1", "--algos", "ppo", "--total-steps", "512", "--out", out)
+    assert_one_line_error(code, err, "unknown env id")
+    code, _, err = cli("compare", "--env", "CartPole-v1", "--algos", "ppo", "--seeds", "0", "--total-steps", "512",
+                       "--out", out)
+    assert_one_line_error(code, err, "--seeds 0")
+    assert not out.exists()
+
+
+def test_compare_runs_reports_and_skips_finished(cli, tmp_path):
+    out = tmp_path / "exp"
+    code, stdout, err = cli("compare", "--algos", "ppo,ppo[ent_coef=0]", "--out", out, "--no-progress", *TINY)
+    assert code == 0, err
+    assert "4 trained" in stdout and "report:" in stdout and "GEAR beats the baseline" in stdout
+    runs = sorted(p.relative_to(out).as_posix() for p in out.glob("runs/*/*/seed*") if p.is_dir())
+    assert runs == ["runs/reflectrl_GridWorld-v0/ppo/seed1", "runs/reflectrl_GridWorld-v0/ppo/seed2",
+                    "runs/reflectrl_GridWorld-v0/ppo_ent_coef=0/seed1", "runs/reflectrl_GridWorld-v0/ppo_ent_coef=0/seed2"]
+    config = json.loads((out / "runs/reflectrl_GridWorld-v0/ppo_ent_coef=0/seed2/config.json").read_text())
+    assert config["ppo"]["ent_coef"] == 0.0 and config["seed"] == 2 and config["env"]["size"] == 5
+    for name in ("index.html", "report.md", "stats.json", "curves_reflectrl_GridWorld_v0.png"):
+        assert (out / "report" / name).is_file()
+    table = json.loads((out / "report/stats.json").read_text())["table"]
+    assert {r["algo"] for r in table} == {"ppo", "ppo[ent_coef=0]"} and all(r["seeds"] == 2 for r in table)
+
+    before = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/*/seed*/checkpoint.pt")}
+    code, stdout, _ = cli("compare", "--algos", "ppo,ppo[ent_coef=0]", "--out", out, "--no-progress", *TINY)
+    assert code == 0 and "0 trained, 4 already finished" in stdout
+    assert before == {p: p.stat().st_mtime_ns for p in out.glob("runs/*/*/seed*/checkpoint.pt")}
+
+    code, _, err = cli("compare", "--algos", "ppo", "--out", out, "--no-progress", *TINY)
+    assert_one_line_error(code, err, "holds a different experiment (differs in: algos)")
+
+    code, stdout, _ = cli("report", out, "--reps", "200")
+    assert code == 0 and "report:" in stdout
+
+
+def _seed_steps(path: Path) -> int:
+    try:
+        return len((path / "metrics.jsonl").read_text().splitlines())
+    except FileNotFoundError:
+        return 0
+
+
+def test_killed_experiment_resumes_to_identical_weights(cli, tmp_path):
+    args = ["--env", "CartPole-v1", "--algos", "ppo", "--seeds", "2", "--total-steps", "16384", "--workers", "2",
+            "--set", "num_envs=2", "num_steps=64", "num_minibatches=2", "update_epochs=2", "checkpoint_every=1000"]
+    out = tmp_path / "exp"
+    proc = subprocess.Popen([sys.executable, "-m", "reflectrl", "compare", *args, "--out", str(out), "--no-progress",
+                             "--no-report"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    seed_dirs = [out / "runs/CartPole-v1/ppo/seed1", out / "runs/CartPole-v1/ppo/seed2"]
+    deadline = time.time() + 120
+    while min(_seed_steps(d) for d in seed_dirs) < 40 and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, "the experiment finished before it could be killed"
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver and both training processes
+    proc.wait()
+    assert all(json.loads((d / "run.json").read_text())["status"] == "running" for d in seed_dirs)
+
+    code, stdout, err = cli("compare", *args, "--out", out, "--no-progress", "--no-report")
+    assert code == 0, err
+    assert "2 trained" in stdout
+
+    reference = tmp_path / "reference"
+    assert cli("train", "--env", "CartPole-v1", "--seed", "2", "--total-steps", "16384", "--out", reference,
+               "--no-progress", "--set", "num_envs=2", "num_steps=64", "num_minibatches=2", "update_epochs=2",
+               "checkpoint_every=1000")[0] == 0
+    sha = lambda d: json.loads((d / "run.json").read_text())["params_sha256"]  # noqa: E731
+    assert sha(seed_dirs[1]) == sha(reference)
+
+
+def test_run_killed_before_first_checkpoint_restarts(cli, tmp_path):
+    out = tmp_path / "exp"
+    assert cli("compare", "--algos", "ppo", "--out", out, "--no-progress", "--no-report", *TINY)[0] == 0
+    run = out / "runs/reflectrl_GridWorld-v0/ppo/seed1"
+    sha = json.loads((run / "run.json").read_text())["params_sha256"]
+    shutil.rmtree(run)
+    run.mkdir()
+    (run / "config.json").write_text("{}")  # debris of a run killed while starting
+    code, stdout, err = cli("compare", "--algos", "ppo", "--out", out, "--no-progress", "--no-report", *TINY)
+    assert code == 0 and "1 trained, 1 already finished" in stdout, err
+    assert json.loads((run / "run.json").read_text())["params_sha256"] == sha
+
+
+def test_ray_backend_on_a_local_instance(cli, tmp_path):
+    pytest.importorskip("ray")
+    out = tmp_path / "exp"
+    code, stdout, err = cli("compare", "--algos", "ppo", "--out", out, "--no-progress", "--backend", "ray",
+                            "--workers", "2", "--no-report", *TINY)
+    assert code == 0, err
+    assert "2 trained" in stdout
+    local = tmp_path / "local"
+    assert cli("compare", "--algos", "ppo", "--out", local, "--no-progress", "--no-report", *TINY)[0] == 0
+    for seed in (1, 2):
+        ray_run = json.loads((out / f"runs/reflectrl_GridWorld-v0/ppo/seed{seed}/run.json").read_text())
+        local_run = json.loads((local / f"runs/reflectrl_GridWorld-v0/ppo/seed{seed}/run.json").read_text())
+        assert ray_run["status"] == "finished"
+        assert ray_run["params_sha256"] == local_run["params_sha256"]  # same work, wherever it ran
+    assert "$ reflectrl train" in (out / "runs/reflectrl_GridWorld-v0/ppo/seed1.log").read_text()
+
+
+def _chromium():
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def test_report_renders_in_headless_chromium(cli, tmp_path):
+    browser = _chromium()
+    if browser is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is missing on CI: scripts/install_system_deps.sh should have installed it")
+        pytest.skip("chromium not installed (scripts/install_system_deps.sh installs it)")
+    out = tmp_path / "exp"
+    assert cli("compare", "--algos", "ppo,ppo[ent_coef=0]", "--out", out, "--no-progress", *TINY)[0] == 0
+    page = (out / "report/index.html").read_text()
+    assert "<script" not in page and "http" not in page  # self-contained, opens offline
+    # a copy with a probe that counts the images the browser actually decoded
+    probe = tmp_path / "probe.html"
+    probe.write_text(page.replace("</body>", "<script>window.addEventListener('load',()=>{const i=[...document.images];"
+                                  "document.body.setAttribute('data-probe',i.length+':'+i.filter(x=>x.complete&&x.naturalWidth>100).length)})"
+                                  "</script></body>"))
+    dom = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                          "--disable-component-update", "--disable-sync", "--no-first-run",
+                          f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=5000", "--dump-dom",
+                          probe.as_uri()], capture_output=True, text=True, timeout=120).stdout
+    assert 'data-probe="3:3"' in dom  # curves, final-return intervals and diagnostics for the one env
+    assert "Claims" in dom and "ppo[ent_coef=0]" in dom
