@@ -2,7 +2,9 @@
 # Each sets up .venv first (scripts/setup.sh), so nothing else must be installed by hand.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-DEMO_OUT ?= runs/demo-$(shell date +%Y%m%d-%H%M%S)
+DEMO_OUT ?= runs/demo-$(shell printf '%s' '$(DEMO_ALGOS)' | sha1sum | cut -c1-8)
+# Every method that has landed, on the built-in sparse maze; re-running resumes/skips.
+DEMO_ALGOS ?= ppo,ppo[ent_coef=0]
 
 .PHONY: setup demo test bench
 
@@ -10,8 +12,8 @@ setup:
 	bash scripts/setup.sh all
 
 demo: setup
-	$(VENV)/bin/reflectrl train --algo ppo --env reflectrl/GridWorld-v0 --seed 1 --total-steps 100000 --out $(DEMO_OUT)
-	$(VENV)/bin/reflectrl eval $(DEMO_OUT) --episodes 20 --deterministic
+	$(VENV)/bin/reflectrl compare --env reflectrl/GridWorld-v0 --algos '$(DEMO_ALGOS)' --seeds 5 \
+		--total-steps 60000 --set env.size=12 --out $(DEMO_OUT)
 
 test: setup
 	$(PY) -m pytest tests -q

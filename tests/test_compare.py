@@ -65,7 +65,10 @@ def test_compare_runs_reports_and_skips_finished(cli, tmp_path):
     assert config["ppo"]["ent_coef"] == 0.0 and config["seed"] == 2 and config["env"]["size"] == 5
     for name in ("index.html", "report.md", "stats.json", "curves_reflectrl_GridWorld_v0.png"):
         assert (out / "report" / name).is_file()
-    table = json.loads((out / "report/stats.json").read_text())["table"]
+    def no_constants(name):
+        raise AssertionError(f"stats.json holds {name}, which is not JSON")
+
+    table = json.loads((out / "report/stats.json").read_text(), parse_constant=no_constants)["table"]
     assert {r["algo"] for r in table} == {"ppo", "ppo[ent_coef=0]"} and all(r["seeds"] == 2 for r in table)
 
     before = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/*/seed*/checkpoint.pt")}

@@ -64,3 +64,6 @@ def test_steps_to_threshold():
     steps = np.array([100, 200, 300, 400])
     assert stats.steps_to_threshold(steps, np.array([0.1, 0.5, 0.9, 0.95]), 0.9) == 300
     assert stats.steps_to_threshold(steps, np.array([0.1, 0.5, 0.6, 0.7]), 0.9) == math.inf
+    # held, not touched: the lucky first point does not count with a window of 2
+    assert stats.steps_to_threshold(steps, np.array([1.0, 0.0, 0.9, 1.0]), 0.9, window=2) == 300
+    assert stats.steps_to_threshold(steps, np.array([1.0, 0.0, 0.9, 1.0]), 0.9) == 100

@@ -211,13 +211,12 @@ def _parse_algos(text):
 
 
 def _print_report(root, reps: int) -> None:
-    from reflectrl.report.analysis import evaluate_claims, load_experiment
     from reflectrl.report.render import claims_text, write_report
 
-    path = write_report(root, reps=reps)
+    path, claims = write_report(root, reps=reps)
     print(f"report: {path}")
     print(f"summary: {path.with_name('report.md')}")
-    print(claims_text(evaluate_claims(load_experiment(root), reps)))
+    print(claims_text(claims))
 
 
 def _report(args) -> int:
@@ -252,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\nreflectrl: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # output piped into `head` and the like
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

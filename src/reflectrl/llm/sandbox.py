@@ -529,25 +529,35 @@ def _kill_uid(uid: int) -> None:
 def _execute(argv: list[str], payload: dict, *, env: dict, cwd: str | None, timeout: float,
              max_output_bytes: int, max_result_bytes: int) -> _Raw:
     r_fd, w_fd = os.pipe()  # the result channel; the child finds it at the same fd number
+    stdin_fd = -1
     try:
         stdin_fd = _memfd(marshal.dumps({**payload, "fd": w_fd}, 4))
-    except BaseException:
-        os.close(r_fd)
-        os.close(w_fd)
-        raise
-    t0 = time.monotonic()
-    try:
+        t0 = time.monotonic()
         proc = subprocess.Popen(argv, stdin=stdin_fd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 pass_fds=(w_fd,), env=env, cwd=cwd, start_new_session=True)
     except BaseException:
         os.close(r_fd)
-        os.close(w_fd)
-        os.close(stdin_fd)
         raise
-    os.close(w_fd)
-    os.close(stdin_fd)
+    finally:
+        os.close(w_fd)
+        if stdin_fd >= 0:
+            os.close(stdin_fd)
+    try:
+        return _collect(proc, r_fd, t0, timeout, max_output_bytes, max_result_bytes)
+    except BaseException:  # e.g. KeyboardInterrupt: leave nothing running
+        _killpg(proc.pid)
+        proc.wait()
+        raise
+    finally:
+        proc.stdout.close()
+        proc.stderr.close()
+        os.close(r_fd)
+
+
+def _collect(proc: subprocess.Popen, r_fd: int, t0: float, timeout: float, max_output_bytes: int,
+             max_result_bytes: int) -> _Raw:
     out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
-    chunks = {out_fd: [], err_fd: [], r_fd: []}
+    chunks: dict = {out_fd: [], err_fd: [], r_fd: []}
     sizes = {out_fd: 0, err_fd: 0, r_fd: 0}
     err_tail = bytearray()
     poller = select.poll()
@@ -573,7 +583,7 @@ def _execute(argv: list[str], payload: dict, *, env: dict, cwd: str | None, time
             return f"stdout+stderr passed {max_output_bytes} bytes"
         return ""
 
-    def exited() -> bool:
+    def exited() -> bool:  # without reaping it, so its process group id stays ours
         try:
             return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
         except ChildProcessError:
@@ -605,36 +615,29 @@ def _execute(argv: list[str], payload: dict, *, env: dict, cwd: str | None, time
             if killed_reason:
                 break
 
-    if timed_out or killed_reason or not exited():
-        if not (timed_out or killed_reason):  # all pipes closed but still running: wait for it
-            remaining = deadline - time.monotonic()
-            while remaining > 0 and not exited():
-                time.sleep(min(0.005, remaining))
-                remaining = deadline - time.monotonic()
-            timed_out = not exited()
-        if timed_out or killed_reason:
-            _killpg(proc.pid)
-    # the leader is dead or dying; kill its group before reaping it so the pgid cannot be reused
+    if not (timed_out or killed_reason):
+        # every pipe is closed (or the grace ran out): give the process until the deadline to exit
+        while not exited() and time.monotonic() < deadline:
+            time.sleep(0.002)
+        timed_out = not exited()
+    if timed_out or killed_reason:
+        _killpg(proc.pid)
     while not exited():
         time.sleep(0.001)
-    _killpg(proc.pid)
+    _killpg(proc.pid)  # anything left in its group, before reaping it so the group id cannot be reused
     returncode = proc.wait()
     duration = time.monotonic() - t0
     # read what is left in the pipes without blocking (a writer may survive in rlimits-only mode)
     for fd in list(open_fds):
         os.set_blocking(fd, False)
         try:
-            while True:
+            while not killed_reason:
                 data = os.read(fd, 65536)
                 if not data:
                     break
-                if take(fd, data) and fd == r_fd:
-                    break
+                killed_reason = take(fd, data)
         except BlockingIOError:
             pass
-    proc.stdout.close()
-    proc.stderr.close()
-    os.close(r_fd)
     return _Raw(b"".join(chunks[r_fd]), b"".join(chunks[out_fd])[:_KEEP_BYTES], bytes(err_tail), returncode,
                 timed_out, killed_reason, duration)
 
@@ -684,7 +687,7 @@ def _parse_channel(data: bytes, nonce: bytes, total: int, cut_short: bool):
             value = decode(parts[2])
             if parts[1] == b"err" and not isinstance(value, str):
                 return "malformed", "a non-string error message"
-            records.append((parts[1].decode(), value))
+            records.append(("ok", value) if parts[1] == b"ok" else ("err", value[:2000]))
         except (ValueError, RecursionError, UnicodeDecodeError, MemoryError):
             return "malformed", "a result line that is not valid JSON"
     return "cases", (records, ended)
@@ -748,8 +751,8 @@ def _verdict(raw: _Raw, suite: TestSuite, nonce: bytes, isolation: str, timeout:
         elif status is None and not ended:
             status, reason = "crashed", "exited before reporting every case (early exit?)"
         elif status is None:
-            if passed == total and total > 0:
-                status, reason = "ok", "all cases passed"
+            if passed == total:
+                status, reason = "ok", "all cases passed" if total else "ran cleanly; there are no cases"
             elif memory_error:
                 status, reason = "memory", "a case ran out of memory"
             else:
@@ -789,6 +792,9 @@ def run_code(code: str, tests: Mapping | TestSuite, *, timeout: float = 10.0, me
         raise ValueError("timeout must be > 0")
     suite = load_tests(tests)
     extra = tuple(os.path.realpath(p) for p in extra_paths)
+    for path in extra:
+        if not os.path.isdir(path):
+            raise ValueError(f"extra_paths: {path} is not a directory")
     layout = _python_layout(python)
     root = os.geteuid() == 0
     nonce = secrets.token_hex(16)

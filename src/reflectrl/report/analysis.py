@@ -164,7 +164,8 @@ def summary_table(exp: Experiment, reps: int = 2000) -> list[dict]:
             poi = None
             if base is not None and base.size and label != BASELINE:
                 poi = stats.interval([final, base], stats.probability_of_improvement, reps)
-            reach = [stats.steps_to_threshold(exp.grid, _fill(r.curve), threshold) for r in exp.select(env_id, label)]
+            reach = [stats.steps_to_threshold(exp.grid, _fill(r.curve), threshold, window=GRID // 10)
+                     for r in exp.select(env_id, label)]
             rows.append({
                 "env": env_id, "algo": label, "seeds": int(final.shape[0]),
                 "final_iqm": f[0], "final_ci": [f[1], f[2]],

@@ -58,7 +58,19 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_")
 
 
-def write_report(root: Path, reps: int = 2000) -> Path:
+def _strict_json(x):
+    """JSON has no inf or nan: write them as null (a threshold never reached, a missing score)."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _strict_json(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_strict_json(v) for v in x]
+    return x
+
+
+def write_report(root: Path, reps: int = 2000) -> tuple[Path, list[Claim]]:
+    """Write the report; returns the HTML page's path and the claims."""
     root = Path(root)
     exp = load_experiment(root)
     if not exp.runs:
@@ -89,7 +101,8 @@ def write_report(root: Path, reps: int = 2000) -> Path:
     notes = ("Final return: mean true episodic return over the last 10% of training. Norm. AUC: mean of the "
              "learning curve, min-max normalised per env over every run of the experiment. IQM and 95% "
              "stratified-bootstrap CIs over seeds. P(improve): probability that a run of the algo ends above a run "
-             "of ppo. Threshold: 80% of the way from the worst to the best return seen in the env.")
+             "of ppo. Steps to threshold: the first step from which the return, averaged over the next 10% of "
+             "training, reaches 80% of the way from the worst to the best return seen in the env.")
 
     # ---- Markdown
     md = [f"# reflectrl experiment report: {root.name}", "", intro, "", "## Results", "",
@@ -130,7 +143,6 @@ def write_report(root: Path, reps: int = 2000) -> Path:
     parts.append("</body></html>")
     atomic_write_bytes(out / "index.html", "".join(parts).encode())
 
-    atomic_write_bytes(out / "stats.json", (json.dumps(
-        {"spec": spec.to_dict(), "table": table, "claims": [c.__dict__ for c in claims]},
-        indent=2, default=lambda x: None if isinstance(x, float) and not math.isfinite(x) else x) + "\n").encode())
-    return out / "index.html"
+    data = {"spec": spec.to_dict(), "table": table, "claims": [c.__dict__ for c in claims]}
+    atomic_write_bytes(out / "stats.json", (json.dumps(_strict_json(data), indent=2) + "\n").encode())
+    return out / "index.html", claims

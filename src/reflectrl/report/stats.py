@@ -58,7 +58,15 @@ def probability_of_improvement(x: np.ndarray, y: np.ndarray) -> float:
     return float(np.mean(probs))
 
 
-def steps_to_threshold(steps: np.ndarray, values: np.ndarray, threshold: float) -> float:
-    """The first step at which the curve reaches `threshold`; inf if it never does."""
-    hit = np.flatnonzero(np.asarray(values) >= threshold)
-    return float(steps[hit[0]]) if hit.size else float("inf")
+def steps_to_threshold(steps: np.ndarray, values: np.ndarray, threshold: float, window: int = 1) -> float:
+    """The first step from which the curve's mean over the next `window` points reaches
+    `threshold`; inf if it never does.
+
+    A window > 1 asks for the level to be held, not touched once: early in training the
+    episodes that end first are often the lucky short ones, so a raw curve can start high.
+    """
+    values = np.asarray(values, dtype=float)
+    for t in range(len(values)):
+        if np.mean(values[t:t + window]) >= threshold:
+            return float(steps[t])
+    return float("inf")
