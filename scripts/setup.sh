@@ -7,6 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-all}"
+bash scripts/install_system_deps.sh  # bubblewrap for the code sandbox, chromium for the report test
 venv="${REFLECTRL_VENV:-.venv}"
 
 if [ ! -x "$venv/bin/python" ]; then
@@ -20,11 +21,12 @@ pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 if ! "$venv/bin/python" -c "import torch" >/dev/null 2>&1; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     echo "setup: installing torch (CUDA machine)"
-    "${pip[@]}" install torch
+    "${pip[@]}" install torch 2>&1 | grep -v -E "^WARNING: Location .* is ignored" || true
   else
     echo "setup: installing torch==2.13.0 (no CUDA GPU here)"
-    "${pip[@]}" install torch==2.13.0
+    "${pip[@]}" install torch==2.13.0 2>&1 | grep -v -E "^WARNING: Location .* is ignored" || true
   fi
+  "$venv/bin/python" -c "import torch"  # the filter above hides pip's exit status: check here
 fi
 
 stamp="$venv/.reflectrl-installed"

@@ -3,12 +3,11 @@ right status, leave nothing behind and are never counted as a pass; and the CLI.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import secrets
-import shutil
 import socket
+import sys
 import time
 
 import pytest
@@ -503,7 +502,12 @@ def _cli(capsys, *argv):
     from reflectrl.llm import sandbox_cli
 
     argv = [str(a) for a in argv]
-    if "sandbox" in cli.build_parser()._subparsers._group_actions[0].choices:
+    try:
+        cli.build_parser().parse_args(["sandbox", "run", "--code", "x.py", "--tests", "t.json"])
+        wired = True
+    except UserError:
+        wired = False
+    if wired:
         code = cli.main(argv)
     else:
         parser = cli._Parser(prog="reflectrl")
@@ -511,7 +515,7 @@ def _cli(capsys, *argv):
         try:
             code = sandbox_cli.run(parser.parse_args(argv))
         except UserError as err:
-            print(f"reflectrl: error: {err}", file=__import__("sys").stderr)
+            print(f"reflectrl: error: {err}", file=sys.stderr)
             code = 2
     out, err = capsys.readouterr()
     return code, out, err
@@ -529,6 +533,32 @@ def test_cli_json_last_line_is_the_result(tmp_path, capsys):
     (tmp_path / "sol.py").write_text(GOOD)
     code, out, err = _cli(capsys, "sandbox", "run", "--code", tmp_path / "sol.py", "--tests", tmp_path / "tests.json")
     assert code == 0 and out.startswith("ok: 3/3 cases passed"), out
+
+
+@needs_bwrap
+def test_the_tests_file_is_not_visible_to_the_code(tmp_path, capsys):
+    tests_file = tmp_path / "tests.json"
+    tests_file.write_text(json.dumps(ADD))
+    (tmp_path / "sol.py").write_text(f"""import json
+def solve(a, b):
+    for case in json.load(open({str(tests_file)!r}))["cases"]:
+        if case["args"] == [a, b]:
+            return case["expected"]
+""")
+    code, out, err = _cli(capsys, "sandbox", "run", "--code", tmp_path / "sol.py", "--tests", tests_file, "--json")
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["passed"] == 0 and "FileNotFoundError" in result["cases"][0]["error"], result
+
+
+@pytest.mark.skipif(not os.path.exists(SYSTEM_PYTHON), reason="needs a world-readable system python")
+def test_cli_unsafe_no_bwrap_says_so(tmp_path, capsys):
+    (tmp_path / "sol.py").write_text(GOOD)
+    (tmp_path / "tests.json").write_text(json.dumps(ADD))
+    code, out, err = _cli(capsys, "sandbox", "run", "--code", tmp_path / "sol.py", "--tests", tmp_path / "tests.json",
+                          "--unsafe-no-bwrap", "--python", SYSTEM_PYTHON, "--json")
+    assert code == 0 and "no filesystem, network or process isolation" in err
+    result = json.loads(out.strip().splitlines()[-1])
+    assert (result["status"], result["isolation"], result["reward"]) == ("ok", "rlimits-only", 1.0)
 
 
 @pytest.mark.parametrize("setup, message", [

@@ -71,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("exp_dir", metavar="DIR")
     rep.add_argument("--reps", type=int, default=2000, help="bootstrap resamples (default 2000)")
 
+    from reflectrl.llm import sandbox_cli
+
+    sandbox_cli.add_parser(sub)
+
     ev = sub.add_parser("eval", help="evaluate a run's latest checkpoint")
     ev.add_argument("run_dir", metavar="DIR")
     ev.add_argument("--episodes", type=int, default=10)
@@ -244,6 +248,10 @@ def main(argv: list[str] | None = None) -> int:
             return _compare(args)
         if args.command == "report":
             return _report(args)
+        if args.command == "sandbox":
+            from reflectrl.llm import sandbox_cli
+
+            return sandbox_cli.run(args)
         raise UserError(f"unknown command {args.command}")
     except UserError as err:
         print(f"reflectrl: error: {err}", file=sys.stderr)

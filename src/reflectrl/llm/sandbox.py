@@ -73,6 +73,7 @@ Use it only for code you would run anyway.
 
 from __future__ import annotations
 
+import functools
 import json
 import marshal
 import math
@@ -404,7 +405,8 @@ class _UidPool:
 _uids = _UidPool()
 
 
-def _bwrap_argv(bwrap: str, layout: _Python, extra_paths: tuple, root: bool, tmpfs_bytes: int) -> list[str]:
+@functools.lru_cache(maxsize=64)
+def _bwrap_argv(bwrap: str, layout: _Python, extra_paths: tuple, root: bool, tmpfs_bytes: int) -> tuple:
     argv = [bwrap]
     if root:
         # Privileged bwrap, no user namespace: the harness drops to a fresh real uid itself.
@@ -440,7 +442,7 @@ def _bwrap_argv(bwrap: str, layout: _Python, extra_paths: tuple, root: bool, tmp
     argv += ["--proc", "/proc", "--dev", "/dev",
              "--size", str(tmpfs_bytes), "--perms", "1777", "--tmpfs", "/tmp",
              "--perms", "0777", "--dir", "/tmp/work", "--chdir", "/tmp/work", "--clearenv"]
-    return argv
+    return tuple(argv)
 
 
 def _child_env(home: str, hash_seed: int) -> dict:
@@ -448,7 +450,7 @@ def _child_env(home: str, hash_seed: int) -> dict:
             "PYTHONHASHSEED": str(hash_seed)}
 
 
-def _probe_bwrap(argv_prefix: list[str], layout: _Python) -> None:
+def _probe_bwrap(argv_prefix: tuple, layout: _Python) -> None:
     key = tuple(argv_prefix)
     with _cache_lock:
         if key in _probe_cache:
@@ -526,25 +528,35 @@ def _kill_uid(uid: int) -> None:
         time.sleep(0.01)
 
 
-def _execute(argv: list[str], payload: dict, *, env: dict, cwd: str | None, timeout: float,
+def _execute(argv: list[str], payload: dict, *, info_fd: bool, env: dict, cwd: str | None, timeout: float,
              max_output_bytes: int, max_result_bytes: int) -> _Raw:
+    """Spawn argv (+ `--info-fd N` before its `--` when info_fd, for bwrap), feed it the payload
+    and collect its pipes until it exits, the deadline passes or an output cap is hit."""
     r_fd, w_fd = os.pipe()  # the result channel; the child finds it at the same fd number
+    info_r, info_w = os.pipe() if info_fd else (-1, -1)
+    keep = (w_fd, info_w) if info_fd else (w_fd,)
+    if info_fd:
+        split = argv.index("--")
+        argv = [*argv[:split], "--info-fd", str(info_w), *argv[split:]]
     stdin_fd = -1
     try:
         stdin_fd = _memfd(marshal.dumps({**payload, "fd": w_fd}, 4))
         t0 = time.monotonic()
         proc = subprocess.Popen(argv, stdin=stdin_fd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                pass_fds=(w_fd,), env=env, cwd=cwd, start_new_session=True)
+                                pass_fds=keep, env=env, cwd=cwd, start_new_session=True)
     except BaseException:
         os.close(r_fd)
+        if info_r >= 0:
+            os.close(info_r)
         raise
     finally:
-        os.close(w_fd)
-        if stdin_fd >= 0:
-            os.close(stdin_fd)
+        for fd in (*keep, stdin_fd):
+            if fd >= 0:
+                os.close(fd)
     try:
-        return _collect(proc, r_fd, t0, timeout, max_output_bytes, max_result_bytes)
+        return _collect(proc, r_fd, info_r, t0, timeout, max_output_bytes, max_result_bytes)
     except BaseException:  # e.g. KeyboardInterrupt: leave nothing running
+        _kill_sandbox(proc, info_r)
         _killpg(proc.pid)
         proc.wait()
         raise
@@ -552,9 +564,32 @@ def _execute(argv: list[str], payload: dict, *, env: dict, cwd: str | None, time
         proc.stdout.close()
         proc.stderr.close()
         os.close(r_fd)
+        if info_r >= 0:
+            os.close(info_r)
 
 
-def _collect(proc: subprocess.Popen, r_fd: int, t0: float, timeout: float, max_output_bytes: int,
+def _kill_sandbox(proc: subprocess.Popen, info_r: int) -> None:
+    """Kill a run. Under bwrap, SIGKILL the PID namespace's init (its host pid comes from
+    bwrap's --info-fd): the kernel kills every process in the namespace before that init can
+    be reaped, so once bwrap has exited nothing of the run is left. Otherwise, or if the
+    pid is not known yet, SIGKILL the process group."""
+    init_pid = None
+    if info_r >= 0:
+        try:
+            os.set_blocking(info_r, False)
+            init_pid = int(json.loads(os.read(info_r, 65536))["child-pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            init_pid = None
+    if init_pid and init_pid > 1:
+        try:
+            os.kill(init_pid, signal.SIGKILL)
+            return
+        except (ProcessLookupError, PermissionError):
+            pass
+    _killpg(proc.pid)
+
+
+def _collect(proc: subprocess.Popen, r_fd: int, info_r: int, t0: float, timeout: float, max_output_bytes: int,
              max_result_bytes: int) -> _Raw:
     out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
     chunks: dict = {out_fd: [], err_fd: [], r_fd: []}
@@ -589,38 +624,55 @@ def _collect(proc: subprocess.Popen, r_fd: int, t0: float, timeout: float, max_o
         except ChildProcessError:
             return True
 
-    while open_fds and not killed_reason:
-        now = time.monotonic()
-        if now >= deadline:
-            timed_out = True
-            break
-        wait = deadline - now
-        if exited():
-            # the main process is gone; anything still holding a pipe gets a short grace
-            exited_at = exited_at or now
-            if now - exited_at > 0.1:
+    # A pidfd polls readable when the process exits: no sleeping or periodic checks on the
+    # hot path. Without one (old kernels) fall back to checking every few milliseconds.
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+        poller.register(pidfd, select.POLLIN)
+    except (AttributeError, OSError):
+        pidfd = None
+    done = False
+    try:
+        while not killed_reason and (open_fds or not done):
+            now = time.monotonic()
+            if now >= deadline:
+                timed_out = True
                 break
-            wait = min(wait, 0.02)
-        else:
-            wait = min(wait, 0.25)
-        for fd, _ in poller.poll(wait * 1000):
-            if fd not in open_fds:
-                continue
-            data = os.read(fd, 65536)
-            if not data:
-                poller.unregister(fd)
-                open_fds.discard(fd)
-                continue
-            killed_reason = take(fd, data)
-            if killed_reason:
-                break
+            wait = deadline - now
+            if done:
+                # the main process is gone; anything still holding a pipe gets a short grace
+                exited_at = exited_at or now
+                if now - exited_at > 0.1:
+                    break
+                wait = min(wait, 0.02)
+            elif pidfd is None:
+                wait = min(wait, 0.25 if open_fds else 0.002)
+            for fd, _ in poller.poll(wait * 1000):
+                if fd == pidfd:
+                    done = True
+                    poller.unregister(pidfd)
+                    continue
+                if fd not in open_fds:
+                    continue
+                data = os.read(fd, 65536)
+                if not data:
+                    poller.unregister(fd)
+                    open_fds.discard(fd)
+                    continue
+                killed_reason = take(fd, data)
+                if killed_reason:
+                    break
+            if pidfd is None and not done:
+                done = exited()
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
 
-    if not (timed_out or killed_reason):
-        # every pipe is closed (or the grace ran out): give the process until the deadline to exit
-        while not exited() and time.monotonic() < deadline:
-            time.sleep(0.002)
-        timed_out = not exited()
     if timed_out or killed_reason:
+        _kill_sandbox(proc, info_r)
+        give_up = time.monotonic() + 5.0
+        while not exited() and time.monotonic() < give_up:
+            time.sleep(0.001)
         _killpg(proc.pid)
     while not exited():
         time.sleep(0.001)
@@ -790,6 +842,9 @@ def run_code(code: str, tests: Mapping | TestSuite, *, timeout: float = 10.0, me
         raise TypeError(f"code must be a str, got {type(code).__name__}")
     if not (timeout > 0):
         raise ValueError("timeout must be > 0")
+    if memory_mb < 16 or max_processes < 2 or max_file_mb < 1 or tmpfs_mb < 1 or max_output_bytes < 1:
+        raise ValueError("memory_mb >= 16, max_processes >= 2, max_file_mb >= 1, tmpfs_mb >= 1 and "
+                         "max_output_bytes >= 1 are required")
     suite = load_tests(tests)
     extra = tuple(os.path.realpath(p) for p in extra_paths)
     for path in extra:
@@ -819,11 +874,11 @@ def run_code(code: str, tests: Mapping | TestSuite, *, timeout: float = 10.0, me
                 raise SandboxUnavailable(f"bubblewrap (bwrap) is not installed; {_INSTALL_HINT}")
             prefix = _bwrap_argv(bwrap, layout, extra, root, tmpfs_mb << 20)
             _probe_bwrap(prefix, layout)
-            argv = prefix[:]
+            argv = list(prefix)
             for k, v in _child_env("/tmp/work", hash_seed).items():
                 argv += ["--setenv", k, v]
             argv += ["--", layout.exe, "-S", "-B", "-c", _HARNESS]
-            env, cwd = {}, "/"
+            env, cwd, info_fd = {}, "/", True
         else:
             if root and not layout.readable_by_others:
                 raise SandboxUnavailable(
@@ -834,8 +889,8 @@ def run_code(code: str, tests: Mapping | TestSuite, *, timeout: float = 10.0, me
             if root:
                 os.chown(workdir, uid, uid)
             argv = [layout.exe, "-S", "-B", "-c", _HARNESS]
-            env, cwd = _child_env(workdir, hash_seed), workdir
-        raw = _execute(argv, payload, env=env, cwd=cwd, timeout=timeout,
+            env, cwd, info_fd = _child_env(workdir, hash_seed), workdir, False
+        raw = _execute(argv, payload, info_fd=info_fd, env=env, cwd=cwd, timeout=timeout,
                        max_output_bytes=max_output_bytes, max_result_bytes=max_result_bytes)
     finally:
         if uid is not None:

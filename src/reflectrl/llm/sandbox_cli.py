@@ -22,7 +22,7 @@ from reflectrl.errors import UserError
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Add the `sandbox` command (with its `run` subcommand) to the CLI's subparsers."""
     sandbox = subparsers.add_parser("sandbox", help="run model-generated code against unit tests, contained")
-    sub = sandbox.add_subparsers(dest="sandbox_command", required=True)
+    sub = sandbox.add_subparsers(dest="sandbox_command", metavar="{run}", required=True)
     run_p = sub.add_parser("run", help="run one code file against one tests file")
     run_p.add_argument("--code", required=True, metavar="FILE.py", help="the Python code to test")
     run_p.add_argument("--tests", required=True, metavar="TESTS.json",
