@@ -21,8 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reflectrl.errors import UserError
+from reflectrl.signals.calibration import CalibrationConfig
 
-ALGOS = ("ppo",)
+ALGOS = ("ppo", "refgrpo")
+# The --set section that holds each signal algo's knobs.
+ALGO_SECTIONS = {"refgrpo": "calibration"}
 
 
 @dataclass
@@ -91,14 +94,31 @@ class RunConfig:
     @classmethod
     def from_dict(cls, d: dict) -> "RunConfig":
         d = dict(d)
-        ppo = dict(d.pop("ppo", {}))
-        if "hidden_sizes" in ppo:
-            ppo["hidden_sizes"] = tuple(ppo["hidden_sizes"])
+        ppo = _dataclass_from_dict(PPOConfig, d.pop("ppo", {}))
+        sections = {}
+        for name, values in d.pop("sections", {}).items():
+            if name not in SECTION_TYPES:
+                raise UserError(f"config has an unknown section '{name}'; was it written by a newer reflectrl?")
+            sections[name] = _dataclass_from_dict(SECTION_TYPES[name], values)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - known
         if unknown:
             raise UserError(f"config has unknown keys {sorted(unknown)}; was it written by a newer reflectrl?")
-        return cls(**d, ppo=PPOConfig(**ppo))
+        return cls(**d, ppo=ppo, sections=sections)
+
+
+def _dataclass_from_dict(cls, values: dict):
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(values) - names
+    if unknown:
+        raise UserError(f"config has unknown {cls.__name__} keys {sorted(unknown)}; was it written by a newer reflectrl?")
+    kwargs = {}
+    for key, value in values.items():
+        if isinstance(value, list) and "tuple" in str(hints[key]):
+            value = tuple(value)
+        kwargs[key] = value
+    return cls(**kwargs)
 
 
 RUN_KNOBS = ("checkpoint_every", "torch_threads")
@@ -169,8 +189,8 @@ def _set_dataclass_field(obj: Any, key: str, name: str, raw: str, where: str) ->
     setattr(obj, name, _parse_value(key, raw, hints[name]))
 
 
-SECTION_TYPES: dict[str, type] = {}
-"""Signal modules register their config dataclass here under their --set prefix."""
+SECTION_TYPES: dict[str, type] = {"calibration": CalibrationConfig}
+"""Each signal's config dataclass under its --set prefix."""
 
 
 def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
@@ -257,3 +277,16 @@ def validate(cfg: RunConfig) -> None:
         raise UserError(f"checkpoint_every={cfg.checkpoint_every}: must be a positive number of env steps")
     if cfg.torch_threads < 1:
         raise UserError(f"torch_threads={cfg.torch_threads}: must be >= 1")
+    wanted = ALGO_SECTIONS.get(cfg.algo)
+    for name, section in cfg.sections.items():
+        if name != wanted:
+            users = [a for a, s in ALGO_SECTIONS.items() if s == name]
+            raise UserError(f"--set {name}.* knobs apply to --algo {' or '.join(users)}, not --algo {cfg.algo}")
+        section.validate()
+
+
+def add_algo_section(cfg: RunConfig) -> None:
+    """Record every knob of the algo's signal (defaults included) in the config."""
+    name = ALGO_SECTIONS.get(cfg.algo)
+    if name is not None and name not in cfg.sections:
+        cfg.sections[name] = SECTION_TYPES[name]()

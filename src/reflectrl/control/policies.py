@@ -35,13 +35,17 @@ def mlp(in_dim: int, hidden_sizes: tuple[int, ...], out_dim: int, out_std: float
     return nn.Sequential(*layers)
 
 
-def _forward(net: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
-    """Run a Linear/Tanh stack without nn.Module call overhead (it dominates at batch size 4)."""
-    layers = net._modules_list
-    for layer in layers[:-1]:
+def _hidden(net: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
+    """The last hidden layer of a Linear/Tanh stack, without nn.Module call overhead
+    (which dominates at batch size 4)."""
+    for layer in net._modules_list[:-1]:
         x = torch.tanh(F.linear(x, layer.weight, layer.bias))
-    last = layers[-1]
-    return F.linear(x, last.weight, last.bias)
+    return x
+
+
+def _forward(net: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
+    last = net._modules_list[-1]
+    return F.linear(_hidden(net, x), last.weight, last.bias)
 
 
 class ActorCritic(nn.Module):
@@ -63,7 +67,7 @@ class ActorCritic(nn.Module):
 
     def features(self, obs: torch.Tensor) -> torch.Tensor:
         """The actor's last hidden layer, for signals that read the policy's features."""
-        return self.actor[:-1](obs)
+        return _hidden(self.actor, obs)
 
     def act(self, obs: torch.Tensor, generator: torch.Generator | None = None):
         """Sample actions; returns (action, logprob). Call under no_grad."""
@@ -83,9 +87,12 @@ class ActorCritic(nn.Module):
             logprob = logp_all.gather(-1, action.unsqueeze(-1)).squeeze(-1)
         return action, logprob
 
-    def evaluate(self, obs: torch.Tensor, action: torch.Tensor):
-        """(logprob, entropy, value) of given actions, with gradients."""
-        out = _forward(self.actor, obs)
+    def evaluate(self, obs: torch.Tensor, action: torch.Tensor, with_features: bool = False):
+        """(logprob, entropy, value) of given actions, with gradients; with_features adds
+        the actor's last hidden layer as a fourth element."""
+        hidden = _hidden(self.actor, obs)
+        last = self.actor._modules_list[-1]
+        out = F.linear(hidden, last.weight, last.bias)
         if self.continuous:
             logstd = self.actor_logstd.expand_as(out)
             z = (action - out) * torch.exp(-logstd)
@@ -95,6 +102,8 @@ class ActorCritic(nn.Module):
             logp_all = torch.log_softmax(out, dim=-1)
             logprob = logp_all.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
             entropy = -(logp_all.exp() * logp_all).sum(-1)
+        if with_features:
+            return logprob, entropy, self.value(obs), hidden
         return logprob, entropy, self.value(obs)
 
     def deterministic_action(self, obs: torch.Tensor) -> torch.Tensor:

@@ -25,12 +25,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from reflectrl.config import RunConfig, resolve_defaults, validate
+from reflectrl.config import RunConfig, add_algo_section, resolve_defaults, validate
 from reflectrl.control.gae import compute_gae
 from reflectrl.control.policies import ActorCritic, flatten_parameters, params_sha256
 from reflectrl.envs import find_wrapper, is_continuous, make_env, make_vector_env, snapshot
 from reflectrl.errors import NonFiniteError
 from reflectrl.runs import MetricsLogger, RunDir
+from reflectrl.signals import Batch, Signal, SignalContext, make_signal
 
 CHECKPOINT_FORMAT = 1
 
@@ -43,6 +44,7 @@ def resolve_config(cfg: RunConfig) -> RunConfig:
     finally:
         probe.close()
     cfg.ppo = resolve_defaults(cfg.ppo, continuous)
+    add_algo_section(cfg)
     validate(cfg)
     return cfg
 
@@ -61,10 +63,12 @@ class Rollout:
     next_values: torch.Tensor
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    learn_rewards: torch.Tensor | None = None  # what advantages are estimated from (env reward + signal terms)
+    weights: torch.Tensor | None = None        # per-step weights on the advantage in the policy loss
 
 
 class PPOTrainer:
-    def __init__(self, cfg: RunConfig, run: RunDir | None = None):
+    def __init__(self, cfg: RunConfig, run: RunDir | None = None, signal: Signal | None = None):
         torch.set_num_threads(cfg.torch_threads)
         self.cfg = cfg
         self.run = run
@@ -88,6 +92,12 @@ class PPOTrainer:
         self.generator = torch.Generator().manual_seed(cfg.seed)
 
         self.num_iterations = math.ceil(cfg.total_steps / p.batch_size)
+        self.signal = signal if signal is not None else make_signal(cfg)
+        if self.signal is not None:
+            self.signal.bind(SignalContext(
+                obs_dim=self.obs_dim, action_dim=action_dim, discrete=not self.continuous,
+                feature_dim=p.hidden_sizes[-1], learning_rate=p.learning_rate, gamma=p.gamma,
+                gae_lambda=p.gae_lambda, seed=cfg.seed, total_iterations=self.num_iterations))
         self.global_step = 0
         self.iteration = 0
         self.recent_returns: deque[float] = deque(maxlen=20)
@@ -157,11 +167,44 @@ class PPOTrainer:
     # ------------------------------------------------------------------ estimate
 
     def estimate(self, rollout: Rollout) -> None:
+        rewards = rollout.rewards if rollout.learn_rewards is None else rollout.learn_rewards
+        rollout.advantages, rollout.returns = self._gae(rollout, rewards)
+
+    def _gae(self, rollout: Rollout, rewards: torch.Tensor):
         p = self.cfg.ppo
-        rollout.advantages, rollout.returns = compute_gae(
-            rollout.rewards, rollout.values, rollout.next_values,
-            rollout.terminations, rollout.truncations, p.gamma, p.gae_lambda,
-        )
+        return compute_gae(rewards, rollout.values, rollout.next_values,
+                           rollout.terminations, rollout.truncations, p.gamma, p.gae_lambda)
+
+    # ------------------------------------------------------------------ signal
+
+    def apply_signal(self, rollout: Rollout) -> Batch:
+        """Call the signal's hooks around advantage estimation (see signals/base.py)."""
+        signal = self.signal
+        features = None
+        if signal.wants_features:
+            with torch.no_grad():
+                features = self.agent.features(rollout.obs.reshape(-1, self.obs_dim)).reshape(
+                    *rollout.values.shape, -1)
+        batch = Batch(obs=rollout.obs, actions=rollout.actions, rewards=rollout.rewards,
+                      terminations=rollout.terminations, truncations=rollout.truncations,
+                      values=rollout.values, next_values=rollout.next_values, features=features,
+                      iteration=self.iteration, estimate=lambda r: self._gae(rollout, r),
+                      value_fn=self.agent.value)
+        extra = signal.shape_rewards(batch)
+        rollout.learn_rewards = rollout.rewards if extra is None else rollout.rewards + extra
+        self.estimate(rollout)
+        batch.rewards = rollout.learn_rewards
+        batch.advantages, batch.returns = rollout.advantages, rollout.returns
+        out = signal.after_advantages(batch)
+        if out is not None:
+            if out.reward is not None:
+                rollout.learn_rewards = rollout.learn_rewards + out.reward
+                if out.recompute:
+                    self.estimate(rollout)
+            if out.advantage is not None:
+                rollout.advantages = rollout.advantages + out.advantage
+            rollout.weights = out.weights
+        return batch
 
     # ------------------------------------------------------------------ update
 
@@ -173,6 +216,8 @@ class PPOTrainer:
         b_advantages = rollout.advantages.reshape(-1)
         b_returns = rollout.returns.reshape(-1)
         b_values = rollout.values.reshape(-1)
+        b_weights = None if rollout.weights is None else rollout.weights.reshape(-1)
+        aux = self.signal is not None and self.signal.wants_feature_grad
         batch_size, mb_size = p.batch_size, p.minibatch_size
         flat, grad = self.flat_params, self.flat_params.grad
         # Each minibatch's log-ratios are kept so KL and clip-fraction statistics cost a few
@@ -183,7 +228,10 @@ class PPOTrainer:
             order = torch.randperm(batch_size, generator=self.generator)
             for start in range(0, batch_size, mb_size):
                 idx = order[start:start + mb_size]
-                newlogprob, entropy, newvalue = self.agent.evaluate(b_obs[idx], b_actions[idx])
+                if aux:
+                    newlogprob, entropy, newvalue, features = self.agent.evaluate(b_obs[idx], b_actions[idx], True)
+                else:
+                    newlogprob, entropy, newvalue = self.agent.evaluate(b_obs[idx], b_actions[idx])
                 logratio = newlogprob - b_logprobs[idx]
                 ratio = logratio.exp()
                 logratios[start:start + mb_size] = logratio.detach()
@@ -191,6 +239,8 @@ class PPOTrainer:
                 mb_adv = b_advantages[idx]
                 if p.norm_adv:
                     mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
+                if b_weights is not None:
+                    mb_adv = mb_adv * b_weights[idx]
                 pg_loss = torch.max(
                     -mb_adv * ratio, -mb_adv * torch.clamp(ratio, 1 - p.clip_coef, 1 + p.clip_coef)
                 ).mean()
@@ -203,6 +253,10 @@ class PPOTrainer:
                     v_loss = 0.5 * (newvalue - b_returns[idx]).square().mean()
                 entropy_loss = entropy.mean()
                 loss = pg_loss - p.ent_coef * entropy_loss + v_loss * p.vf_coef
+                if aux:
+                    extra = self.signal.auxiliary_loss(features, idx)
+                    if extra is not None:
+                        loss = loss + extra
                 self._check_finite(loss, "loss")
 
                 grad.zero_()
@@ -255,8 +309,14 @@ class PPOTrainer:
                     self.optimizer.param_groups[0]["lr"] = frac * p.learning_rate
                 start = time.perf_counter()
                 rollout, episodes = self.collect()
-                self.estimate(rollout)
-                stats = self.update(rollout)
+                if self.signal is None:
+                    self.estimate(rollout)
+                    stats = self.update(rollout)
+                else:
+                    batch = self.apply_signal(rollout)
+                    stats = self.update(rollout)
+                    self.signal.after_update(batch)
+                    stats.update(self.signal.metrics())
                 elapsed = time.perf_counter() - start
 
                 returns = [r for r, _ in episodes]
@@ -318,6 +378,7 @@ class PPOTrainer:
             "recent_returns": list(self.recent_returns),
             "obs_normalizer": self.obs_normalizer_state(),
             "params_sha256": params_sha256(self.agent),
+            "signal": None if self.signal is None else self.signal.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -330,6 +391,8 @@ class PPOTrainer:
         np.random.set_state(state["numpy_rng"])
         random.setstate(state["python_rng"])
         self.recent_returns = deque(state["recent_returns"], maxlen=20)
+        if self.signal is not None:
+            self.signal.load_state_dict(state["signal"])
         self.envs.close()
         self.envs, stale = snapshot.loads(state["envs"])
         self.next_obs = state["next_obs"].clone()

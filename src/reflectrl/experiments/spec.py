@@ -21,11 +21,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from reflectrl.config import ALGOS, RUN_KNOBS, PPOConfig
+from reflectrl.config import ALGO_SECTIONS, ALGOS, RUN_KNOBS, PPOConfig
 from reflectrl.errors import UserError
-
-# The --set section each signal algo's bare bracket keys belong to.
-ALGO_SECTIONS = {"refgrpo": "calibration", "sdrs": "shaping", "gear": "gear"}
 _PPO_KNOBS = {f.name for f in dataclasses.fields(PPOConfig)}
 
 

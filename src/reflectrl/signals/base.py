@@ -1,0 +1,117 @@
+"""The protocol between trainers and signals.
+
+A trainer calls its signal at fixed points of each iteration, and knows nothing else of it:
+
+    collect a rollout
+    extra = signal.shape_rewards(batch)        # before advantages: a reward term, or None
+    estimate advantages on rewards (+ extra)
+    out = signal.after_advantages(batch)       # a reward term (then advantages are
+                                               # recomputed if out.recompute), or an
+                                               # additive advantage term, or per-step weights
+    policy update (loss uses weights * advantages; adds signal.auxiliary_loss(...) if any)
+    signal.after_update(batch)                 # fit heads that need the updated critic
+    log signal.metrics()
+
+Tensors in a `Batch` are (T, N, ...) for a rollout of T steps in N envs (the PPO trainer)
+or (B, L, ...) for B sequences of L tokens (the LLM trainer); `features` are whatever the
+trainer's policy computes per step (the actor's hidden layer, an LM's hidden state).
+
+Randomness: a signal draws from its own `torch.Generator` (seeded from the run's seed and
+the signal's name) and builds its networks under `torch.random.fork_rng`, so adding a
+signal whose strength is zero leaves the trainer's random stream, and therefore its
+weights, bit-identical to the plain trainer's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+
+@dataclass
+class SignalContext:
+    """What a signal may know about the trainer it is plugged into, given once at bind time."""
+
+    obs_dim: int
+    action_dim: int          # number of discrete actions, or the Box dimension
+    discrete: bool
+    feature_dim: int         # width of `Batch.features`
+    learning_rate: float     # the policy's base learning rate
+    gamma: float
+    gae_lambda: float
+    seed: int
+    total_iterations: int
+
+
+@dataclass
+class Batch:
+    obs: torch.Tensor
+    actions: torch.Tensor
+    rewards: torch.Tensor            # the rewards the trainer learns from (env reward, as wrapped/normalised)
+    terminations: torch.Tensor
+    truncations: torch.Tensor
+    values: torch.Tensor
+    next_values: torch.Tensor
+    advantages: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+    features: torch.Tensor | None = None
+    next_obs: torch.Tensor | None = None  # observation after each step (the final one where an episode ended)
+    iteration: int = 0
+    # recompute advantages and returns for a given reward tensor (the trainer's estimator)
+    estimate: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
+    value_fn: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+
+@dataclass
+class SignalOutput:
+    reward: torch.Tensor | None = None      # added to the rewards
+    recompute: bool = True                  # recompute advantages after adding `reward`
+    advantage: torch.Tensor | None = None   # added to the advantages directly
+    weights: torch.Tensor | None = None     # multiplies each step's advantage in the policy loss
+    metrics: dict = field(default_factory=dict)
+
+
+class Signal:
+    """Base class: every hook is optional and does nothing by default."""
+
+    name = "signal"
+    wants_features = False       # the trainer fills Batch.features
+    wants_feature_grad = False   # the trainer calls auxiliary_loss with features carrying gradients
+
+    def bind(self, ctx: SignalContext) -> None:
+        self.ctx = ctx
+        digest = hashlib.sha256(f"{self.name}:{ctx.seed}".encode()).digest()
+        self.seed = int.from_bytes(digest[:8], "little") & (2**63 - 1)
+        self.generator = torch.Generator().manual_seed(self.seed)
+
+    @contextlib.contextmanager
+    def own_rng(self):
+        """Build networks from this signal's seed without touching the trainer's global RNG."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            yield
+
+    def shape_rewards(self, batch: Batch) -> torch.Tensor | None:
+        return None
+
+    def after_advantages(self, batch: Batch) -> SignalOutput | None:
+        return None
+
+    def auxiliary_loss(self, features: torch.Tensor, index: torch.Tensor) -> torch.Tensor | None:
+        return None
+
+    def after_update(self, batch: Batch) -> None:
+        return None
+
+    def metrics(self) -> dict:
+        return {}
+
+    def state_dict(self) -> dict:
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator.set_state(state["generator"])

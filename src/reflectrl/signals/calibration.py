@@ -1,0 +1,235 @@
+"""The calibration bonus of RefGRPO (seed 000, "Closing the Reflection Gap"; SPEC section 1).
+
+Each iteration, after advantages are estimated:
+1. A_n = (A_raw - mean) / (std + 1e-8) over the batch;
+2. a reflection net f(s, a) (MLP, ReLU, near-zero output init) is fit by MSE to A_n for
+   `reflection_epochs` minibatch epochs at `lr_multiplier` x the policy's learning rate;
+   L_cal is that loss;
+3. bonus b = -alpha * (prediction - A_raw)^2 where, by default, the prediction is f
+   de-normalised (f * std + mean) so the bonus measures miscalibration at the reward's
+   scale (DECISION in SPEC section 1; `bonus_target="seed"` compares raw f with A_raw as
+   the seed literally does);
+4. reward term beta * clip(b, -c, c), with c = clip_k * mean|r_step| (`clip="relative"`),
+   a fixed `clip_value` (`clip="absolute"`) or no clip;
+5. advantages are recomputed on r + beta * clip(b) (`recompute_advantages=true`, the
+   default); with `false` the step-1 advantages are kept and the term is added to each
+   step's advantage directly, with no temporal credit.
+Option `adaptive`: alpha is scaled by the current L_cal (capped at `adaptive_max`); since
+the target has unit variance, L_cal = 1 is a predictor that knows nothing, so the bonus
+weighs in fully while the reflection net is uncalibrated and fades as it calibrates.
+
+Inputs: `obs_action` (observation and action, one-hot if discrete), `obs_action_features`
+(plus the actor's last hidden layer) or `features_action`. `shared_trunk=true` makes the
+actor's trunk share the calibration task: during the PPO update an auxiliary loss
+`shared_trunk_coef * MSE(f(trunk features, a), A_n)` trains the trunk (the head itself is
+fit only in step 2), so the policy's representation must support calibration.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from reflectrl.errors import UserError
+from reflectrl.signals.base import Batch, Signal, SignalContext, SignalOutput
+
+INPUTS = ("obs_action", "obs_action_features", "features_action")
+CLIPS = ("relative", "absolute", "none")
+TARGETS = ("denormalized", "seed")
+
+
+@dataclass
+class CalibrationConfig:
+    alpha: float = 0.05
+    beta: float = 1.0
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    inputs: str = "obs_action"
+    shared_trunk: bool = False
+    shared_trunk_coef: float = 0.5
+    reflection_epochs: int = 5
+    num_minibatches: int = 4
+    lr_multiplier: float = 4.0
+    clip: str = "relative"
+    clip_k: float = 3.0
+    clip_value: float = 1.0
+    adaptive: bool = False
+    adaptive_max: float = 2.0
+    bonus_target: str = "denormalized"
+    recompute_advantages: bool = True
+    snapshots: int = 5
+
+    def validate(self) -> None:
+        def bad(msg):
+            raise UserError(f"calibration.{msg}")
+
+        for name in ("alpha", "beta", "lr_multiplier", "clip_k", "clip_value", "adaptive_max", "shared_trunk_coef"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                bad(f"{name}={value}: must be a finite number >= 0")
+        if self.lr_multiplier == 0:
+            bad("lr_multiplier=0: must be > 0 (the reflection net would never learn)")
+        for name in ("reflection_epochs", "num_minibatches"):
+            if getattr(self, name) < 1:
+                bad(f"{name}={getattr(self, name)}: must be a positive integer")
+        if self.snapshots < 0:
+            bad(f"snapshots={self.snapshots}: must be >= 0")
+        if not self.hidden_sizes or any(h < 1 for h in self.hidden_sizes):
+            bad(f"hidden_sizes={self.hidden_sizes}: give positive layer widths, e.g. 64,64")
+        for name, allowed in (("inputs", INPUTS), ("clip", CLIPS), ("bonus_target", TARGETS)):
+            if getattr(self, name) not in allowed:
+                bad(f"{name}='{getattr(self, name)}': use one of {', '.join(allowed)}")
+        if self.shared_trunk and self.inputs == "obs_action":
+            bad("shared_trunk=true needs the actor's features among the inputs: "
+                "set calibration.inputs=features_action or obs_action_features")
+
+
+class CalibrationBonus(Signal):
+    name = "calibration"
+
+    def __init__(self, cfg: CalibrationConfig):
+        cfg.validate()
+        self.cfg = cfg
+        self.wants_features = cfg.inputs != "obs_action"
+        self.wants_feature_grad = cfg.shared_trunk
+        self._last: dict = {}
+        self.previous: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.snapshots: list[dict] = []
+        self._aux_target: torch.Tensor | None = None
+        self._aux_actions: torch.Tensor | None = None
+        self._aux_obs: torch.Tensor | None = None
+
+    def bind(self, ctx: SignalContext) -> None:
+        super().bind(ctx)
+        width = {"obs_action": ctx.obs_dim, "obs_action_features": ctx.obs_dim + ctx.feature_dim,
+                 "features_action": ctx.feature_dim}[self.cfg.inputs] + ctx.action_dim
+        with self.own_rng():
+            layers: list[nn.Module] = []
+            last = width
+            for h in self.cfg.hidden_sizes:
+                layers += [nn.Linear(last, h), nn.ReLU()]
+                last = h
+            out = nn.Linear(last, 1)
+            nn.init.uniform_(out.weight, -1e-3, 1e-3)  # near zero: no bonus until it has learned
+            nn.init.zeros_(out.bias)
+            self.net = nn.Sequential(*layers, out)
+        self.optimizer = torch.optim.Adam(self.net.parameters(), lr=self.cfg.lr_multiplier * ctx.learning_rate)
+        total = ctx.total_iterations
+        k = self.cfg.snapshots
+        self.snapshot_at = sorted({max(1, math.ceil(total * i / k)) for i in range(1, k + 1)} | ({1} if k else set()))
+
+    # -------------------------------------------------------------------------- inputs
+
+    def _encode_actions(self, actions: torch.Tensor) -> torch.Tensor:
+        if self.ctx.discrete:
+            return F.one_hot(actions.reshape(-1).long(), self.ctx.action_dim).float()
+        return actions.reshape(-1, self.ctx.action_dim).float()
+
+    def _inputs(self, obs, features, actions) -> torch.Tensor:
+        act = self._encode_actions(actions)
+        if self.cfg.inputs == "obs_action":
+            return torch.cat([obs, act], -1)
+        if self.cfg.inputs == "obs_action_features":
+            return torch.cat([obs, features, act], -1)
+        return torch.cat([features, act], -1)
+
+    # -------------------------------------------------------------------------- hooks
+
+    def after_advantages(self, batch: Batch) -> SignalOutput:
+        cfg = self.cfg
+        shape = batch.advantages.shape
+        adv = batch.advantages.reshape(-1)
+        mean, std = adv.mean(), adv.std()
+        target = (adv - mean) / (std + 1e-8)
+        obs = batch.obs.reshape(adv.shape[0], -1)
+        features = batch.features.reshape(adv.shape[0], -1) if batch.features is not None else None
+        x = self._inputs(obs, features, batch.actions).detach()
+
+        with torch.no_grad():
+            heldout = F.mse_loss(self.net(x).squeeze(-1), target).item()
+        self._fit(x, target)
+        with torch.no_grad():
+            f = self.net(x).squeeze(-1)
+            train_loss = F.mse_loss(f, target).item()
+            prev_loss = (F.mse_loss(self.net(self.previous[0]).squeeze(-1), self.previous[1]).item()
+                         if self.previous is not None else None)
+            prediction = f * (std + 1e-8) + mean if cfg.bonus_target == "denormalized" else f
+            alpha = cfg.alpha * (min(train_loss, cfg.adaptive_max) if cfg.adaptive else 1.0)
+            bonus = -alpha * (prediction - adv).square()
+            mean_abs_r = batch.rewards.abs().mean()
+            if cfg.clip == "relative":
+                c = cfg.clip_k * mean_abs_r
+                bonus = torch.clamp(bonus, -c, c)
+            elif cfg.clip == "absolute":
+                c = torch.tensor(cfg.clip_value)
+                bonus = torch.clamp(bonus, -c, c)
+            else:
+                c = torch.tensor(float("inf"))
+            term = cfg.beta * bonus
+
+        self.previous = (x.clone(), target.clone())
+        if cfg.shared_trunk:
+            self._aux_obs, self._aux_actions, self._aux_target = obs, batch.actions.reshape(adv.shape[0], -1), target
+        if batch.iteration in self.snapshot_at:
+            pick = torch.randperm(target.shape[0], generator=self.generator)[:400]
+            self.snapshots.append({"iteration": batch.iteration, "target": target[pick].tolist(),
+                                   "prediction": f[pick].tolist()})
+        self._last = {
+            "calibration_loss": train_loss,
+            "calibration_loss_heldout": heldout,
+            "calibration_loss_prev_batch": prev_loss,
+            "calibration_alpha": alpha,
+            "calibration_clip": float(c),
+            "bonus_mean": term.mean().item(),
+            "bonus_std": term.std().item(),
+            "bonus_min": term.min().item(),
+            "bonus_max": term.max().item(),
+            "bonus_to_reward": (term.abs().mean() / mean_abs_r).item() if mean_abs_r > 0 else None,
+        }
+        term = term.reshape(shape)
+        if cfg.recompute_advantages:
+            return SignalOutput(reward=term, recompute=True)
+        return SignalOutput(advantage=term)
+
+    def _fit(self, x: torch.Tensor, target: torch.Tensor) -> None:
+        n = x.shape[0]
+        size = max(1, n // self.cfg.num_minibatches)
+        for _ in range(self.cfg.reflection_epochs):
+            order = torch.randperm(n, generator=self.generator)
+            for start in range(0, n, size):
+                idx = order[start:start + size]
+                loss = F.mse_loss(self.net(x[idx]).squeeze(-1), target[idx])
+                self.optimizer.zero_grad()
+                loss.backward()
+                self.optimizer.step()
+
+    def auxiliary_loss(self, features: torch.Tensor, index: torch.Tensor) -> torch.Tensor | None:
+        """Shared trunk: calibration through the actor's features, the head held fixed."""
+        if not self.cfg.shared_trunk or self._aux_target is None:
+            return None
+        x = self._inputs(self._aux_obs[index], features, self._aux_actions[index])
+        params = {k: v.detach() for k, v in self.net.named_parameters()}
+        pred = torch.func.functional_call(self.net, params, (x,)).squeeze(-1)
+        return self.cfg.shared_trunk_coef * F.mse_loss(pred, self._aux_target[index])
+
+    def metrics(self) -> dict:
+        return dict(self._last)
+
+    def state_dict(self) -> dict:
+        return {
+            **super().state_dict(),
+            "net": self.net.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "previous": self.previous,
+            "snapshots": self.snapshots,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.net.load_state_dict(state["net"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.previous = state["previous"]
+        self.snapshots = state["snapshots"]
