@@ -71,6 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("exp_dir", metavar="DIR")
     rep.add_argument("--reps", type=int, default=2000, help="bootstrap resamples (default 2000)")
 
+    plot = sub.add_parser("plot", help="draw a run's pictures")
+    plot_sub = plot.add_subparsers(dest="plot_command", parser_class=_Parser, required=True)
+    cal = plot_sub.add_parser("calibration", help="predicted vs actual advantage and L_cal (refgrpo runs)")
+    cal.add_argument("run_dir", metavar="DIR")
+    cal.add_argument("--out", default=None, help="PNG file (default DIR/calibration.png)")
+
     from reflectrl.llm import sandbox_cli
 
     sandbox_cli.add_parser(sub)
@@ -167,6 +173,10 @@ def _run_training(trainer, run, progress: bool) -> int:
         return EXIT_INTERRUPTED
     finally:
         trainer.close()
+    if trainer.cfg.algo == "refgrpo":
+        from reflectrl.report.calibration_plot import plot_calibration
+
+        plot_calibration(run.path)
     recent = float(np.mean(trainer.recent_returns)) if trainer.recent_returns else float("nan")
     run.set_status("finished", global_step=trainer.global_step, params_sha256=params_sha256(trainer.agent))
     print(f"finished {trainer.cfg.algo} on {trainer.cfg.env_id}: {trainer.global_step} steps, "
@@ -248,6 +258,11 @@ def main(argv: list[str] | None = None) -> int:
             return _compare(args)
         if args.command == "report":
             return _report(args)
+        if args.command == "plot":
+            from reflectrl.report.calibration_plot import plot_calibration
+
+            print(plot_calibration(args.run_dir, args.out))
+            return 0
         if args.command == "sandbox":
             from reflectrl.llm import sandbox_cli
 

@@ -1,0 +1,67 @@
+"""The calibration picture of a RefGRPO run: predicted vs actual (normalised) advantage at a
+few points of training, and the calibration loss over training (train, held-out fresh
+batch, previous batch)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from reflectrl.errors import UserError  # noqa: E402
+from reflectrl.runs import RunDir, atomic_write_bytes  # noqa: E402
+from reflectrl.runs.rundir import read_metrics  # noqa: E402
+
+
+def plot_calibration(run_path: str | Path, out: str | Path | None = None) -> Path:
+    run = RunDir.open(run_path)
+    if run.config().get("algo") != "refgrpo":
+        raise UserError(f"{run.path} is a '{run.config().get('algo')}' run; the calibration picture needs --algo refgrpo")
+    state = run.load_checkpoint()
+    snapshots = (state.get("signal") or {}).get("snapshots") or []
+    rows = [r for r in read_metrics(run.path) if r.get("calibration_loss") is not None]
+    if not rows:
+        raise UserError(f"{run.path} has no calibration metrics yet; train it first")
+    out = Path(out) if out else run.path / "calibration.png"
+    if out.suffix.lower() != ".png":
+        raise UserError(f"--out {out}: give a file name ending in .png")
+
+    n = max(1, len(snapshots))
+    fig, axes = plt.subplots(1, n + 1, figsize=(3.2 * (n + 1), 3.4), squeeze=False)
+    axes = axes[0]
+    for ax, snap in zip(axes, snapshots):
+        target, pred = np.array(snap["target"]), np.array(snap["prediction"])
+        lim = float(np.percentile(np.abs(np.concatenate([target, pred])), 99)) or 1.0
+        ax.scatter(target, pred, s=4, alpha=0.4)
+        ax.plot([-lim, lim], [-lim, lim], "k--", lw=0.8)
+        r = np.corrcoef(target, pred)[0, 1] if np.std(pred) > 0 and np.std(target) > 0 else float("nan")
+        ax.set(xlim=(-lim, lim), ylim=(-lim, lim), title=f"iteration {snap['iteration']} (r={r:.2f})",
+               xlabel="actual advantage (normalised)", ylabel="reflection f(s,a)")
+        ax.title.set_fontsize(9)
+    if not snapshots:
+        axes[0].text(0.5, 0.5, "no snapshots saved", ha="center", va="center")
+        axes[0].axis("off")
+    ax = axes[-1]
+    steps = [r["global_step"] for r in rows]
+    ax.plot(steps, [r["calibration_loss"] for r in rows], label="train (after fit)")
+    ax.plot(steps, [r["calibration_loss_heldout"] for r in rows], label="fresh batch (before fit)")
+    prev = [(r["global_step"], r["calibration_loss_prev_batch"]) for r in rows if r.get("calibration_loss_prev_batch") is not None]
+    if prev:
+        ax.plot(*zip(*prev), label="previous batch")
+    ax.axhline(1.0, color="k", lw=0.8, ls=":", label="knows nothing (=1)")
+    ax.set(title="calibration loss L_cal", xlabel="env steps", ylabel="MSE vs normalised advantage")
+    ax.title.set_fontsize(9)
+    ax.legend(fontsize=7)
+    fig.suptitle(f"{run.config()['env_id']}: reflection calibration", fontsize=10)
+    fig.tight_layout()
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    atomic_write_bytes(out, buf.getvalue())
+    return out
