@@ -16,6 +16,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from reflectrl.nets import flatten_parameters  # noqa: F401  (re-exported)
+
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
 
@@ -109,29 +111,6 @@ class ActorCritic(nn.Module):
     def deterministic_action(self, obs: torch.Tensor) -> torch.Tensor:
         out = _forward(self.actor, obs)
         return out if self.continuous else out.argmax(-1)
-
-
-def flatten_parameters(module: nn.Module) -> nn.Parameter:
-    """Re-home every parameter of `module` (and its gradient) into one flat tensor.
-
-    The module's parameters become views of the returned flat parameter, their `.grad`
-    views of its `.grad`, which autograd accumulates into in place. An optimiser and the
-    gradient-norm clip then work on one tensor instead of a dozen: on small networks that
-    is most of the update's cost. Zero gradients with `flat.grad.zero_()`, never by
-    setting them to None.
-    """
-    params = list(module.parameters())
-    total = sum(p.numel() for p in params)
-    flat = nn.Parameter(torch.zeros(total, dtype=params[0].dtype))
-    flat.grad = torch.zeros_like(flat)
-    offset = 0
-    for p in params:
-        n = p.numel()
-        flat.data[offset:offset + n] = p.data.reshape(-1)
-        p.data = flat.data[offset:offset + n].view_as(p)
-        p.grad = flat.grad[offset:offset + n].view_as(p)
-        offset += n
-    return flat
 
 
 def params_sha256(module: nn.Module) -> str:

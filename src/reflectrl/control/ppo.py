@@ -27,7 +27,8 @@ from torch import nn
 
 from reflectrl.config import RunConfig, add_algo_section, resolve_defaults, validate
 from reflectrl.control.gae import compute_gae
-from reflectrl.control.policies import ActorCritic, flatten_parameters, params_sha256
+from reflectrl.control.policies import ActorCritic, params_sha256
+from reflectrl.nets import flatten_parameters
 from reflectrl.envs import find_wrapper, is_continuous, make_env, make_vector_env, snapshot
 from reflectrl.errors import NonFiniteError
 from reflectrl.runs import MetricsLogger, RunDir
@@ -313,10 +314,16 @@ class PPOTrainer:
                     self.estimate(rollout)
                     stats = self.update(rollout)
                 else:
+                    signal_start = time.perf_counter()
                     batch = self.apply_signal(rollout)
+                    signal_seconds = time.perf_counter() - signal_start
                     stats = self.update(rollout)
+                    signal_start = time.perf_counter()
                     self.signal.after_update(batch)
+                    signal_seconds += time.perf_counter() - signal_start
                     stats.update(self.signal.metrics())
+                    # the signal's share of the iteration's time (its hooks, GAE included)
+                    stats["signal_time_fraction"] = signal_seconds / (time.perf_counter() - start)
                 elapsed = time.perf_counter() - start
 
                 returns = [r for r, _ in episodes]

@@ -3,8 +3,8 @@
 Each iteration, after advantages are estimated:
 1. A_n = (A_raw - mean) / (std + 1e-8) over the batch;
 2. a reflection net f(s, a) (MLP, ReLU, near-zero output init) is fit by MSE to A_n for
-   `reflection_epochs` minibatch epochs at `lr_multiplier` x the policy's learning rate;
-   L_cal is that loss;
+   `reflection_epochs` epochs of minibatches of `minibatch_size` at `lr_multiplier` x the
+   policy's learning rate; L_cal is that loss;
 3. bonus b = -alpha * (prediction - A_raw)^2 where, by default, the prediction is f
    de-normalised (f * std + mean) so the bonus measures miscalibration at the reward's
    scale (DECISION in SPEC section 1; `bonus_target="seed"` compares raw f with A_raw as
@@ -35,6 +35,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from reflectrl.errors import UserError
+from reflectrl.nets import flatten_parameters
 from reflectrl.signals.base import Batch, Signal, SignalContext, SignalOutput
 
 INPUTS = ("obs_action", "obs_action_features", "features_action")
@@ -51,7 +52,7 @@ class CalibrationConfig:
     shared_trunk: bool = False
     shared_trunk_coef: float = 0.5
     reflection_epochs: int = 5
-    num_minibatches: int = 4
+    minibatch_size: int = 512
     lr_multiplier: float = 4.0
     clip: str = "relative"
     clip_k: float = 3.0
@@ -72,7 +73,7 @@ class CalibrationConfig:
                 bad(f"{name}={value}: must be a finite number >= 0")
         if self.lr_multiplier == 0:
             bad("lr_multiplier=0: must be > 0 (the reflection net would never learn)")
-        for name in ("reflection_epochs", "num_minibatches"):
+        for name in ("reflection_epochs", "minibatch_size"):
             if getattr(self, name) < 1:
                 bad(f"{name}={getattr(self, name)}: must be a positive integer")
         if self.snapshots < 0:
@@ -116,7 +117,10 @@ class CalibrationBonus(Signal):
             nn.init.uniform_(out.weight, -1e-3, 1e-3)  # near zero: no bonus until it has learned
             nn.init.zeros_(out.bias)
             self.net = nn.Sequential(*layers, out)
-        self.optimizer = torch.optim.Adam(self.net.parameters(), lr=self.cfg.lr_multiplier * ctx.learning_rate)
+        # one flat tensor and a fused Adam: the fit is a handful of steps per iteration and
+        # per-tensor optimiser overhead would dominate it
+        self.flat = flatten_parameters(self.net)
+        self.optimizer = torch.optim.Adam([self.flat], lr=self.cfg.lr_multiplier * ctx.learning_rate, fused=True)
         total = ctx.total_iterations
         k = self.cfg.snapshots
         self.snapshot_at = sorted({max(1, math.ceil(total * i / k)) for i in range(1, k + 1)} | ({1} if k else set()))
@@ -196,13 +200,13 @@ class CalibrationBonus(Signal):
 
     def _fit(self, x: torch.Tensor, target: torch.Tensor) -> None:
         n = x.shape[0]
-        size = max(1, n // self.cfg.num_minibatches)
+        size = min(n, self.cfg.minibatch_size)
         for _ in range(self.cfg.reflection_epochs):
-            order = torch.randperm(n, generator=self.generator)
+            order = torch.randperm(n, generator=self.generator) if size < n else None
             for start in range(0, n, size):
-                idx = order[start:start + size]
+                idx = slice(None) if order is None else order[start:start + size]
                 loss = F.mse_loss(self.net(x[idx]).squeeze(-1), target[idx])
-                self.optimizer.zero_grad()
+                self.flat.grad.zero_()
                 loss.backward()
                 self.optimizer.step()
 
