@@ -176,3 +176,14 @@ def test_report_renders_in_headless_chromium(cli, tmp_path):
                           probe.as_uri()], capture_output=True, text=True, timeout=120).stdout
     assert 'data-probe="3:3"' in dom  # curves, final-return intervals and diagnostics for the one env
     assert "Claims" in dom and "ppo[ent_coef=0]" in dom
+
+
+def test_set_routing_to_algo_entries(tmp_path):
+    from reflectrl.experiments.spec import ExperimentSpec
+
+    spec = ExperimentSpec(envs=["CartPole-v1"], algos=["ppo", "refgrpo", "refgrpo[alpha=0]"], seeds=1,
+                          total_steps=1000, sets=["refgrpo.alpha=0.2", "num_envs=2", "refgrpo.calibration.clip=none"])
+    sets = {r.entry.label: list(r.argv[r.argv.index("--set") + 1:]) for r in spec.runs(tmp_path)}
+    assert sets["ppo"] == ["num_envs=2"]
+    assert sets["refgrpo"] == ["calibration.alpha=0.2", "num_envs=2", "calibration.clip=none"]
+    assert sets["refgrpo[alpha=0]"][-1] == "calibration.alpha=0"  # the entry's own override wins

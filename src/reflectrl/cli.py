@@ -130,6 +130,9 @@ def _train_new(args) -> int:
     except BaseException:
         if created:
             shutil.rmtree(run.path, ignore_errors=True)
+        else:  # the directory was empty before: leave it so
+            for child in run.path.iterdir():
+                shutil.rmtree(child) if child.is_dir() else child.unlink()
         raise
     return _run_training(trainer, run, progress=not args.no_progress)
 

@@ -2,6 +2,7 @@
 
 An algo entry is an algo name with optional overrides in brackets, which is how ablations
 are written: `refgrpo[alpha=0]`, `ppo[ent_coef=0;num_envs=8]` (`;` separates overrides).
+`--set refgrpo.alpha=0.1` sets a knob for every refgrpo entry (bare knobs as in brackets).
 A bare key in brackets is a PPO or run knob when it names one, else a knob of the algo's
 own signal section (`alpha` -> `calibration.alpha` for refgrpo). The entry's label (its
 text) names it in every table and plot.
@@ -42,6 +43,14 @@ class RunSpec:
     argv: tuple[str, ...]  # the `reflectrl train` arguments that create this run
 
 
+def _section_key(algo: str, item: str) -> str:
+    """A bare knob of a signal algo belongs to its section: alpha=0 -> calibration.alpha=0."""
+    key = item.split("=", 1)[0].strip()
+    if "." not in key and key not in _PPO_KNOBS and key not in RUN_KNOBS and algo in ALGO_SECTIONS:
+        return f"{ALGO_SECTIONS[algo]}.{item.strip()}"
+    return item.strip()
+
+
 def _split_top_level(text: str) -> list[str]:
     """Split on commas that are not inside brackets."""
     parts, depth, current = [], 0, []
@@ -79,10 +88,7 @@ def parse_algos(text: str) -> list[AlgoEntry]:
                 continue
             if "=" not in kv:
                 raise UserError(f"--algos entry '{item}': '{kv}' is not key=value")
-            key = kv.split("=", 1)[0].strip()
-            if "." not in key and key not in _PPO_KNOBS and key not in RUN_KNOBS and algo in ALGO_SECTIONS:
-                kv = f"{ALGO_SECTIONS[algo]}.{kv}"
-            overrides.append(kv)
+            overrides.append(_section_key(algo, kv))
         entries.append(AlgoEntry(label=item, algo=algo, overrides=tuple(overrides)))
     if not entries:
         raise UserError("--algos is empty; give e.g. --algos ppo,refgrpo")
@@ -142,7 +148,7 @@ class ExperimentSpec:
                     prefix, _, rest = key.partition(".")
                     if rest and prefix in ALGOS:
                         if prefix == entry.algo:
-                            sets.append(item[len(prefix) + 1:])
+                            sets.append(_section_key(entry.algo, item[len(prefix) + 1:]))
                     else:
                         sets.append(item)
                 sets += list(entry.overrides)  # the entry's own overrides win
