@@ -20,6 +20,8 @@ CASES = {
     # a signal's networks, optimiser, generator and previous batch must survive the kill too
     "cartpole-refgrpo": ["--algo", "refgrpo", "--env", "CartPole-v1", "--total-steps", "24000", "--set", "num_envs=2",
                          "num_steps=64", "num_minibatches=2", "update_epochs=2", "checkpoint_every=1000"],
+    "cartpole-gear": ["--algo", "gear", "--env", "CartPole-v1", "--total-steps", "16000", "--set", "num_envs=2",
+                      "num_steps=64", "num_minibatches=2", "update_epochs=2", "checkpoint_every=1000"],
     # continuous: the obs/reward normalisers and time-limit truncations must survive the kill
     "pendulum": ["--env", "Pendulum-v1", "--total-steps", "16384", "--set", "num_envs=2", "num_steps=256",
                  "num_minibatches=4", "update_epochs=2", "checkpoint_every=1500"],

@@ -22,10 +22,11 @@ from typing import Any
 
 from reflectrl.errors import UserError
 from reflectrl.signals.calibration import CalibrationConfig
+from reflectrl.signals.reweighting import GEARConfig
 
-ALGOS = ("ppo", "refgrpo")
+ALGOS = ("ppo", "refgrpo", "gear")
 # The --set section that holds each signal algo's knobs.
-ALGO_SECTIONS = {"refgrpo": "calibration"}
+ALGO_SECTIONS = {"refgrpo": "calibration", "gear": "gear"}
 
 
 @dataclass
@@ -189,7 +190,7 @@ def _set_dataclass_field(obj: Any, key: str, name: str, raw: str, where: str) ->
     setattr(obj, name, _parse_value(key, raw, hints[name]))
 
 
-SECTION_TYPES: dict[str, type] = {"calibration": CalibrationConfig}
+SECTION_TYPES: dict[str, type] = {"calibration": CalibrationConfig, "gear": GEARConfig}
 """Each signal's config dataclass under its --set prefix."""
 
 

@@ -13,9 +13,10 @@ def make_signal(cfg) -> Signal | None:
     """The signal a run's algo uses (None for plain PPO), configured from its section."""
     from reflectrl.config import ALGO_SECTIONS
     from reflectrl.signals.calibration import CalibrationBonus
+    from reflectrl.signals.reweighting import GEARReweighting
 
     section = ALGO_SECTIONS.get(cfg.algo)
     if section is None:
         return None
-    factories = {"calibration": CalibrationBonus}
+    factories = {"calibration": CalibrationBonus, "gear": GEARReweighting}
     return factories[section](cfg.sections[section])

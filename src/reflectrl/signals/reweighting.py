@@ -1,0 +1,225 @@
+"""GEAR advantage reweighting (seed 003; SPEC section 3), as a signal for any trainer.
+
+Each iteration:
+1. winners: the top `top_frac` of the batch's trajectories by outcome. A trajectory is a
+   run of steps of one env between episode ends (for an LLM batch: one sequence); its
+   outcome is the sum of its rewards. Ties are broken by a fixed rule: the shorter
+   trajectory first (the same outcome, reached sooner), then the earlier one in the batch;
+   at least one winner is always taken.
+2. per-step returns G_t: `return_kind="discounted"` is the discounted reward-to-go within
+   the trajectory (for a terminal-only reward: gamma^(T-t) R); `"trajectory"` gives every
+   step the trajectory's outcome R.
+3. weights, from the head *frozen after the previous distillation*:
+   w_t = exp((V_d(s_t) - V_orig(s_t)) / temperature), V_orig being the baseline the
+   advantage was measured against (PPO: the critic's value), clipped to [w_min, w_max],
+   optionally renormalised to mean 1 per trajectory; the policy loss uses w_t * A_t. Until
+   the head has been distilled once, w = 1. `temperature=inf` gives w = 1 exactly.
+4. after the policy update, the value head (linear or MLP on the features) is fit by MSE
+   to G_t on the winners' steps (`distill_on="winners"`, the seed's choice) or on every
+   step (`"all"`, the SPEC's DECISION to compare), for `epochs` epochs; then the frozen
+   copy is refreshed.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from reflectrl.errors import UserError
+from reflectrl.nets import flatten_parameters
+from reflectrl.signals.base import Batch, Signal, SignalContext, SignalOutput
+
+HEADS = ("linear", "mlp")
+DISTILL_ON = ("winners", "all")
+RETURN_KINDS = ("discounted", "trajectory")
+INPUTS = ("features", "obs")
+
+
+@dataclass
+class GEARConfig:
+    top_frac: float = 0.25
+    distill_on: str = "winners"
+    return_kind: str = "discounted"
+    head: str = "mlp"
+    hidden_sizes: tuple[int, ...] = (64,)
+    inputs: str = "features"
+    epochs: int = 4
+    minibatch_size: int = 512
+    lr_multiplier: float = 3.0
+    temperature: float = 1.0
+    w_min: float = 0.5
+    w_max: float = 2.0
+    renormalize: bool = False
+
+    def validate(self) -> None:
+        def bad(msg):
+            raise UserError(f"gear.{msg}")
+
+        if not 0 < self.top_frac <= 1:
+            bad(f"top_frac={self.top_frac}: must be in (0, 1]")
+        for name, allowed in (("distill_on", DISTILL_ON), ("return_kind", RETURN_KINDS), ("head", HEADS),
+                              ("inputs", INPUTS)):
+            if getattr(self, name) not in allowed:
+                bad(f"{name}='{getattr(self, name)}': use one of {', '.join(allowed)}")
+        for name in ("epochs", "minibatch_size"):
+            if getattr(self, name) < 1:
+                bad(f"{name}={getattr(self, name)}: must be a positive integer")
+        if not (math.isfinite(self.lr_multiplier) and self.lr_multiplier > 0):
+            bad(f"lr_multiplier={self.lr_multiplier}: must be a finite number > 0")
+        if math.isnan(self.temperature) or self.temperature <= 0:
+            bad(f"temperature={self.temperature}: must be > 0 (inf turns reweighting off)")
+        if not (0 < self.w_min <= 1 <= self.w_max) or not math.isfinite(self.w_max):
+            bad(f"w_min={self.w_min}, w_max={self.w_max}: need 0 < w_min <= 1 <= w_max < inf")
+        if self.head == "mlp" and (not self.hidden_sizes or any(h < 1 for h in self.hidden_sizes)):
+            bad(f"hidden_sizes={self.hidden_sizes}: give positive layer widths, e.g. 64")
+
+
+# ------------------------------------------------------------------------ batch geometry
+
+def trajectory_ids(terminations: torch.Tensor, truncations: torch.Tensor) -> torch.Tensor:
+    """(T, N) integer id of the trajectory each step belongs to, numbered env by env."""
+    done = (terminations | truncations).to(torch.long)
+    T, N = done.shape
+    # a new trajectory starts at t=0 of every env and after every episode end
+    starts = torch.zeros_like(done)
+    starts[0] = 1
+    starts[1:] = done[:-1]
+    flat = starts.T.reshape(-1)  # env-major order
+    return (torch.cumsum(flat, 0) - 1).reshape(N, T).T
+
+
+def select_winners(outcomes: torch.Tensor, lengths: torch.Tensor, top_frac: float) -> torch.Tensor:
+    """Boolean mask over trajectories: the top ceil(top_frac * n) by outcome, ties to the
+    shorter trajectory, then to the earlier one."""
+    n = outcomes.shape[0]
+    k = max(1, math.ceil(top_frac * n))
+    order = sorted(range(n), key=lambda i: (-float(outcomes[i]), int(lengths[i]), i))
+    mask = torch.zeros(n, dtype=torch.bool)
+    mask[order[:k]] = True
+    return mask
+
+
+def returns_to_go(rewards: torch.Tensor, ids: torch.Tensor, gamma: float) -> torch.Tensor:
+    """Discounted reward-to-go within each trajectory, (T, N)."""
+    r, same = rewards.numpy(), np.zeros(rewards.shape, dtype=np.float32)
+    same[:-1] = (ids[1:] == ids[:-1]).numpy()  # step t+1 continues step t's trajectory
+    out = np.empty_like(r)
+    running = np.zeros_like(r[0])
+    for t in range(r.shape[0] - 1, -1, -1):  # numpy: per-row torch ops cost ~10x more here
+        running = r[t] + gamma * same[t] * running
+        out[t] = running
+    return torch.from_numpy(out)
+
+
+def reweight(v_distill: torch.Tensor, v_orig: torch.Tensor, temperature: float, w_min: float, w_max: float,
+             ids: torch.Tensor | None = None, renormalize: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """GEAR weights and the mask of clipped ones."""
+    if math.isinf(temperature):
+        return torch.ones_like(v_orig), torch.zeros_like(v_orig, dtype=torch.bool)
+    raw = torch.exp((v_distill - v_orig) / temperature)
+    clipped = (raw < w_min) | (raw > w_max)
+    w = raw.clamp(w_min, w_max)
+    if renormalize:
+        flat_ids = ids.reshape(-1)
+        flat = w.reshape(-1)
+        sums = torch.zeros(int(flat_ids.max()) + 1).index_add_(0, flat_ids, flat)
+        counts = torch.zeros_like(sums).index_add_(0, flat_ids, torch.ones_like(flat))
+        w = (flat / (sums / counts)[flat_ids]).reshape(w.shape)
+    return w, clipped
+
+
+class GEARReweighting(Signal):
+    name = "gear"
+
+    def __init__(self, cfg: GEARConfig):
+        cfg.validate()
+        self.cfg = cfg
+        self.wants_features = cfg.inputs == "features"
+        self.distilled = False
+        self._last: dict = {}
+
+    def bind(self, ctx: SignalContext) -> None:
+        super().bind(ctx)
+        width = ctx.feature_dim if self.cfg.inputs == "features" else ctx.obs_dim
+        with self.own_rng():
+            if self.cfg.head == "linear":
+                self.head = nn.Linear(width, 1)
+            else:
+                layers: list[nn.Module] = []
+                last = width
+                for h in self.cfg.hidden_sizes:
+                    layers += [nn.Linear(last, h), nn.ReLU()]
+                    last = h
+                self.head = nn.Sequential(*layers, nn.Linear(last, 1))
+        self.flat = flatten_parameters(self.head)
+        self.optimizer = torch.optim.Adam([self.flat], lr=self.cfg.lr_multiplier * ctx.learning_rate, fused=True)
+        self.frozen = copy.deepcopy(self.head).requires_grad_(False)
+
+    def _x(self, batch: Batch) -> torch.Tensor:
+        x = batch.features if self.cfg.inputs == "features" else batch.obs
+        return x.reshape(batch.values.numel(), -1).detach()
+
+    def after_advantages(self, batch: Batch) -> SignalOutput | None:
+        cfg = self.cfg
+        if not self.distilled or math.isinf(cfg.temperature):
+            self._last = {"weights_mean": 1.0, "weights_std": 0.0, "weights_min": 1.0, "weights_max": 1.0,
+                          "weights_clipped_frac": 0.0}
+            return None
+        with torch.no_grad():
+            v_d = self.frozen(self._x(batch)).reshape(batch.values.shape)
+        ids = trajectory_ids(batch.terminations, batch.truncations)
+        w, clipped = reweight(v_d, batch.values, cfg.temperature, cfg.w_min, cfg.w_max, ids, cfg.renormalize)
+        self._last = {"weights_mean": w.mean().item(), "weights_std": w.std().item(), "weights_min": w.min().item(),
+                      "weights_max": w.max().item(), "weights_clipped_frac": clipped.float().mean().item()}
+        return SignalOutput(weights=w)
+
+    def after_update(self, batch: Batch) -> None:
+        cfg = self.cfg
+        ids = trajectory_ids(batch.terminations, batch.truncations)
+        flat_ids = ids.reshape(-1)
+        n = int(flat_ids.max()) + 1
+        rewards = batch.rewards.reshape(-1)
+        outcomes = torch.zeros(n).index_add_(0, flat_ids, rewards)
+        lengths = torch.zeros(n, dtype=torch.long).index_add_(0, flat_ids, torch.ones_like(flat_ids))
+        winners = select_winners(outcomes, lengths, cfg.top_frac)
+        if cfg.return_kind == "discounted":
+            targets = returns_to_go(batch.rewards, ids, self.ctx.gamma).reshape(-1)
+        else:
+            targets = outcomes[flat_ids]
+        keep = winners[flat_ids] if cfg.distill_on == "winners" else torch.ones_like(flat_ids, dtype=torch.bool)
+        x, y = self._x(batch)[keep], targets[keep]
+        size = min(x.shape[0], cfg.minibatch_size)
+        for _ in range(cfg.epochs):
+            order = torch.randperm(x.shape[0], generator=self.generator)
+            for start in range(0, x.shape[0], size):
+                idx = order[start:start + size]
+                loss = F.mse_loss(self.head(x[idx]).squeeze(-1), y[idx])
+                self.flat.grad.zero_()
+                loss.backward()
+                self.optimizer.step()
+        with torch.no_grad():
+            self._last["value_head_loss"] = F.mse_loss(self.head(x).squeeze(-1), y).item()
+        self._last["winners"] = int(winners.sum())
+        self._last["trajectories"] = n
+        self.frozen.load_state_dict(self.head.state_dict())
+        self.distilled = True
+
+    def metrics(self) -> dict:
+        return dict(self._last)
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "head": self.head.state_dict(), "frozen": self.frozen.state_dict(),
+                "optimizer": self.optimizer.state_dict(), "distilled": self.distilled}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.head.load_state_dict(state["head"])
+        self.frozen.load_state_dict(state["frozen"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.distilled = state["distilled"]
