@@ -11,7 +11,10 @@ Each iteration:
    step the trajectory's outcome R.
 3. weights, from the head *frozen after the previous distillation*:
    w_t = exp((V_d(s_t) - V_orig(s_t)) / temperature), V_orig being the baseline the
-   advantage was measured against (PPO: the critic's value), clipped to [w_min, w_max],
+   advantage was measured against (PPO: the critic's value). By default
+   (`diff_scale="value_std"`) the temperature is in units of the batch's std of V_orig, so
+   one setting means the same on a 0/1 maze and on a task with returns in the hundreds
+   (the seed's literal, unscaled form: `diff_scale="none"`). Clipped to [w_min, w_max],
    optionally renormalised to mean 1 per trajectory; the policy loss uses w_t * A_t. Until
    the head has been distilled once, w = 1. `temperature=inf` gives w = 1 exactly.
 4. after the policy update, the value head (linear or MLP on the features) is fit by MSE
@@ -38,6 +41,7 @@ from reflectrl.signals.base import Batch, Signal, SignalContext, SignalOutput
 HEADS = ("linear", "mlp")
 DISTILL_ON = ("winners", "all")
 RETURN_KINDS = ("discounted", "trajectory")
+DIFF_SCALES = ("value_std", "none")
 INPUTS = ("features", "obs")
 
 
@@ -53,6 +57,7 @@ class GEARConfig:
     minibatch_size: int = 512
     lr_multiplier: float = 3.0
     temperature: float = 1.0
+    diff_scale: str = "value_std"
     w_min: float = 0.5
     w_max: float = 2.0
     renormalize: bool = False
@@ -64,7 +69,7 @@ class GEARConfig:
         if not 0 < self.top_frac <= 1:
             bad(f"top_frac={self.top_frac}: must be in (0, 1]")
         for name, allowed in (("distill_on", DISTILL_ON), ("return_kind", RETURN_KINDS), ("head", HEADS),
-                              ("inputs", INPUTS)):
+                              ("inputs", INPUTS), ("diff_scale", DIFF_SCALES)):
             if getattr(self, name) not in allowed:
                 bad(f"{name}='{getattr(self, name)}': use one of {', '.join(allowed)}")
         for name in ("epochs", "minibatch_size"):
@@ -174,7 +179,10 @@ class GEARReweighting(Signal):
         with torch.no_grad():
             v_d = self.frozen(self._x(batch)).reshape(batch.values.shape)
         ids = trajectory_ids(batch.terminations, batch.truncations)
-        w, clipped = reweight(v_d, batch.values, cfg.temperature, cfg.w_min, cfg.w_max, ids, cfg.renormalize)
+        temperature = cfg.temperature
+        if cfg.diff_scale == "value_std":
+            temperature = temperature * (batch.values.std().item() + 1e-8)
+        w, clipped = reweight(v_d, batch.values, temperature, cfg.w_min, cfg.w_max, ids, cfg.renormalize)
         self._last = {"weights_mean": w.mean().item(), "weights_std": w.std().item(), "weights_min": w.min().item(),
                       "weights_max": w.max().item(), "weights_clipped_frac": clipped.float().mean().item()}
         return SignalOutput(weights=w)
