@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO_OUT ?= runs/demo-$(shell printf '%s' '$(DEMO_ALGOS)' | sha1sum | cut -c1-8)
 # Every method that has landed, on the built-in sparse maze; re-running resumes/skips.
-DEMO_ALGOS ?= ppo,refgrpo,refgrpo[bonus_target=seed],gear
+DEMO_ALGOS ?= ppo,refgrpo,refgrpo[bonus_target=seed],sdrs,sdrs[mode=potential],gear
 
 .PHONY: setup demo test bench
 

@@ -22,6 +22,9 @@ CASES = {
                          "num_steps=64", "num_minibatches=2", "update_epochs=2", "checkpoint_every=1000"],
     "cartpole-gear": ["--algo", "gear", "--env", "CartPole-v1", "--total-steps", "16000", "--set", "num_envs=2",
                       "num_steps=64", "num_minibatches=2", "update_epochs=2", "checkpoint_every=1000"],
+    "gridworld-sdrs": ["--algo", "sdrs", "--env", "reflectrl/GridWorld-v0", "--total-steps", "16000", "--set",
+                       "env.size=6", "num_envs=2", "num_steps=64", "num_minibatches=2", "update_epochs=2",
+                       "checkpoint_every=1000", "shaping.update_every=2"],
     # continuous: the obs/reward normalisers and time-limit truncations must survive the kill
     "pendulum": ["--env", "Pendulum-v1", "--total-steps", "16384", "--set", "num_envs=2", "num_steps=256",
                  "num_minibatches=4", "update_epochs=2", "checkpoint_every=1500"],

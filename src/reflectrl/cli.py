@@ -76,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     cal = plot_sub.add_parser("calibration", help="predicted vs actual advantage and L_cal (refgrpo runs)")
     cal.add_argument("run_dir", metavar="DIR")
     cal.add_argument("--out", default=None, help="PNG file (default DIR/calibration.png)")
+    rmap = plot_sub.add_parser("reward-map", help="the learned shaping per cell and action (sdrs on the grid world)")
+    rmap.add_argument("run_dir", metavar="DIR")
+    rmap.add_argument("--out", default=None, help="folder for the PNGs and the GIF (default DIR/reward_map)")
 
     from reflectrl.llm import sandbox_cli
 
@@ -262,6 +265,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "report":
             return _report(args)
         if args.command == "plot":
+            if args.plot_command == "reward-map":
+                from reflectrl.report.reward_map import plot_reward_map
+
+                print(plot_reward_map(args.run_dir, args.out))
+                return 0
             from reflectrl.report.calibration_plot import plot_calibration
 
             print(plot_calibration(args.run_dir, args.out))

@@ -23,10 +23,11 @@ from typing import Any
 from reflectrl.errors import UserError
 from reflectrl.signals.calibration import CalibrationConfig
 from reflectrl.signals.reweighting import GEARConfig
+from reflectrl.signals.shaping import ShapingConfig
 
-ALGOS = ("ppo", "refgrpo", "gear")
+ALGOS = ("ppo", "refgrpo", "sdrs", "gear")
 # The --set section that holds each signal algo's knobs.
-ALGO_SECTIONS = {"refgrpo": "calibration", "gear": "gear"}
+ALGO_SECTIONS = {"refgrpo": "calibration", "sdrs": "shaping", "gear": "gear"}
 
 
 @dataclass
@@ -190,7 +191,7 @@ def _set_dataclass_field(obj: Any, key: str, name: str, raw: str, where: str) ->
     setattr(obj, name, _parse_value(key, raw, hints[name]))
 
 
-SECTION_TYPES: dict[str, type] = {"calibration": CalibrationConfig, "gear": GEARConfig}
+SECTION_TYPES: dict[str, type] = {"calibration": CalibrationConfig, "shaping": ShapingConfig, "gear": GEARConfig}
 """Each signal's config dataclass under its --set prefix."""
 
 

@@ -64,6 +64,7 @@ class Rollout:
     next_values: torch.Tensor
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    next_obs: torch.Tensor | None = None       # s' of each step (filled when the signal asks for it)
     learn_rewards: torch.Tensor | None = None  # what advantages are estimated from (env reward + signal terms)
     weights: torch.Tensor | None = None        # per-step weights on the advantage in the policy loss
 
@@ -106,6 +107,7 @@ class PPOTrainer:
         self.next_obs = torch.as_tensor(obs, dtype=torch.float32)
         self._check_finite(self.next_obs, "observation")
         self.logger: MetricsLogger | None = None
+        self._warned_shaping = False
 
     # ------------------------------------------------------------------ collect
 
@@ -121,7 +123,7 @@ class PPOTrainer:
         truncations = np.zeros((T, N), dtype=bool)
         actions = torch.zeros((T, N, *self.action_shape), dtype=torch.float32 if self.continuous else torch.long)
         logprobs = torch.zeros((T, N))
-        truncated_at: list[tuple[int, int, np.ndarray]] = []
+        ended_at: list[tuple[int, int, np.ndarray]] = []  # (step, env, final observation) of every episode end
         episodes: list[tuple[float, int]] = []
 
         next_obs = self.next_obs.numpy()
@@ -138,8 +140,8 @@ class PPOTrainer:
                 raise NonFiniteError("observation" if not np.isfinite(next_obs).all() else "reward", self.global_step)
             rewards[t], terminations[t], truncations[t] = reward, term, trunc
             if "final_obs" in info:
-                for i in np.flatnonzero(trunc & ~term):
-                    truncated_at.append((t, int(i), info["final_obs"][i]))
+                for i in np.flatnonzero(info["_final_obs"]):
+                    ended_at.append((t, int(i), info["final_obs"][i]))
                 final = info["final_info"]
                 if "episode" in final:
                     for i in np.flatnonzero(final["_episode"]):
@@ -149,6 +151,7 @@ class PPOTrainer:
         # Values do not steer the rollout, so one batched pass after it replaces T small ones:
         # V(s_t) for every step, V(s_T) and V(final observation) at each truncation.
         obs = torch.from_numpy(obs)
+        truncated_at = [(t, i, o) for t, i, o in ended_at if not terminations[t, i]]
         inputs = [obs.reshape(-1, self.obs_dim), self.next_obs]
         if truncated_at:
             final_obs = torch.as_tensor(np.stack([o for _, _, o in truncated_at]), dtype=torch.float32)
@@ -161,8 +164,17 @@ class PPOTrainer:
         next_values[-1] = all_values[T * N:T * N + N]
         for k, (t, i, _) in enumerate(truncated_at):
             next_values[t, i] = all_values[T * N + N + k]
+        next_obs = None
+        if self.signal is not None and self.signal.wants_next_obs:
+            # s' of every step: the next row, or the episode's last observation where it ended
+            next_obs = torch.empty_like(obs)
+            next_obs[:-1] = obs[1:]
+            next_obs[-1] = self.next_obs
+            for t, i, o in ended_at:
+                next_obs[t, i] = torch.as_tensor(o, dtype=torch.float32)
         rewards, terminations, truncations = map(torch.from_numpy, (rewards, terminations, truncations))
-        rollout = Rollout(obs, actions, logprobs, rewards, terminations, truncations, values, next_values)
+        rollout = Rollout(obs, actions, logprobs, rewards, terminations, truncations, values, next_values,
+                          next_obs=next_obs)
         return rollout, episodes
 
     # ------------------------------------------------------------------ estimate
@@ -172,9 +184,11 @@ class PPOTrainer:
         rollout.advantages, rollout.returns = self._gae(rollout, rewards)
 
     def _gae(self, rollout: Rollout, rewards: torch.Tensor):
+        return self._gae_with(rewards, rollout.values, rollout.next_values, rollout.terminations, rollout.truncations)
+
+    def _gae_with(self, rewards, values, next_values, terminations, truncations):
         p = self.cfg.ppo
-        return compute_gae(rewards, rollout.values, rollout.next_values,
-                           rollout.terminations, rollout.truncations, p.gamma, p.gae_lambda)
+        return compute_gae(rewards, values, next_values, terminations, truncations, p.gamma, p.gae_lambda)
 
     # ------------------------------------------------------------------ signal
 
@@ -189,8 +203,8 @@ class PPOTrainer:
         batch = Batch(obs=rollout.obs, actions=rollout.actions, rewards=rollout.rewards,
                       terminations=rollout.terminations, truncations=rollout.truncations,
                       values=rollout.values, next_values=rollout.next_values, features=features,
-                      iteration=self.iteration, estimate=lambda r: self._gae(rollout, r),
-                      value_fn=self.agent.value)
+                      next_obs=rollout.next_obs, iteration=self.iteration, global_step=self.global_step,
+                      estimate=lambda r: self._gae(rollout, r), value_fn=self.agent.value, gae=self._gae_with)
         extra = signal.shape_rewards(batch)
         rollout.learn_rewards = rollout.rewards if extra is None else rollout.rewards + extra
         self.estimate(rollout)
@@ -341,8 +355,14 @@ class PPOTrainer:
                 if self.logger is not None:
                     self.logger.log(row)
                 bar.update(p.batch_size)
-                if self.recent_returns:
-                    bar.set_postfix_str(f"return={np.mean(self.recent_returns):.3g}", refresh=False)
+                postfix = f"return={np.mean(self.recent_returns):.3g}" if self.recent_returns else ""
+                if row.get("shaping_warning"):
+                    postfix += f" WARNING shaping/reward={row['shaping_to_reward']:.2f}"
+                    if not self._warned_shaping:
+                        warnings.warn(f"mean |shaping| is {row['shaping_to_reward']:.0%} of mean |reward| at step "
+                                      f"{self.global_step} (above shaping.warn_ratio): the shaping may dominate the task")
+                        self._warned_shaping = True
+                bar.set_postfix_str(postfix, refresh=False)
                 previous = self.global_step - p.batch_size
                 if self.run is not None and (
                     self.global_step // cfg.checkpoint_every > previous // cfg.checkpoint_every

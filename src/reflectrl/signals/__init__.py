@@ -14,9 +14,10 @@ def make_signal(cfg) -> Signal | None:
     from reflectrl.config import ALGO_SECTIONS
     from reflectrl.signals.calibration import CalibrationBonus
     from reflectrl.signals.reweighting import GEARReweighting
+    from reflectrl.signals.shaping import SelfDistilledShaping
 
     section = ALGO_SECTIONS.get(cfg.algo)
     if section is None:
         return None
-    factories = {"calibration": CalibrationBonus, "gear": GEARReweighting}
+    factories = {"calibration": CalibrationBonus, "shaping": SelfDistilledShaping, "gear": GEARReweighting}
     return factories[section](cfg.sections[section])

@@ -61,9 +61,13 @@ class Batch:
     features: torch.Tensor | None = None
     next_obs: torch.Tensor | None = None  # observation after each step (the final one where an episode ended)
     iteration: int = 0
+    global_step: int = 0
     # recompute advantages and returns for a given reward tensor (the trainer's estimator)
     estimate: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
+    # the trainer's critic (after the update, in after_update) and its advantage estimator,
+    # gae(rewards, values, next_values, terminations, truncations) -> (advantages, returns)
     value_fn: Callable[[torch.Tensor], torch.Tensor] | None = None
+    gae: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
 
 
 @dataclass
@@ -81,6 +85,7 @@ class Signal:
     name = "signal"
     wants_features = False       # the trainer fills Batch.features
     wants_feature_grad = False   # the trainer calls auxiliary_loss with features carrying gradients
+    wants_next_obs = False       # the trainer fills Batch.next_obs
 
     def bind(self, ctx: SignalContext) -> None:
         self.ctx = ctx

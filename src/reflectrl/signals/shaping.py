@@ -1,0 +1,268 @@
+"""Self-distilled reward shaping, SDRS (seed 002; SPEC section 2).
+
+1. Interaction: each transition gets f = F_target(s, a, s') and the trainer learns from
+   r + w * f, w being the curriculum weight (0 for `warmup_steps`, then a linear ramp to 1
+   over `ramp_steps`).
+2. After every `update_every`-th policy update, soft labels: GAE advantages recomputed with
+   the *updated* critic over a distillation buffer of the last `buffer_rollouts` rollouts,
+   normalised to mean 0 / std 1, times `scale`; F is fit to them by MSE for `epochs` epochs
+   at `lr_multiplier` x the policy's learning rate; after each of its gradient steps the
+   target follows: F_target <- tau F + (1-tau) F_target.
+3. Output: `mode="direct"`: f = eta * tanh(F_raw(s, a, s')) (optionally hard-clipped to
+   +-`hard_clip`); `mode="potential"`: f = gamma * Phi(s') - Phi(s), with Phi(terminal) = 0
+   and Phi = eta * tanh(Phi_raw(s)), which leaves optimal policies unchanged (Ng et al. 1999);
+   the same labels are fit through that difference. `mode="off"`: F = 0 with everything
+   else identical (the ablation); the run equals plain PPO bit for bit.
+4. Prior: `prior="module:function"`, a heuristic h(s, a, s') -> (B,) tensor, is fit by F
+   before the first update (on the first rollout's transitions, `prior_epochs` epochs), and
+   F_target starts from it.
+
+The logged and evaluated return stays the env's true return; the trainer's `rewards` here
+are what it learns from before shaping.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from reflectrl.errors import UserError
+from reflectrl.nets import flatten_parameters
+from reflectrl.signals.base import Batch, Signal, SignalContext
+
+MODES = ("direct", "potential", "off")
+
+
+@dataclass
+class ShapingConfig:
+    mode: str = "direct"
+    eta: float = 0.1
+    hard_clip: float = float("inf")
+    scale: float = 0.1
+    buffer_rollouts: int = 4
+    update_every: int = 5
+    tau: float = 0.005
+    lr_multiplier: float = 0.5
+    epochs: int = 4
+    minibatch_size: int = 512
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    warmup_steps: int = 0
+    ramp_steps: int = 0
+    prior: str = ""
+    prior_epochs: int = 50
+    warn_ratio: float = 0.3
+    map_snapshots: int = 10
+
+    def validate(self) -> None:
+        def bad(msg):
+            raise UserError(f"shaping.{msg}")
+
+        if self.mode not in MODES:
+            bad(f"mode='{self.mode}': use one of {', '.join(MODES)}")
+        for name in ("eta", "scale", "lr_multiplier", "warn_ratio"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value <= 0:
+                bad(f"{name}={value}: must be a finite number > 0")
+        if math.isnan(self.hard_clip) or self.hard_clip <= 0:
+            bad(f"hard_clip={self.hard_clip}: must be > 0 (inf for no clip)")
+        if not 0 < self.tau <= 1:
+            bad(f"tau={self.tau}: must be in (0, 1]")
+        for name in ("buffer_rollouts", "update_every", "epochs", "minibatch_size", "prior_epochs"):
+            if getattr(self, name) < 1:
+                bad(f"{name}={getattr(self, name)}: must be a positive integer")
+        for name in ("warmup_steps", "ramp_steps", "map_snapshots"):
+            if getattr(self, name) < 0:
+                bad(f"{name}={getattr(self, name)}: must be >= 0")
+        if not self.hidden_sizes or any(h < 1 for h in self.hidden_sizes):
+            bad(f"hidden_sizes={self.hidden_sizes}: give positive layer widths, e.g. 64,64")
+        if self.prior:
+            load_prior(self.prior)
+
+
+def load_prior(spec: str):
+    module, sep, name = spec.partition(":")
+    if not sep or not module or not name:
+        raise UserError(f"shaping.prior='{spec}': write it as module:function")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as err:
+        raise UserError(f"shaping.prior='{spec}': cannot import it ({type(err).__name__}: {err})") from None
+    if not callable(fn):
+        raise UserError(f"shaping.prior='{spec}' is not a function")
+    return fn
+
+
+def curriculum(step: int, warmup: int, ramp: int) -> float:
+    """The shaping weight at an env step: 0 during warm-up, then a linear ramp to 1."""
+    if step < warmup:
+        return 0.0
+    if ramp == 0:
+        return 1.0
+    return min(1.0, (step - warmup) / ramp)
+
+
+def polyak(target: nn.Module, source: nn.Module, tau: float) -> None:
+    """target <- tau * source + (1 - tau) * target."""
+    with torch.no_grad():
+        for t, s in zip(target.parameters(), source.parameters()):
+            t.mul_(1 - tau).add_(s, alpha=tau)
+
+
+class RewardShaper(nn.Module):
+    """F(s, a, s') = eta * tanh(MLP), or gamma * Phi(s') (1 - terminal) - Phi(s)."""
+
+    def __init__(self, obs_dim, action_dim, hidden_sizes, mode, eta, gamma, hard_clip):
+        super().__init__()
+        self.mode, self.eta, self.gamma, self.hard_clip, self.action_dim = mode, eta, gamma, hard_clip, action_dim
+        width = obs_dim if mode == "potential" else 2 * obs_dim + action_dim
+        layers: list[nn.Module] = []
+        for h in hidden_sizes:
+            layers += [nn.Linear(width, h), nn.ReLU()]
+            width = h
+        out = nn.Linear(width, 1)
+        nn.init.uniform_(out.weight, -1e-3, 1e-3)
+        nn.init.zeros_(out.bias)
+        self.net = nn.Sequential(*layers, out)
+
+    def potential(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.eta * torch.tanh(self.net(obs).squeeze(-1))
+
+    def forward(self, obs, actions, next_obs, terminations) -> torch.Tensor:
+        if self.mode == "potential":
+            return self.gamma * self.potential(next_obs) * (1.0 - terminations.float()) - self.potential(obs)
+        f = self.eta * torch.tanh(self.net(torch.cat([obs, actions, next_obs], -1)).squeeze(-1))
+        return f.clamp(-self.hard_clip, self.hard_clip) if math.isfinite(self.hard_clip) else f
+
+
+class SelfDistilledShaping(Signal):
+    name = "shaping"
+    wants_next_obs = True
+
+    def __init__(self, cfg: ShapingConfig):
+        cfg.validate()
+        self.cfg = cfg
+        self.prior = load_prior(cfg.prior) if cfg.prior else None
+        self.buffer: list[dict] = []
+        self.updates = 0
+        self.prior_fitted = False
+        self._last: dict = {}
+        self.warned = False
+
+    def bind(self, ctx: SignalContext) -> None:
+        super().bind(ctx)
+        with self.own_rng():
+            self.shaper = RewardShaper(ctx.obs_dim, ctx.action_dim, self.cfg.hidden_sizes, self.cfg.mode,
+                                       self.cfg.eta, ctx.gamma, self.cfg.hard_clip)
+        self.flat = flatten_parameters(self.shaper)
+        self.optimizer = torch.optim.Adam([self.flat], lr=self.cfg.lr_multiplier * ctx.learning_rate, fused=True)
+        self.target = copy.deepcopy(self.shaper).requires_grad_(False)
+        k, total = self.cfg.map_snapshots, ctx.total_iterations
+        self.snapshot_at = sorted({max(1, math.ceil(total * i / k)) for i in range(1, k + 1)} | ({1} if k else set()))
+        self.snapshots: list[dict] = []  # F_target's weights at a few points, for the reward map
+
+    def _encode_actions(self, actions: torch.Tensor) -> torch.Tensor:
+        if self.ctx.discrete:
+            return F.one_hot(actions.reshape(-1).long(), self.ctx.action_dim).float()
+        return actions.reshape(-1, self.ctx.action_dim).float()
+
+    def _transitions(self, batch: Batch) -> dict:
+        n = batch.values.numel()
+        return {"obs": batch.obs.reshape(n, -1), "actions": self._encode_actions(batch.actions),
+                "next_obs": batch.next_obs.reshape(n, -1), "terminations": batch.terminations.reshape(-1)}
+
+    # ----------------------------------------------------------------------------- hooks
+
+    def shape_rewards(self, batch: Batch) -> torch.Tensor | None:
+        if self.cfg.mode == "off":
+            return None
+        tr = self._transitions(batch)
+        prior_loss = self._fit_prior(tr) if self.prior is not None and not self.prior_fitted else None
+        weight = curriculum(batch.global_step, self.cfg.warmup_steps, self.cfg.ramp_steps)
+        if batch.iteration in self.snapshot_at:
+            self.snapshots.append({"iteration": batch.iteration, "global_step": batch.global_step,
+                                   "weight": curriculum(batch.global_step, self.cfg.warmup_steps, self.cfg.ramp_steps),
+                                   "state": {k: v.clone() for k, v in self.target.state_dict().items()}})
+        with torch.no_grad():
+            f = self.target(tr["obs"], tr["actions"], tr["next_obs"], tr["terminations"]).reshape(batch.values.shape)
+        shaping = weight * f
+        r = batch.rewards
+        mean_abs_r = r.abs().mean().item()
+        ratio = shaping.abs().mean().item() / mean_abs_r if mean_abs_r > 0 else None
+        self._last = {
+            "shaping_weight": weight, "shaping_mean": shaping.mean().item(), "shaping_std": shaping.std().item(),
+            "shaping_min": shaping.min().item(), "shaping_max": shaping.max().item(),
+            "reward_mean": r.mean().item(), "reward_std": r.std().item(), "reward_min": r.min().item(),
+            "reward_max": r.max().item(), "shaping_to_reward": ratio,
+            "shaping_warning": int(ratio is not None and ratio > self.cfg.warn_ratio),
+        }
+        if prior_loss is not None:
+            self._last["prior_loss"] = prior_loss
+        return shaping
+
+    def after_update(self, batch: Batch) -> None:
+        if self.cfg.mode == "off":
+            return
+        self.buffer.append({**self._transitions(batch), "rewards": batch.rewards, "shape": batch.values.shape,
+                            "truncations": batch.truncations, "raw_terminations": batch.terminations})
+        self.buffer = self.buffer[-self.cfg.buffer_rollouts:]
+        self.updates += 1
+        if self.updates % self.cfg.update_every:
+            return
+        obs, actions, next_obs, terms, labels = [], [], [], [], []
+        with torch.no_grad():
+            for item in self.buffer:
+                shape = item["shape"]
+                values = batch.value_fn(item["obs"]).reshape(shape)
+                next_values = batch.value_fn(item["next_obs"]).reshape(shape)
+                adv, _ = batch.gae(item["rewards"], values, next_values, item["raw_terminations"], item["truncations"])
+                obs.append(item["obs"]), actions.append(item["actions"]), next_obs.append(item["next_obs"])
+                terms.append(item["terminations"]), labels.append(adv.reshape(-1))
+        obs, actions, next_obs, terms, labels = map(torch.cat, (obs, actions, next_obs, terms, labels))
+        labels = self.cfg.scale * (labels - labels.mean()) / (labels.std() + 1e-8)
+        self._last["label_loss"] = self._fit(obs, actions, next_obs, terms, labels, self.cfg.epochs, track_target=True)
+
+    def _fit(self, obs, actions, next_obs, terms, labels, epochs, track_target=False) -> float:
+        n = obs.shape[0]
+        size = min(n, self.cfg.minibatch_size)
+        for _ in range(epochs):
+            order = torch.randperm(n, generator=self.generator)
+            for start in range(0, n, size):
+                i = order[start:start + size]
+                loss = F.mse_loss(self.shaper(obs[i], actions[i], next_obs[i], terms[i]), labels[i])
+                self.flat.grad.zero_()
+                loss.backward()
+                self.optimizer.step()
+                if track_target:
+                    polyak(self.target, self.shaper, self.cfg.tau)
+        with torch.no_grad():
+            return F.mse_loss(self.shaper(obs, actions, next_obs, terms), labels).item()
+
+    def _fit_prior(self, tr: dict) -> float:
+        with torch.no_grad():
+            target = torch.as_tensor(self.prior(tr["obs"], tr["actions"], tr["next_obs"]), dtype=torch.float32).reshape(-1)
+        loss = self._fit(tr["obs"], tr["actions"], tr["next_obs"], tr["terminations"], target, self.cfg.prior_epochs)
+        self.target.load_state_dict(self.shaper.state_dict())
+        self.prior_fitted = True
+        return loss
+
+    def metrics(self) -> dict:
+        return dict(self._last)
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "shaper": self.shaper.state_dict(), "target": self.target.state_dict(),
+                "optimizer": self.optimizer.state_dict(), "buffer": self.buffer, "updates": self.updates,
+                "prior_fitted": self.prior_fitted, "snapshots": self.snapshots}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.shaper.load_state_dict(state["shaper"])
+        self.target.load_state_dict(state["target"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.buffer, self.updates, self.prior_fitted = state["buffer"], state["updates"], state["prior_fitted"]
+        self.snapshots = state["snapshots"]

@@ -1,0 +1,163 @@
+"""SDRS: potential shaping telescopes and keeps the optimal policy, target and curriculum
+math, mode=off equals PPO bit for bit, the prior pre-fit, knobs, the reward map."""
+
+import json
+import math
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+from reflectrl.envs.gridworld import GridWorldEnv
+from reflectrl.signals.shaping import RewardShaper, curriculum, polyak
+
+
+def random_potential_shaper(obs_dim, gamma, seed=0):
+    torch.manual_seed(seed)
+    shaper = RewardShaper(obs_dim, 4, (16,), "potential", eta=1.0, gamma=gamma, hard_clip=math.inf)
+    with torch.no_grad():
+        shaper.net[-1].weight.normal_(0, 1.0)  # a non-trivial potential
+    return shaper
+
+
+def test_potential_shaping_telescopes_along_any_trajectory():
+    gamma = 0.9
+    gen = torch.Generator().manual_seed(1)
+    states = torch.rand(9, 5, generator=gen)  # s_0 .. s_8
+    shaper = random_potential_shaper(5, gamma)
+    acts = torch.zeros(8, 4)
+    for terminal in (False, True):
+        terms = torch.zeros(8, dtype=torch.bool)
+        terms[-1] = terminal
+        with torch.no_grad():
+            f = shaper(states[:-1], acts, states[1:], terms)
+            phi = shaper.potential(states)
+        discounted = sum(gamma ** t * f[t].item() for t in range(8))
+        end = 0.0 if terminal else gamma ** 8 * phi[-1].item()  # Phi(terminal) = 0
+        assert discounted == pytest.approx(end - phi[0].item(), abs=1e-5)
+
+
+def _greedy_policy(env, gamma, shaping=None):
+    """Value iteration on the grid world's exact model; the greedy action per free cell."""
+    cells = env.free_cells()
+    index = {c: i for i, c in enumerate(cells)}
+    v = np.zeros(len(cells))
+    q = np.zeros((len(cells), 4))
+    for _ in range(500):
+        for i, c in enumerate(cells):
+            for a in range(4):
+                n = env.next_cell(c, a)
+                done = n == env.goal
+                r = (1.0 if done else 0.0) + (shaping(c, a, n, done) if shaping else 0.0)
+                q[i, a] = r + (0.0 if done else gamma * v[index[n]])
+        v = q.max(1)
+        v[index[env.goal]] = 0.0
+    # the set of optimal actions per cell (grid worlds have ties: right-then-down = down-then-right)
+    return {c: tuple(np.flatnonzero(q[i] >= q[i].max() - 1e-6)) for i, c in enumerate(cells) if c != env.goal}, q
+
+
+def test_potential_shaping_keeps_the_optimal_policy_of_a_solved_mdp():
+    env = GridWorldEnv(size=6, layout="rooms")
+    gamma = 0.95
+    shaper = random_potential_shaper(36, gamma, seed=3)
+
+    def shaping(c, a, n, done):
+        s = torch.as_tensor(env.obs_for_cell(*c)).unsqueeze(0)
+        s2 = torch.as_tensor(env.obs_for_cell(*n)).unsqueeze(0)
+        with torch.no_grad():
+            return shaper(s, torch.zeros(1, 4), s2, torch.tensor([done])).item()
+
+    plain, q_plain = _greedy_policy(env, gamma)
+    shaped, q_shaped = _greedy_policy(env, gamma, shaping)
+    # Q is shifted by -Phi(s) per state, so every cell keeps the same optimal actions
+    assert shaped == plain
+    assert not np.allclose(q_plain, q_shaped)  # the shaping did change the values
+    # and a non-potential shaping of the same size can change it
+    bribe = lambda c, a, n, done: 0.5 if a == 0 else 0.0  # noqa: E731  (pays for moving up)
+    assert _greedy_policy(env, gamma, bribe)[0] != plain
+
+
+def test_target_update_math():
+    a, b = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+    before = [p.clone() for p in a.parameters()]
+    polyak(a, b, 0.1)
+    for p, old, src in zip(a.parameters(), before, b.parameters()):
+        assert torch.allclose(p, 0.9 * old + 0.1 * src)
+    polyak(a, b, 1.0)
+    assert all(torch.equal(p, s) for p, s in zip(a.parameters(), b.parameters()))
+
+
+def test_curriculum_schedule():
+    assert [curriculum(s, 100, 50) for s in (0, 99, 100, 125, 150, 1000)] == [0.0, 0.0, 0.0, 0.5, 1.0, 1.0]
+    assert curriculum(0, 0, 0) == 1.0 and curriculum(10, 20, 0) == 0.0 and curriculum(20, 20, 0) == 1.0
+
+
+FAST = ["--env", "reflectrl/GridWorld-v0", "--total-steps", "4096", "--no-progress", "--set", "env.size=6"]
+
+
+def sha(run):
+    return json.loads((run / "run.json").read_text())["params_sha256"]
+
+
+def test_mode_off_equals_ppo_and_modes_log_metrics(cli, tmp_path):
+    assert cli("train", "--algo", "ppo", *FAST, "--out", tmp_path / "ppo")[0] == 0
+    assert cli("train", "--algo", "sdrs", *FAST, "shaping.mode=off", "--out", tmp_path / "off")[0] == 0
+    assert sha(tmp_path / "off") == sha(tmp_path / "ppo")
+    for mode in ("direct", "potential"):
+        out = tmp_path / mode
+        code, _, err = cli("train", "--algo", "sdrs", *FAST, f"shaping.mode={mode}", "shaping.update_every=1",
+                           "--out", out)
+        assert code == 0, err
+        assert sha(out) != sha(tmp_path / "ppo")
+        row = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+        for key in ("shaping_mean", "shaping_std", "shaping_min", "shaping_max", "reward_mean", "reward_std",
+                    "reward_min", "reward_max", "label_loss", "shaping_to_reward"):
+            assert key in row, key
+        code, stdout, _ = cli("plot", "reward-map", out)
+        assert code == 0
+        assert (out / "reward_map" / "reward_map.gif").read_bytes()[:3] == b"GIF"
+        assert len(list((out / "reward_map").glob("step_*.png"))) >= 2
+
+
+def test_prior_prefit_reaches_the_heuristic(cli, tmp_path, monkeypatch):
+    (tmp_path / "my_prior.py").write_text(textwrap.dedent("""
+        import torch
+
+        def closer(s, a, s2):
+            # cell index decreases towards the goal in this one-hot world: reward moving down/right
+            idx = lambda x: x.argmax(-1).float()
+            return 0.01 * (idx(s2) - idx(s))
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "run"
+    code, _, err = cli("train", "--algo", "sdrs", *FAST, "shaping.prior=my_prior:closer", "shaping.prior_epochs=300", "shaping.lr_multiplier=8",
+                       "shaping.warmup_steps=100000", "--out", out)
+    assert code == 0, err
+    first = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    # the heuristic's values are up to +-0.06 (variance ~1e-3): the pre-fit must be far closer
+    assert first["prior_loss"] < 2e-5
+    assert first["shaping_weight"] == 0.0  # and the warm-up keeps it out of the reward
+
+
+@pytest.mark.parametrize("knob, needle", [
+    ("shaping.mode=dense", "shaping.mode='dense'"),
+    ("shaping.eta=0", "shaping.eta=0.0"),
+    ("shaping.tau=1.5", "shaping.tau=1.5"),
+    ("shaping.update_every=0", "shaping.update_every=0"),
+    ("shaping.warmup_steps=-1", "shaping.warmup_steps=-1"),
+    ("shaping.prior=nomodule", "module:function"),
+    ("shaping.prior=no_such_module_xyz:f", "cannot import"),
+])
+def test_bad_knobs(cli, tmp_path, knob, needle):
+    out = tmp_path / "run"
+    code, _, err = cli("train", "--algo", "sdrs", *FAST, knob, "--out", out)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
+    assert not out.exists()
+
+
+def test_reward_map_needs_an_sdrs_gridworld_run(cli, tmp_path):
+    out = tmp_path / "ppo"
+    assert cli("train", "--algo", "ppo", *FAST, "--out", out)[0] == 0
+    code, _, err = cli("plot", "reward-map", out)
+    assert code == 2 and "needs --algo sdrs" in err
