@@ -161,3 +161,13 @@ def test_reward_map_needs_an_sdrs_gridworld_run(cli, tmp_path):
     assert cli("train", "--algo", "ppo", *FAST, "--out", out)[0] == 0
     code, _, err = cli("plot", "reward-map", out)
     assert code == 2 and "needs --algo sdrs" in err
+
+
+def test_warning_when_shaping_dominates(cli, tmp_path):
+    out = tmp_path / "run"
+    with pytest.warns(UserWarning, match="may dominate"):
+        code, _, err = cli("train", "--algo", "sdrs", *FAST, "shaping.update_every=1", "shaping.warn_ratio=1e-9",
+                           "--out", out)
+    assert code == 0, err
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert any(r["shaping_warning"] == 1 for r in rows)
