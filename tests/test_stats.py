@@ -67,3 +67,12 @@ def test_steps_to_threshold():
     # held, not touched: the lucky first point does not count with a window of 2
     assert stats.steps_to_threshold(steps, np.array([1.0, 0.0, 0.9, 1.0]), 0.9, window=2) == 300
     assert stats.steps_to_threshold(steps, np.array([1.0, 0.0, 0.9, 1.0]), 0.9) == 100
+
+
+def test_claim_verdicts():
+    from reflectrl.report.analysis import _verdict_greater
+
+    assert _verdict_greater((0.2, 0.05, 0.3)) == "supported"
+    assert _verdict_greater((-0.2, -0.3, -0.05)) == "not supported"
+    assert _verdict_greater((0.0, 0.0, 0.0)) == "not supported"  # every seed tied: no improvement
+    assert _verdict_greater((0.05, -0.1, 0.2)) == "inconclusive"

@@ -213,8 +213,10 @@ def _diff_interval(exp: Experiment, label: str, key: str, envs: list[str], reps:
 
 
 def _verdict_greater(ci) -> str:
+    """"X beats the baseline": supported when the whole CI is above 0; not supported when
+    none of it is (including a CI pinned at 0: every seed tied); inconclusive otherwise."""
     _, lo, hi = ci
-    return "supported" if lo > 0 else "not supported" if hi < 0 else "inconclusive"
+    return "supported" if lo > 0 else "not supported" if hi <= 0 else "inconclusive"
 
 
 def _fmt(ci) -> str:
