@@ -27,3 +27,18 @@ def flatten_parameters(module: nn.Module) -> nn.Parameter:
         p.grad = flat.grad[offset:offset + n].view_as(p)
         offset += n
     return flat
+
+
+def relu_mlp(in_dim: int, hidden_sizes, near_zero_output: bool = True) -> nn.Sequential:
+    """A ReLU MLP with one scalar output; a head that starts near zero adds nothing until it
+    has learned something (the signals' reflection, shaping and value heads)."""
+    layers: list[nn.Module] = []
+    last = in_dim
+    for width in hidden_sizes:
+        layers += [nn.Linear(last, width), nn.ReLU()]
+        last = width
+    out = nn.Linear(last, 1)
+    if near_zero_output:
+        nn.init.uniform_(out.weight, -1e-3, 1e-3)
+        nn.init.zeros_(out.bias)
+    return nn.Sequential(*layers, out)

@@ -100,6 +100,12 @@ class Signal:
             torch.manual_seed(self.seed)
             yield
 
+    def encode_actions(self, actions: torch.Tensor) -> torch.Tensor:
+        """Actions as a (B, action_dim) float input: one-hot if discrete."""
+        if self.ctx.discrete:
+            return torch.nn.functional.one_hot(actions.reshape(-1).long(), self.ctx.action_dim).float()
+        return actions.reshape(-1, self.ctx.action_dim).float()
+
     def shape_rewards(self, batch: Batch) -> torch.Tensor | None:
         return None
 

@@ -31,11 +31,10 @@ import math
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 from torch.nn import functional as F
 
 from reflectrl.errors import UserError
-from reflectrl.nets import flatten_parameters
+from reflectrl.nets import flatten_parameters, relu_mlp
 from reflectrl.signals.base import Batch, Signal, SignalContext, SignalOutput
 
 INPUTS = ("obs_action", "obs_action_features", "features_action")
@@ -108,15 +107,7 @@ class CalibrationBonus(Signal):
         width = {"obs_action": ctx.obs_dim, "obs_action_features": ctx.obs_dim + ctx.feature_dim,
                  "features_action": ctx.feature_dim}[self.cfg.inputs] + ctx.action_dim
         with self.own_rng():
-            layers: list[nn.Module] = []
-            last = width
-            for h in self.cfg.hidden_sizes:
-                layers += [nn.Linear(last, h), nn.ReLU()]
-                last = h
-            out = nn.Linear(last, 1)
-            nn.init.uniform_(out.weight, -1e-3, 1e-3)  # near zero: no bonus until it has learned
-            nn.init.zeros_(out.bias)
-            self.net = nn.Sequential(*layers, out)
+            self.net = relu_mlp(width, self.cfg.hidden_sizes)  # near-zero output: no bonus until it has learned
         # one flat tensor and a fused Adam: the fit is a handful of steps per iteration and
         # per-tensor optimiser overhead would dominate it
         self.flat = flatten_parameters(self.net)
@@ -127,13 +118,8 @@ class CalibrationBonus(Signal):
 
     # -------------------------------------------------------------------------- inputs
 
-    def _encode_actions(self, actions: torch.Tensor) -> torch.Tensor:
-        if self.ctx.discrete:
-            return F.one_hot(actions.reshape(-1).long(), self.ctx.action_dim).float()
-        return actions.reshape(-1, self.ctx.action_dim).float()
-
     def _inputs(self, obs, features, actions) -> torch.Tensor:
-        act = self._encode_actions(actions)
+        act = self.encode_actions(actions)
         if self.cfg.inputs == "obs_action":
             return torch.cat([obs, act], -1)
         if self.cfg.inputs == "obs_action_features":

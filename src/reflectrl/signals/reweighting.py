@@ -31,11 +31,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch import nn
 from torch.nn import functional as F
 
 from reflectrl.errors import UserError
-from reflectrl.nets import flatten_parameters
+from reflectrl.nets import flatten_parameters, relu_mlp
 from reflectrl.signals.base import Batch, Signal, SignalContext, SignalOutput
 
 HEADS = ("linear", "mlp")
@@ -153,15 +152,8 @@ class GEARReweighting(Signal):
         super().bind(ctx)
         width = ctx.feature_dim if self.cfg.inputs == "features" else ctx.obs_dim
         with self.own_rng():
-            if self.cfg.head == "linear":
-                self.head = nn.Linear(width, 1)
-            else:
-                layers: list[nn.Module] = []
-                last = width
-                for h in self.cfg.hidden_sizes:
-                    layers += [nn.Linear(last, h), nn.ReLU()]
-                    last = h
-                self.head = nn.Sequential(*layers, nn.Linear(last, 1))
+            hidden = () if self.cfg.head == "linear" else self.cfg.hidden_sizes
+            self.head = relu_mlp(width, hidden, near_zero_output=False)
         self.flat = flatten_parameters(self.head)
         self.optimizer = torch.optim.Adam([self.flat], lr=self.cfg.lr_multiplier * ctx.learning_rate, fused=True)
         self.frozen = copy.deepcopy(self.head).requires_grad_(False)

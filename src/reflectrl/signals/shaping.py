@@ -33,7 +33,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from reflectrl.errors import UserError
-from reflectrl.nets import flatten_parameters
+from reflectrl.nets import flatten_parameters, relu_mlp
 from reflectrl.signals.base import Batch, Signal, SignalContext
 
 MODES = ("direct", "potential", "off")
@@ -120,15 +120,7 @@ class RewardShaper(nn.Module):
     def __init__(self, obs_dim, action_dim, hidden_sizes, mode, eta, gamma, hard_clip):
         super().__init__()
         self.mode, self.eta, self.gamma, self.hard_clip, self.action_dim = mode, eta, gamma, hard_clip, action_dim
-        width = obs_dim if mode == "potential" else 2 * obs_dim + action_dim
-        layers: list[nn.Module] = []
-        for h in hidden_sizes:
-            layers += [nn.Linear(width, h), nn.ReLU()]
-            width = h
-        out = nn.Linear(width, 1)
-        nn.init.uniform_(out.weight, -1e-3, 1e-3)
-        nn.init.zeros_(out.bias)
-        self.net = nn.Sequential(*layers, out)
+        self.net = relu_mlp(obs_dim if mode == "potential" else 2 * obs_dim + action_dim, hidden_sizes)
 
     def potential(self, obs: torch.Tensor) -> torch.Tensor:
         return self.eta * torch.tanh(self.net(obs).squeeze(-1))
@@ -166,14 +158,9 @@ class SelfDistilledShaping(Signal):
         self.snapshot_at = sorted({max(1, math.ceil(total * i / k)) for i in range(1, k + 1)} | ({1} if k else set()))
         self.snapshots: list[dict] = []  # F_target's weights at a few points, for the reward map
 
-    def _encode_actions(self, actions: torch.Tensor) -> torch.Tensor:
-        if self.ctx.discrete:
-            return F.one_hot(actions.reshape(-1).long(), self.ctx.action_dim).float()
-        return actions.reshape(-1, self.ctx.action_dim).float()
-
     def _transitions(self, batch: Batch) -> dict:
         n = batch.values.numel()
-        return {"obs": batch.obs.reshape(n, -1), "actions": self._encode_actions(batch.actions),
+        return {"obs": batch.obs.reshape(n, -1), "actions": self.encode_actions(batch.actions),
                 "next_obs": batch.next_obs.reshape(n, -1), "terminations": batch.terminations.reshape(-1)}
 
     # ----------------------------------------------------------------------------- hooks
