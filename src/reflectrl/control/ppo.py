@@ -23,7 +23,6 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 import torch
-from torch import nn
 
 from reflectrl.config import RunConfig, add_algo_section, resolve_defaults, validate
 from reflectrl.control.gae import compute_gae
@@ -234,7 +233,7 @@ class PPOTrainer:
         b_weights = None if rollout.weights is None else rollout.weights.reshape(-1)
         aux = self.signal is not None and self.signal.wants_feature_grad
         batch_size, mb_size = p.batch_size, p.minibatch_size
-        flat, grad = self.flat_params, self.flat_params.grad
+        grad = self.flat_params.grad
         # Each minibatch's log-ratios are kept so KL and clip-fraction statistics cost a few
         # ops per epoch rather than per minibatch.
         logratios = torch.empty(batch_size)
