@@ -100,6 +100,11 @@ class Signal:
             torch.manual_seed(self.seed)
             yield
 
+    def snapshot_iterations(self, k: int) -> list[int]:
+        """The first iteration and k evenly spaced ones after it, at which to keep a snapshot."""
+        total = self.ctx.total_iterations
+        return sorted({max(1, -(-total * i // k)) for i in range(1, k + 1)} | ({1} if k else set()))
+
     def encode_actions(self, actions: torch.Tensor) -> torch.Tensor:
         """Actions as a (B, action_dim) float input: one-hot if discrete."""
         if self.ctx.discrete:

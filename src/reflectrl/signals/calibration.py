@@ -112,9 +112,7 @@ class CalibrationBonus(Signal):
         # per-tensor optimiser overhead would dominate it
         self.flat = flatten_parameters(self.net)
         self.optimizer = torch.optim.Adam([self.flat], lr=self.cfg.lr_multiplier * ctx.learning_rate, fused=True)
-        total = ctx.total_iterations
-        k = self.cfg.snapshots
-        self.snapshot_at = sorted({max(1, math.ceil(total * i / k)) for i in range(1, k + 1)} | ({1} if k else set()))
+        self.snapshot_at = self.snapshot_iterations(self.cfg.snapshots)
 
     # -------------------------------------------------------------------------- inputs
 

@@ -154,8 +154,7 @@ class SelfDistilledShaping(Signal):
         self.flat = flatten_parameters(self.shaper)
         self.optimizer = torch.optim.Adam([self.flat], lr=self.cfg.lr_multiplier * ctx.learning_rate, fused=True)
         self.target = copy.deepcopy(self.shaper).requires_grad_(False)
-        k, total = self.cfg.map_snapshots, ctx.total_iterations
-        self.snapshot_at = sorted({max(1, math.ceil(total * i / k)) for i in range(1, k + 1)} | ({1} if k else set()))
+        self.snapshot_at = self.snapshot_iterations(self.cfg.map_snapshots)
         self.snapshots: list[dict] = []  # F_target's weights at a few points, for the reward map
 
     def _transitions(self, batch: Batch) -> dict:
