@@ -26,7 +26,7 @@ if ! "$venv/bin/python" -c "import torch" >/dev/null 2>&1; then
     echo "setup: installing torch==2.13.0 (no CUDA GPU here)"
     "${pip[@]}" install torch==2.13.0 2>&1 | grep -v -E "^WARNING: Location .* is ignored" || true
   fi
-  "$venv/bin/python" -c "import torch"  # the filter above hides pip's exit status: check here
+  "$venv/bin/python" -W ignore -c "import torch" 2>/dev/null || { echo "setup: torch did not install" >&2; exit 1; }  # the filter above hides pip's exit status
 fi
 
 stamp="$venv/.reflectrl-installed"
