@@ -137,3 +137,11 @@ def test_bad_knobs(cli, tmp_path, knob, needle):
     code, _, err = cli("train", "--algo", "gear", *FAST, "--out", out, "--set", knob)
     assert code == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
     assert not out.exists()
+
+
+def test_returns_to_go_bootstrap_where_a_trajectory_is_cut():
+    rewards = col(1.0, 1.0, 1.0)
+    ids = col(0, 0, 1, dtype=torch.long)  # trajectory 0 ends at step 1, trajectory 1 is cut by the batch end
+    boot = col(0.0, 10.0, 20.0)          # values after steps 1 and 2 (0 would be a termination)
+    g = returns_to_go(rewards, ids, 0.5, boot)
+    assert g.squeeze(1).tolist() == pytest.approx([1 + 0.5 * (1 + 0.5 * 10), 1 + 0.5 * 10, 1 + 0.5 * 20])

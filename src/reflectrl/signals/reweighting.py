@@ -7,8 +7,9 @@ Each iteration:
    trajectory first (the same outcome, reached sooner), then the earlier one in the batch;
    at least one winner is always taken.
 2. per-step returns G_t: `return_kind="discounted"` is the discounted reward-to-go within
-   the trajectory (for a terminal-only reward: gamma^(T-t) R); `"trajectory"` gives every
-   step the trajectory's outcome R.
+   the trajectory (for a terminal-only reward: gamma^(T-t) R), continued with the critic's
+   value where the trajectory stops without terminating (a time limit, or the end of the
+   rollout); `"trajectory"` gives every step the trajectory's outcome R.
 3. weights, from the head *frozen after the previous distillation*:
    w_t = exp((V_d(s_t) - V_orig(s_t)) / temperature), V_orig being the baseline the
    advantage was measured against (PPO: the critic's value). By default
@@ -109,14 +110,22 @@ def select_winners(outcomes: torch.Tensor, lengths: torch.Tensor, top_frac: floa
     return mask
 
 
-def returns_to_go(rewards: torch.Tensor, ids: torch.Tensor, gamma: float) -> torch.Tensor:
-    """Discounted reward-to-go within each trajectory, (T, N)."""
+def returns_to_go(rewards: torch.Tensor, ids: torch.Tensor, gamma: float,
+                  bootstrap: torch.Tensor | None = None) -> torch.Tensor:
+    """Discounted reward-to-go within each trajectory, (T, N).
+
+    `bootstrap[t]` is added, discounted, where a trajectory stops at step t without having
+    terminated: at a time limit (the value of the final observation) or at the end of the
+    batch (the value of the next observation). Without it, a trajectory cut by the batch
+    boundary would look as if nothing came after the cut, and the distilled value would be
+    biased low wherever episodes outlast a rollout."""
     r, same = rewards.numpy(), np.zeros(rewards.shape, dtype=np.float32)
     same[:-1] = (ids[1:] == ids[:-1]).numpy()  # step t+1 continues step t's trajectory
+    boot = np.zeros_like(r) if bootstrap is None else bootstrap.numpy()
     out = np.empty_like(r)
     running = np.zeros_like(r[0])
     for t in range(r.shape[0] - 1, -1, -1):  # numpy: per-row torch ops cost ~10x more here
-        running = r[t] + gamma * same[t] * running
+        running = r[t] + gamma * (same[t] * running + (1.0 - same[t]) * boot[t])
         out[t] = running
     return torch.from_numpy(out)
 
@@ -189,7 +198,9 @@ class GEARReweighting(Signal):
         lengths = torch.zeros(n, dtype=torch.long).index_add_(0, flat_ids, torch.ones_like(flat_ids))
         winners = select_winners(outcomes, lengths, cfg.top_frac)
         if cfg.return_kind == "discounted":
-            targets = returns_to_go(batch.rewards, ids, self.ctx.gamma).reshape(-1)
+            # where a trajectory stops without terminating, continue it with the critic's value
+            bootstrap = batch.next_values * (1.0 - batch.terminations.float())
+            targets = returns_to_go(batch.rewards, ids, self.ctx.gamma, bootstrap).reshape(-1)
         else:
             targets = outcomes[flat_ids]
         keep = winners[flat_ids] if cfg.distill_on == "winners" else torch.ones_like(flat_ids, dtype=torch.bool)
