@@ -12,10 +12,13 @@ Each iteration:
    rollout); `"trajectory"` gives every step the trajectory's outcome R.
 3. weights, from the head *frozen after the previous distillation*:
    w_t = exp((V_d(s_t) - V_orig(s_t)) / temperature), V_orig being the baseline the
-   advantage was measured against (PPO: the critic's value). By default
-   (`diff_scale="value_std"`) the temperature is in units of the batch's std of V_orig, so
-   one setting means the same on a 0/1 maze and on a task with returns in the hundreds
-   (the seed's literal, unscaled form: `diff_scale="none"`). Clipped to [w_min, w_max],
+   advantage was measured against (PPO: the critic's value). DECISION: by default
+   (`diff_scale="standardize"`) the difference d = V_d - V_orig is standardised over the
+   batch before dividing by the temperature. Measured on LunarLander, the raw difference
+   is dominated by one batch-wide offset (a head fit on the winners predicts more than the
+   critic everywhere), so the seed's literal form (`diff_scale="none"`), or the temperature
+   in units of the batch's value std (`"value_std"`), clips ~100% of the weights to w_max or
+   w_min: a rescaled step size, not a per-step reweighting. Clipped to [w_min, w_max],
    optionally renormalised to mean 1 per trajectory; the policy loss uses w_t * A_t. Until
    the head has been distilled once, w = 1. `temperature=inf` gives w = 1 exactly.
 4. after the policy update, the value head (linear or MLP on the features) is fit by MSE
@@ -41,7 +44,7 @@ from reflectrl.signals.base import Batch, Signal, SignalContext, SignalOutput
 HEADS = ("linear", "mlp")
 DISTILL_ON = ("winners", "all")
 RETURN_KINDS = ("discounted", "trajectory")
-DIFF_SCALES = ("value_std", "none")
+DIFF_SCALES = ("standardize", "value_std", "none")
 INPUTS = ("features", "obs")
 
 
@@ -56,8 +59,8 @@ class GEARConfig:
     epochs: int = 4
     minibatch_size: int = 512
     lr_multiplier: float = 3.0
-    temperature: float = 1.0
-    diff_scale: str = "value_std"
+    temperature: float = 2.0
+    diff_scale: str = "standardize"
     w_min: float = 0.5
     w_max: float = 2.0
     renormalize: bool = False
@@ -180,10 +183,15 @@ class GEARReweighting(Signal):
         with torch.no_grad():
             v_d = self.frozen(self._x(batch)).reshape(batch.values.shape)
         ids = trajectory_ids(batch.terminations, batch.truncations)
-        temperature = cfg.temperature
-        if cfg.diff_scale == "value_std":
+        v_orig, temperature = batch.values, cfg.temperature
+        if cfg.diff_scale == "standardize":
+            # compare V_d and V_orig up to the batch-wide offset between them: weights then
+            # move credit between steps instead of scaling the whole batch's step size
+            diff = v_d - batch.values
+            v_d, v_orig = (diff - diff.mean()) / (diff.std() + 1e-8), torch.zeros_like(diff)
+        elif cfg.diff_scale == "value_std":
             temperature = temperature * (batch.values.std().item() + 1e-8)
-        w, clipped = reweight(v_d, batch.values, temperature, cfg.w_min, cfg.w_max, ids, cfg.renormalize)
+        w, clipped = reweight(v_d, v_orig, temperature, cfg.w_min, cfg.w_max, ids, cfg.renormalize)
         self._last = {"weights_mean": w.mean().item(), "weights_std": w.std().item(), "weights_min": w.min().item(),
                       "weights_max": w.max().item(), "weights_clipped_frac": clipped.float().mean().item()}
         return SignalOutput(weights=w)
