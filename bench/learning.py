@@ -8,7 +8,8 @@ finished runs and resumes interrupted ones.
                              [--seeds 3] [--parallel 2] [--summary-only]
 
 "Final return" is the mean true episodic return over the last 5% of training steps (training
-episodes, as CleanRL's reported curves), averaged per seed; mean +- std over seeds.
+episodes, as CleanRL's reported curves), averaged per seed; mean +- std over seeds. The
+deterministic evaluation (20 episodes of the final policy) is what RL Zoo's numbers are.
 """
 
 from __future__ import annotations
@@ -84,11 +85,14 @@ def summarise(out: Path, names: list[str], seeds: int) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    lines = ["| env | steps | seeds | reflectrl final return (mean +- std) | per seed | sps (median) | reference |",
-             "|---|---|---|---|---|---|---|"]
+    from reflectrl.control.evaluate import evaluate
+
+    lines = ["| env | steps | seeds | final training return (mean +- std) | per seed | deterministic eval, 20 episodes "
+             "(mean +- std over seeds) | sps (median) | reference |",
+             "|---|---|---|---|---|---|---|---|"]
     for name in names:
         spec = SUITE[name]
-        finals, sps = [], []
+        finals, sps, evals = [], [], []
         fig, ax = plt.subplots(figsize=(6, 4))
         for seed in range(1, seeds + 1):
             run = out / name / f"seed{seed}"
@@ -99,6 +103,7 @@ def summarise(out: Path, names: list[str], seeds: int) -> str:
                 continue
             tail = steps >= steps[-1] - 0.05 * spec["steps"]
             finals.append(float(rets[tail].mean()))
+            evals.append(evaluate(str(run), episodes=20, deterministic=True)["mean_return"])
             sps += [json.loads(x)["steps_per_second"] for x in (run / "metrics.jsonl").read_text().splitlines()]
             ax.plot(steps, rets, label=f"seed {seed}", alpha=0.8)
         if not finals:
@@ -110,7 +115,8 @@ def summarise(out: Path, names: list[str], seeds: int) -> str:
         fig.savefig(out / f"{name}.png", dpi=110)
         plt.close(fig)
         lines.append(f"| {spec['env']} | {spec['steps']:,} | {len(finals)} | {np.mean(finals):.2f} +- {np.std(finals):.2f} | "
-                     f"{', '.join(f'{f:.1f}' for f in finals)} | {np.median(sps):.0f} | {spec['reference']} |")
+                     f"{', '.join(f'{f:.1f}' for f in finals)} | {np.mean(evals):.2f} +- {np.std(evals):.2f} "
+                     f"({', '.join(f'{e:.1f}' for e in evals)}) | {np.median(sps):.0f} | {spec['reference']} |")
     table = "\n".join(lines)
     (out / "summary.md").write_text(table + "\n")
     return table
