@@ -103,6 +103,12 @@ def diagnostics(exp: Experiment, env_id: str, keys: list[str]) -> bytes:
         ax.tick_params(labelsize=7)
     for ax in list(axes.flat)[len(keys):]:
         ax.axis("off")
-    axes.flat[0].legend(fontsize=7)
-    fig.suptitle(f"{env_id}: diagnostics over training (mean over seeds)", fontsize=10)
-    return _png(fig)
+    # one legend for the figure: panels only show the entries that log their metric
+    handles = [plt.Line2D([], [], color=COLORS[i % len(COLORS)], label=label) for i, label in enumerate(exp.spec.algos)]
+    fig.legend(handles=handles, loc="upper center", ncol=min(6, len(handles)), fontsize=8, bbox_to_anchor=(0.5, 1.0))
+    fig.suptitle(f"{env_id}: diagnostics over training (mean over seeds)", fontsize=10, y=1.0 - 0.35 / fig.get_figheight())
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.7 / fig.get_figheight()))
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    return buf.getvalue()
