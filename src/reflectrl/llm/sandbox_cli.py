@@ -38,34 +38,28 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return sandbox
 
 
-def _read_code(path: str) -> str:
+def _read_bytes(flag: str, path: str, expected: str) -> bytes:
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            return f.read()
     except FileNotFoundError:
-        raise UserError(f"--code {path}: no such file") from None
+        raise UserError(f"{flag} {path}: no such file") from None
     except IsADirectoryError:
-        raise UserError(f"--code {path}: is a directory, expected a .py file") from None
+        raise UserError(f"{flag} {path}: is a directory, expected {expected}") from None
     except OSError as err:
-        raise UserError(f"--code {path}: cannot read it ({err.strerror})") from None
+        raise UserError(f"{flag} {path}: cannot read it ({err.strerror})") from None
+
+
+def _read_code(path: str) -> str:
     try:
-        return data.decode("utf-8")
+        return _read_bytes("--code", path, "a .py file").decode("utf-8")
     except UnicodeDecodeError:
         raise UserError(f"--code {path}: not UTF-8 text") from None
 
 
 def _read_tests(path: str):
     try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        raise UserError(f"--tests {path}: no such file") from None
-    except IsADirectoryError:
-        raise UserError(f"--tests {path}: is a directory, expected a JSON file") from None
-    except OSError as err:
-        raise UserError(f"--tests {path}: cannot read it ({err.strerror})") from None
-    try:
-        return json.loads(data)
+        return json.loads(_read_bytes("--tests", path, "a JSON file"))
     except json.JSONDecodeError as err:
         raise UserError(f"--tests {path}: invalid JSON: {err.msg} at line {err.lineno} column {err.colno}") from None
     except (UnicodeDecodeError, ValueError, RecursionError):
