@@ -80,9 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
     rmap.add_argument("run_dir", metavar="DIR")
     rmap.add_argument("--out", default=None, help="folder for the PNGs and the GIF (default DIR/reward_map)")
 
+    from reflectrl.llm import cli as llm_cli
     from reflectrl.llm import sandbox_cli
 
     sandbox_cli.add_parser(sub)
+    llm_cli.add_parser(sub)
 
     ev = sub.add_parser("eval", help="evaluate a run's latest checkpoint")
     ev.add_argument("run_dir", metavar="DIR")
@@ -274,6 +276,10 @@ def main(argv: list[str] | None = None) -> int:
 
             print(plot_calibration(args.run_dir, args.out))
             return 0
+        if args.command == "llm":
+            from reflectrl.llm import cli as llm_cli
+
+            return llm_cli.run(args)
         if args.command == "sandbox":
             from reflectrl.llm import sandbox_cli
 

@@ -12,9 +12,12 @@ A trainer calls its signal at fixed points of each iteration, and knows nothing 
     signal.after_update(batch)                 # fit heads that need the updated critic
     log signal.metrics()
 
-Tensors in a `Batch` are (T, N, ...) for a rollout of T steps in N envs (the PPO trainer)
-or (B, L, ...) for B sequences of L tokens (the LLM trainer); `features` are whatever the
-trainer's policy computes per step (the actor's hidden layer, an LM's hidden state).
+Tensors in a `Batch` are time-major, (T, N, ...): T steps of N envs (the PPO trainer), or
+the L token positions of N sequences, or the K agent turns of N episodes (the LLM
+trainer). `features` are whatever the trainer's policy computes per step (the actor's
+hidden layer, an LM's hidden state). An LLM batch also carries `mask` (which entries are
+real steps: completion tokens, not prompt, tool output or padding; signals ignore the
+rest) and `groups` (the prompt each sequence answers: GRPO's groups).
 
 Randomness: a signal draws from its own `torch.Generator` (seeded from the run's seed and
 the signal's name) and builds its networks under `torch.random.fork_rng`, so adding a
@@ -68,6 +71,8 @@ class Batch:
     # gae(rewards, values, next_values, terminations, truncations) -> (advantages, returns)
     value_fn: Callable[[torch.Tensor], torch.Tensor] | None = None
     gae: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
+    mask: torch.Tensor | None = None    # bool (T, N): real steps; None means all are
+    groups: torch.Tensor | None = None  # int (T, N): the group of each step's trajectory; None means one group
 
 
 @dataclass
@@ -106,7 +111,10 @@ class Signal:
         return sorted({max(1, -(-total * i // k)) for i in range(1, k + 1)} | ({1} if k else set()))
 
     def encode_actions(self, actions: torch.Tensor) -> torch.Tensor:
-        """Actions as a (B, action_dim) float input: one-hot if discrete."""
+        """Actions as a (B, action_dim) float input: one-hot if discrete; (B, 0) when the
+        trainer's steps have no separate action (an LLM turn: its hidden state says it all)."""
+        if self.ctx.action_dim == 0:
+            return actions.new_zeros((actions.numel(), 0), dtype=torch.float32)
         if self.ctx.discrete:
             return torch.nn.functional.one_hot(actions.reshape(-1).long(), self.ctx.action_dim).float()
         return actions.reshape(-1, self.ctx.action_dim).float()

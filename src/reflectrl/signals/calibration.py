@@ -129,12 +129,18 @@ class CalibrationBonus(Signal):
     def after_advantages(self, batch: Batch) -> SignalOutput:
         cfg = self.cfg
         shape = batch.advantages.shape
+        # only real steps (an LLM batch pads turns) are fit, normalised over and get a bonus
+        valid = batch.mask.reshape(-1) if batch.mask is not None else None
         adv = batch.advantages.reshape(-1)
-        mean, std = adv.mean(), adv.std()
-        target = (adv - mean) / (std + 1e-8)
         obs = batch.obs.reshape(adv.shape[0], -1)
         features = batch.features.reshape(adv.shape[0], -1) if batch.features is not None else None
         x = self._inputs(obs, features, batch.actions).detach()
+        rewards = batch.rewards.reshape(-1)
+        if valid is not None:
+            adv, obs, x, rewards = adv[valid], obs[valid], x[valid], rewards[valid]
+            features = features[valid] if features is not None else None
+        mean, std = adv.mean(), adv.std()
+        target = (adv - mean) / (std + 1e-8)
 
         with torch.no_grad():
             heldout = F.mse_loss(self.net(x).squeeze(-1), target).item()
@@ -147,7 +153,7 @@ class CalibrationBonus(Signal):
             prediction = f * (std + 1e-8) + mean if cfg.bonus_target == "denormalized" else f
             alpha = cfg.alpha * (min(train_loss, cfg.adaptive_max) if cfg.adaptive else 1.0)
             bonus = -alpha * (prediction - adv).square()
-            mean_abs_r = batch.rewards.abs().mean()
+            mean_abs_r = rewards.abs().mean()
             if cfg.clip == "relative":
                 c = cfg.clip_k * mean_abs_r
                 bonus = torch.clamp(bonus, -c, c)
@@ -160,7 +166,8 @@ class CalibrationBonus(Signal):
 
         self.previous = (x.clone(), target.clone())
         if cfg.shared_trunk:
-            self._aux_obs, self._aux_actions, self._aux_target = obs, batch.actions.reshape(adv.shape[0], -1), target
+            actions = batch.actions.reshape(batch.advantages.numel(), -1)
+            self._aux_obs, self._aux_actions, self._aux_target = obs, actions, target
         if batch.iteration in self.snapshot_at:
             pick = torch.randperm(target.shape[0], generator=self.generator)[:400]
             self.snapshots.append({"iteration": batch.iteration, "target": target[pick].tolist(),
@@ -177,6 +184,8 @@ class CalibrationBonus(Signal):
             "bonus_max": term.max().item(),
             "bonus_to_reward": (term.abs().mean() / mean_abs_r).item() if mean_abs_r > 0 else None,
         }
+        if valid is not None:
+            term = torch.zeros(valid.shape).masked_scatter_(valid, term)
         term = term.reshape(shape)
         if cfg.recompute_advantages:
             return SignalOutput(reward=term, recompute=True)

@@ -183,17 +183,24 @@ class GEARReweighting(Signal):
         with torch.no_grad():
             v_d = self.frozen(self._x(batch)).reshape(batch.values.shape)
         ids = trajectory_ids(batch.terminations, batch.truncations)
+        valid = batch.mask if batch.mask is not None else torch.ones_like(batch.values, dtype=torch.bool)
         v_orig, temperature = batch.values, cfg.temperature
         if cfg.diff_scale == "standardize":
             # compare V_d and V_orig up to the batch-wide offset between them: weights then
             # move credit between steps instead of scaling the whole batch's step size
             diff = v_d - batch.values
-            v_d, v_orig = (diff - diff.mean()) / (diff.std() + 1e-8), torch.zeros_like(diff)
+            real = diff[valid]
+            v_d, v_orig = (diff - real.mean()) / (real.std() + 1e-8), torch.zeros_like(diff)
         elif cfg.diff_scale == "value_std":
-            temperature = temperature * (batch.values.std().item() + 1e-8)
+            temperature = temperature * (batch.values[valid].std().item() + 1e-8)
+        if batch.mask is not None:  # steps that are not real get weight 1 and no say in the renormalisation
+            v_d, v_orig, ids = v_d.where(valid, 0.0), v_orig.where(valid, 0.0), ids.where(valid, ids.max() + 1)
         w, clipped = reweight(v_d, v_orig, temperature, cfg.w_min, cfg.w_max, ids, cfg.renormalize)
-        self._last = {"weights_mean": w.mean().item(), "weights_std": w.std().item(), "weights_min": w.min().item(),
-                      "weights_max": w.max().item(), "weights_clipped_frac": clipped.float().mean().item()}
+        w = w.where(valid, 1.0)
+        w_real, clipped = w[valid], clipped[valid]
+        self._last = {"weights_mean": w_real.mean().item(), "weights_std": w_real.std().item(),
+                      "weights_min": w_real.min().item(), "weights_max": w_real.max().item(),
+                      "weights_clipped_frac": clipped.float().mean().item()}
         return SignalOutput(weights=w)
 
     def after_update(self, batch: Batch) -> None:
@@ -201,17 +208,26 @@ class GEARReweighting(Signal):
         ids = trajectory_ids(batch.terminations, batch.truncations)
         flat_ids = ids.reshape(-1)
         n = int(flat_ids.max()) + 1
-        rewards = batch.rewards.reshape(-1)
+        valid = (batch.mask.reshape(-1) if batch.mask is not None
+                 else torch.ones_like(flat_ids, dtype=torch.bool))
+        rewards = batch.rewards.reshape(-1) * valid
         outcomes = torch.zeros(n).index_add_(0, flat_ids, rewards)
-        lengths = torch.zeros(n, dtype=torch.long).index_add_(0, flat_ids, torch.ones_like(flat_ids))
-        winners = select_winners(outcomes, lengths, cfg.top_frac)
+        lengths = torch.zeros(n, dtype=torch.long).index_add_(0, flat_ids, valid.long())
+        if batch.groups is None:
+            winners = select_winners(outcomes, lengths, cfg.top_frac)
+        else:  # GRPO: the top of each prompt's group, so every prompt teaches the head something
+            group_of = torch.zeros(n, dtype=torch.long).index_copy_(0, flat_ids, batch.groups.reshape(-1).long())
+            winners = torch.zeros(n, dtype=torch.bool)
+            for g in group_of.unique():
+                members = (group_of == g).nonzero().squeeze(-1)
+                winners[members] = select_winners(outcomes[members], lengths[members], cfg.top_frac)
         if cfg.return_kind == "discounted":
             # where a trajectory stops without terminating, continue it with the critic's value
             bootstrap = batch.next_values * (1.0 - batch.terminations.float())
             targets = returns_to_go(batch.rewards, ids, self.ctx.gamma, bootstrap).reshape(-1)
         else:
             targets = outcomes[flat_ids]
-        keep = winners[flat_ids] if cfg.distill_on == "winners" else torch.ones_like(flat_ids, dtype=torch.bool)
+        keep = valid & (winners[flat_ids] if cfg.distill_on == "winners" else True)
         x, y = self._x(batch)[keep], targets[keep]
         size = min(x.shape[0], cfg.minibatch_size)
         for _ in range(cfg.epochs):
@@ -225,7 +241,7 @@ class GEARReweighting(Signal):
         with torch.no_grad():
             self._last["value_head_loss"] = F.mse_loss(self.head(x).squeeze(-1), y).item()
         self._last["winners"] = int(winners.sum())
-        self._last["trajectories"] = n
+        self._last["trajectories"] = int((lengths > 0).sum())
         self.frozen.load_state_dict(self.head.state_dict())
         self.distilled = True
 

@@ -1,0 +1,207 @@
+"""`reflectrl llm ...`: language-model agents.
+
+    reflectrl llm init-tiny --out DIR [--arch llama|qwen2] [--hidden-size 64] [--layers 2]
+    reflectrl llm sft --model DIR --task T --steps N --out DIR [--batch-size 32] [--lr 1e-3]
+    reflectrl llm train --algo grpo|gear|refgrpo --task T --model DIR --steps N --seed N --out DIR [--set k=v ...]
+    reflectrl llm train --resume DIR
+    reflectrl llm eval --model DIR --task T [--problems 64] [--json]
+
+Wired into `reflectrl.cli` by `add_parser(sub)` and `run(args)`; torch and transformers are
+imported only when a command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+
+from reflectrl.errors import NonFiniteError, UserError
+
+EXIT_FAILED = 1
+EXIT_INTERRUPTED = 130
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    llm = subparsers.add_parser("llm", help="language-model agents: tiny model, SFT, GRPO / GEAR / refgrpo")
+    sub = llm.add_subparsers(dest="llm_command", metavar="{init-tiny,sft,train,eval}", required=True)
+
+    tiny = sub.add_parser("init-tiny", help="write a tiny random causal LM and its tokenizer (no download)")
+    tiny.add_argument("--out", required=True, help="model directory to create")
+    tiny.add_argument("--arch", default="llama", help="llama or qwen2 (default llama)")
+    tiny.add_argument("--hidden-size", type=int, default=64)
+    tiny.add_argument("--layers", type=int, default=2)
+    tiny.add_argument("--heads", type=int, default=4)
+    tiny.add_argument("--vocab-size", type=int, default=512)
+    tiny.add_argument("--seed", type=int, default=0)
+
+    sft = sub.add_parser("sft", help="warm-start a model on a task's demonstrations")
+    sft.add_argument("--model", required=True, help="model directory or Hugging Face name")
+    sft.add_argument("--task", required=True, help="arith, rg:NAME, code or tools")
+    sft.add_argument("--steps", type=int, required=True)
+    sft.add_argument("--out", required=True, help="model directory to create")
+    sft.add_argument("--batch-size", type=int, default=32)
+    sft.add_argument("--lr", type=float, default=1e-3)
+    sft.add_argument("--seed", type=int, default=0)
+    sft.add_argument("--no-progress", action="store_true")
+
+    train = sub.add_parser("train", help="RL on a task: grpo, gear (GEAR weights) or refgrpo (turn calibration bonus)")
+    train.add_argument("--algo", default=None, help="grpo, gear or refgrpo (default grpo)")
+    train.add_argument("--task", default=None, help="arith, rg:NAME, code or tools (default arith)")
+    train.add_argument("--model", default=None, help="model directory or Hugging Face name")
+    train.add_argument("--steps", type=int, default=None, help="GRPO steps (default 100)")
+    train.add_argument("--seed", type=int, default=None, help="random seed (default 1)")
+    train.add_argument("--out", default=None, help="run directory to create")
+    train.add_argument("--set", action="append", nargs="+", metavar="KEY=VALUE",
+                       help="override a knob, e.g. --set group_size=8 loss_type=dapo gear.top_frac=0.5")
+    train.add_argument("--resume", metavar="DIR", default=None, help="continue the interrupted run in DIR")
+    train.add_argument("--no-progress", action="store_true")
+
+    ev = sub.add_parser("eval", help="greedy accuracy of a model on a task's held-out problems")
+    ev.add_argument("--model", required=True, help="model directory (a run's DIR/model too) or HF name")
+    ev.add_argument("--task", required=True)
+    ev.add_argument("--problems", type=int, default=64)
+    ev.add_argument("--json", action="store_true")
+    return llm
+
+
+def run(args) -> int:
+    command = args.llm_command
+    if command == "init-tiny":
+        from reflectrl.llm.model import init_tiny
+
+        path = init_tiny(args.out, arch=args.arch, hidden_size=args.hidden_size, layers=args.layers,
+                         heads=args.heads, vocab_size=args.vocab_size, seed=args.seed)
+        print(f"tiny model: {path}")
+        return 0
+    if command == "sft":
+        return _sft(args)
+    if command == "train":
+        return _train_resume(args) if args.resume else _train_new(args)
+    if command == "eval":
+        return _eval(args)
+    raise UserError(f"unknown llm command {command}")
+
+
+def _sft(args) -> int:
+    from reflectrl.llm.model import load_model
+    from reflectrl.llm.sft import sft
+    from reflectrl.llm.tasks import make_task
+
+    task = make_task(args.task)
+    if os.path.exists(args.out) and os.listdir(args.out):
+        raise UserError(f"{args.out} exists and is not empty; choose a new --out directory")
+    model, tokenizer = load_model(args.model)
+    result = sft(model, tokenizer, task, steps=args.steps, out=args.out, batch_size=args.batch_size,
+                 learning_rate=args.lr, seed=args.seed, progress=not args.no_progress)
+    print(f"sft on {args.task}: {result['steps']} steps, final loss {result['final_loss']:.4f}, "
+          f"{result['seconds']:.0f}s; model: {args.out}")
+    return 0
+
+
+def _config(args):
+    from reflectrl.llm.config import LLMRunConfig, apply_llm_overrides, validate_llm
+    from reflectrl.llm.tasks import make_task
+
+    cfg = LLMRunConfig(algo=args.algo or "grpo", task=args.task or "arith", model=args.model or "",
+                       steps=100 if args.steps is None else args.steps, seed=1 if args.seed is None else args.seed)
+    apply_llm_overrides(cfg, [item for group in (args.set or []) for item in group])
+    validate_llm(cfg)
+    make_task(cfg.task)  # a bad task spec fails here, before a run directory exists
+    return cfg
+
+
+def _train_new(args) -> int:
+    from reflectrl.llm.grpo import GRPOTrainer
+    from reflectrl.llm.model import load_model
+    from reflectrl.runs import RunDir
+
+    if args.out is None:
+        raise UserError("llm train needs --out DIR (a new run directory), or --resume DIR to continue a run")
+    cfg = _config(args)
+    model, tokenizer = load_model(cfg.model)
+    created = not os.path.exists(args.out)
+    run = RunDir.create(args.out, cfg.to_dict(), command=["reflectrl", *sys.argv[1:]])
+    try:
+        trainer = GRPOTrainer(cfg, model, tokenizer, run)
+    except BaseException:
+        if created:
+            shutil.rmtree(run.path, ignore_errors=True)
+        raise
+    return _run(trainer, run, progress=not args.no_progress)
+
+
+def _train_resume(args) -> int:
+    from reflectrl.llm.config import LLMRunConfig
+    from reflectrl.llm.grpo import GRPOTrainer
+    from reflectrl.llm.model import load_model
+    from reflectrl.runs import RunDir
+
+    given = [flag for flag, value in (("--algo", args.algo), ("--task", args.task), ("--model", args.model),
+             ("--steps", args.steps), ("--seed", args.seed), ("--out", args.out), ("--set", args.set))
+             if value is not None]
+    if given:
+        raise UserError(f"--resume continues a run with its saved config; drop {', '.join(given)}")
+    run = RunDir.open(args.resume)
+    cfg = LLMRunConfig.from_dict(run.config())
+    if run.status().get("status") == "finished":
+        print(f"run {run.path} already finished; nothing to do", file=sys.stderr)
+        return 0
+    state = run.load_checkpoint()
+    model, tokenizer = load_model(cfg.model)  # the reference policy is the starting model
+    trainer = GRPOTrainer(cfg, model, tokenizer, run)
+    trainer.load_state_dict(state)
+    run.set_status("running")
+    return _run(trainer, run, progress=not args.no_progress)
+
+
+def _run(trainer, run, progress: bool) -> int:
+    try:
+        trainer.train(progress=progress)
+    except NonFiniteError as err:
+        run.set_status("failed", reason=str(err))
+        print(f"reflectrl: error: {err}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        run.set_status("interrupted", step=trainer.step)
+        print(f"\nreflectrl: interrupted; continue with: reflectrl llm train --resume {run.path}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    model_dir = run.path / "model"
+    tmp = run.path / "model.partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    trainer.save_model(tmp)
+    shutil.rmtree(model_dir, ignore_errors=True)
+    tmp.rename(model_dir)
+    result = trainer.evaluate() if trainer.eval_set else {}
+    run.set_status("finished", step=trainer.step, **result)
+    acc = f", held-out greedy accuracy {result['eval_accuracy']:.3f}" if result else ""
+    print(f"finished {trainer.cfg.algo} on {trainer.cfg.task}: {trainer.step} steps{acc}; run: {run.path} "
+          f"(policy: {model_dir})")
+    return 0
+
+
+def _eval(args) -> int:
+    import random
+
+    from reflectrl.llm.grpo import EVAL_SEED, rollout
+    from reflectrl.llm.model import load_model
+    from reflectrl.llm.tasks import make_task
+
+    if args.problems < 1:
+        raise UserError(f"--problems {args.problems}: must be a positive integer")
+    task = make_task(args.task)
+    model, tokenizer = load_model(args.model)
+    rng = random.Random(EVAL_SEED)
+    problems = [task.sample(rng) for _ in range(args.problems)]
+    episodes = rollout(model.eval(), tokenizer, task, problems, max_new_tokens=task.max_new_tokens, greedy=True)
+    rewards = task.score_batch(problems, episodes.turns)
+    result = {"task": args.task, "model": args.model, "problems": len(problems),
+              "accuracy": sum(r >= 1.0 for r in rewards) / len(rewards), "reward": sum(rewards) / len(rewards)}
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"{args.task}: greedy accuracy {result['accuracy']:.3f}, mean reward {result['reward']:.3f} "
+              f"over {len(problems)} held-out problems")
+    return 0

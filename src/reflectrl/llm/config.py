@@ -1,0 +1,160 @@
+"""Configuration of an LLM run: `reflectrl llm train --algo grpo|gear|refgrpo ...`.
+
+GRPO knobs carry TRL's names where TRL has one (`num_generations` is our `group_size`,
+`epsilon` our `clip_eps`): `loss_type` (grpo | dr_grpo | dapo), `scale_rewards`
+(group | batch | none), `beta` (KL to the frozen reference, default 0), `temperature`,
+`top_p`, `num_iterations` (policy updates per batch). `--set` takes a GRPO knob by its bare
+name and a signal's knob as `gear.NAME=...` or `calibration.NAME=...`, as for `train`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from reflectrl.config import SECTION_TYPES, _dataclass_from_dict, _set_dataclass_field
+from reflectrl.errors import UserError
+
+LLM_ALGOS = ("grpo", "gear", "refgrpo")
+LLM_ALGO_SECTIONS = {"gear": "gear", "refgrpo": "calibration"}
+LOSS_TYPES = ("grpo", "dr_grpo", "dapo")
+SCALE_REWARDS = ("group", "batch", "none")
+
+
+@dataclass
+class GRPOConfig:
+    prompts_per_step: int = 8
+    group_size: int = 8
+    learning_rate: float = 1e-4
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    num_iterations: int = 1
+    minibatches: int = 1
+    clip_eps: float = 0.2
+    clip_eps_high: float | None = None      # DAPO's asymmetric upper clip; None: the same as clip_eps
+    loss_type: str = "grpo"
+    scale_rewards: str = "group"
+    beta: float = 0.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int | None = None       # per agent turn; None: the task's default
+    gamma: float = 0.99                     # per-token (GEAR returns) and per-turn (refgrpo credit) discount
+    gae_lambda: float = 0.95
+    log_kl: bool = True                     # log KL to the reference even when beta = 0 (one more forward)
+    eval_every: int = 10                    # greedy accuracy on a fixed held-out set every N steps (0: never)
+    eval_problems: int = 64
+
+
+@dataclass
+class LLMRunConfig:
+    algo: str = "grpo"
+    task: str = "arith"
+    model: str = ""
+    steps: int = 100
+    seed: int = 1
+    checkpoint_every: int = 10
+    torch_threads: int | None = None
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    sections: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "LLMRunConfig":
+        d = dict(d)
+        grpo = _dataclass_from_dict(GRPOConfig, d.pop("grpo", {}))
+        sections = {name: _dataclass_from_dict(SECTION_TYPES[name], values)
+                    for name, values in d.pop("sections", {}).items()}
+        return cls(**d, grpo=grpo, sections=sections)
+
+
+RUN_KNOBS = ("checkpoint_every", "torch_threads")
+
+
+def apply_llm_overrides(cfg: LLMRunConfig, overrides: list[str]) -> LLMRunConfig:
+    for item in overrides:
+        if "=" not in item:
+            raise UserError(f"--set '{item}' is not key=value (example: --set group_size=8)")
+        key, raw = (part.strip() for part in item.split("=", 1))
+        if "." in key:
+            section, name = key.split(".", 1)
+            if section not in LLM_ALGO_SECTIONS.values():
+                known = ", ".join(sorted(set(LLM_ALGO_SECTIONS.values())))
+                raise UserError(f"unknown --set section '{section}' in '{key}'; known sections: {known}")
+            obj = cfg.sections.setdefault(section, SECTION_TYPES[section]())
+            _set_dataclass_field(obj, key, name, raw, f"section '{section}'")
+        elif key in RUN_KNOBS:
+            _set_dataclass_field(cfg, key, key, raw, "the run")
+        else:
+            names = [f.name for f in dataclasses.fields(GRPOConfig)]
+            if key not in names:
+                close = difflib.get_close_matches(key, names + list(RUN_KNOBS), n=3)
+                hint = f" (did you mean {', '.join(close)}?)" if close else ""
+                raise UserError(f"unknown --set key '{key}'{hint}; GRPO knobs: {', '.join(names)}")
+            _set_dataclass_field(cfg.grpo, key, key, raw, "GRPO")
+    return cfg
+
+
+def validate_llm(cfg: LLMRunConfig) -> None:
+    g = cfg.grpo
+    if cfg.algo not in LLM_ALGOS:
+        close = difflib.get_close_matches(cfg.algo, LLM_ALGOS, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise UserError(f"unknown --algo '{cfg.algo}'{hint}; llm algos: {', '.join(LLM_ALGOS)}")
+    if not cfg.model:
+        raise UserError("llm train needs --model DIR (make a tiny one with 'reflectrl llm init-tiny --out DIR')")
+    if cfg.steps < 1:
+        raise UserError(f"--steps {cfg.steps}: must be a positive integer")
+    if cfg.seed < 0:
+        raise UserError(f"--seed {cfg.seed}: must be >= 0")
+    if cfg.checkpoint_every < 1:
+        raise UserError(f"checkpoint_every={cfg.checkpoint_every}: must be a positive number of steps")
+    if cfg.torch_threads is not None and cfg.torch_threads < 1:
+        raise UserError(f"torch_threads={cfg.torch_threads}: must be >= 1")
+    for name in ("prompts_per_step", "num_iterations", "minibatches", "eval_problems"):
+        if getattr(g, name) < 1:
+            raise UserError(f"{name}={getattr(g, name)}: must be a positive integer")
+    if g.group_size < 2:
+        raise UserError(f"group_size={g.group_size}: GRPO compares samples within a group; use 2 or more")
+    if g.eval_every < 0:
+        raise UserError(f"eval_every={g.eval_every}: must be >= 0 (0 turns evaluation off)")
+    if (g.prompts_per_step * g.group_size) % g.minibatches:
+        raise UserError(f"prompts_per_step*group_size={g.prompts_per_step * g.group_size} does not divide into "
+                        f"minibatches={g.minibatches}; pick a divisor")
+    if g.max_new_tokens is not None and g.max_new_tokens < 1:
+        raise UserError(f"max_new_tokens={g.max_new_tokens}: must be a positive integer")
+    for name in ("learning_rate", "weight_decay", "max_grad_norm", "clip_eps", "beta", "temperature", "top_p",
+                 "gamma", "gae_lambda"):
+        value = getattr(g, name)
+        if not math.isfinite(value) or value < 0:
+            raise UserError(f"{name}={value}: must be a finite number >= 0")
+    for name in ("learning_rate", "max_grad_norm", "clip_eps", "temperature"):
+        if getattr(g, name) == 0:
+            raise UserError(f"{name}=0: must be > 0")
+    if g.clip_eps_high is not None and (not math.isfinite(g.clip_eps_high) or g.clip_eps_high < g.clip_eps):
+        raise UserError(f"clip_eps_high={g.clip_eps_high}: must be >= clip_eps ({g.clip_eps}), or none")
+    if not 0 < g.top_p <= 1:
+        raise UserError(f"top_p={g.top_p}: must be in (0, 1]")
+    if not 0 < g.gamma <= 1 or g.gae_lambda > 1:
+        raise UserError(f"gamma={g.gamma}, gae_lambda={g.gae_lambda}: need 0 < gamma <= 1 and 0 <= gae_lambda <= 1")
+    for name, allowed in (("loss_type", LOSS_TYPES), ("scale_rewards", SCALE_REWARDS)):
+        if getattr(g, name) not in allowed:
+            raise UserError(f"{name}='{getattr(g, name)}': use one of {', '.join(allowed)}")
+    wanted = LLM_ALGO_SECTIONS.get(cfg.algo)
+    for name, section in cfg.sections.items():
+        if name != wanted:
+            users = [a for a, s in LLM_ALGO_SECTIONS.items() if s == name]
+            raise UserError(f"--set {name}.* knobs apply to --algo {' or '.join(users)}, not --algo {cfg.algo}")
+        section.validate()
+    if wanted is not None and wanted not in cfg.sections:
+        cfg.sections[wanted] = SECTION_TYPES[wanted]()
+    if cfg.algo == "refgrpo" and cfg.sections["calibration"].inputs != "obs_action":
+        raise UserError("calibration.inputs: an LLM turn's input is its hidden state; leave inputs=obs_action")
+    if cfg.algo == "refgrpo" and cfg.sections["calibration"].shared_trunk:
+        raise UserError("calibration.shared_trunk is not supported for LLM runs; set calibration.shared_trunk=false")
+    if cfg.algo == "gear" and cfg.sections["gear"].inputs != "features":
+        raise UserError("gear.inputs: the LLM value head reads the hidden states; leave inputs=features")

@@ -1,0 +1,467 @@
+"""GRPO for language-model agents, with a signal (GEAR weights, a turn-level calibration bonus).
+
+One step:
+1. sample `prompts_per_step` problems and `group_size` episodes of each; an episode is one
+   or more agent turns, with the task's tool output between turns (tokens that are in the
+   context but masked out of the loss);
+2. score each episode with the task's verifier; group-normalised advantages
+   A_i = (r_i - mean_group) / (std + 1e-4) (`scale_rewards` = group | batch | none),
+   broadcast over the episode's agent tokens;
+3. the signal sees the batch and returns per-token weights (GEAR) or a reward term on the
+   agent turns (the calibration bonus, credit then recomputed by GAE over turns);
+4. clipped token-level objective, aggregated as `loss_type` = grpo (mean over each
+   sequence's tokens, then over sequences), dr_grpo (sum over tokens / (sequences x
+   longest completion)) or dapo (mean over all tokens of the batch), plus `beta` x the
+   k3 estimate of KL to the frozen reference.
+
+Features a signal sees: the LM's last hidden state. For tokens, the state *from which* the
+token was sampled (position t-1); for turns, the state at the turn's last token, which has
+read the whole turn. With one update per batch (`num_iterations=1, minibatches=1`) they
+come from the update's own forward pass, so a signal costs no extra forward; otherwise a
+no-grad pass before the update gives the old log-probabilities and the features.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from reflectrl.control.gae import compute_gae
+from reflectrl.errors import NonFiniteError
+from reflectrl.llm.config import LLM_ALGO_SECTIONS, LLMRunConfig
+from reflectrl.llm.model import hidden_size
+from reflectrl.llm.tasks import make_task
+from reflectrl.llm.tasks.base import Problem, Task
+from reflectrl.runs import MetricsLogger, RunDir
+from reflectrl.signals import Batch, Signal, SignalContext
+from reflectrl.signals.calibration import CalibrationBonus
+from reflectrl.signals.reweighting import GEARReweighting
+
+CHECKPOINT_FORMAT = 1
+EVAL_SEED = 20261129  # one held-out problem set for every run, so curves compare across seeds and algos
+
+
+# ---------------------------------------------------------------------------- rollouts
+
+@dataclass
+class Episodes:
+    """N episodes as right-padded token tensors (N, L)."""
+
+    ids: torch.Tensor            # prompt, agent turns (each ending in eos), tool output
+    attention: torch.Tensor      # 1 on real tokens
+    agent: torch.Tensor          # bool: tokens the agent wrote (the loss's tokens)
+    turn: torch.Tensor           # the agent turn a token belongs to, -1 elsewhere
+    turn_ends: list[list[int]]   # position of each turn's last token, per episode
+    turns: list[list[str]]       # decoded agent turns
+    problems: list[Problem]
+
+    @property
+    def completion_lengths(self) -> torch.Tensor:
+        return self.agent.sum(1)
+
+
+def _left_pad(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+    attn = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, width - len(s):] = torch.tensor(s)
+        attn[i, width - len(s):] = 1
+    return ids, attn
+
+
+@torch.no_grad()
+def rollout(model, tokenizer, task: Task, problems: list[Problem], *, max_new_tokens: int,
+            temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False) -> Episodes:
+    """Play one episode per problem with the model, turn by turn (sampling from torch's RNG)."""
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    n = len(problems)
+    seqs = [tokenizer.encode(p.prompt) for p in problems]  # with a BOS where the model has one
+    agent = [[False] * len(s) for s in seqs]
+    turn_of = [[-1] * len(s) for s in seqs]
+    turn_ends: list[list[int]] = [[] for _ in range(n)]
+    turns: list[list[str]] = [[] for _ in range(n)]
+    active = list(range(n))
+    sample = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
+    for k in range(task.max_turns):
+        ids, attn = _left_pad([seqs[i] for i in active], pad)
+        out = model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=max_new_tokens,
+                             eos_token_id=eos, pad_token_id=pad, **sample)
+        new = out[:, ids.shape[1]:].tolist()
+        still = []
+        for j, i in enumerate(active):
+            toks = new[j]
+            if eos in toks:
+                toks = toks[:toks.index(eos) + 1]  # the eos is the agent's choice to stop: it is learned too
+            seqs[i] += toks
+            agent[i] += [True] * len(toks)
+            turn_of[i] += [k] * len(toks)
+            turn_ends[i].append(len(seqs[i]) - 1)
+            turns[i].append(tokenizer.decode([t for t in toks if t != eos], skip_special_tokens=True))
+            reply = task.respond(problems[i], turns[i]) if k + 1 < task.max_turns else None
+            if reply is not None:
+                reply_ids = tokenizer.encode(reply, add_special_tokens=False)
+                seqs[i] += reply_ids
+                agent[i] += [False] * len(reply_ids)
+                turn_of[i] += [-1] * len(reply_ids)
+                still.append(i)
+        active = still
+        if not active:
+            break
+    width = max(len(s) for s in seqs)
+    ids = torch.full((n, width), pad, dtype=torch.long)
+    attention = torch.zeros((n, width), dtype=torch.long)
+    agent_t = torch.zeros((n, width), dtype=torch.bool)
+    turn_t = torch.full((n, width), -1, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, :len(s)] = torch.tensor(s)
+        attention[i, :len(s)] = 1
+        agent_t[i, :len(s)] = torch.tensor(agent[i])
+        turn_t[i, :len(s)] = torch.tensor(turn_of[i])
+    return Episodes(ids, attention, agent_t, turn_t, turn_ends, turns, problems)
+
+
+# ---------------------------------------------------------------------------- advantages
+
+def group_advantages(rewards: torch.Tensor, group_size: int, scale_rewards: str = "group",
+                     eps: float = 1e-4) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """GRPO's advantages of rewards laid out group after group: (advantages, baseline, scale),
+    each (N,). The baseline is the group's mean; the scale its std (`group`), the whole
+    batch's std (`batch`) or 1 (`none`). A group whose rewards are all equal has advantage 0."""
+    grouped = rewards.view(-1, group_size)
+    baseline = grouped.mean(1, keepdim=True).expand_as(grouped).reshape(-1)
+    if scale_rewards == "group":
+        scale = grouped.std(1, keepdim=True).expand_as(grouped).reshape(-1) + eps
+    elif scale_rewards == "batch":
+        scale = torch.full_like(rewards, rewards.std().item() + eps)
+    else:
+        scale = torch.ones_like(rewards)
+    return (rewards - baseline) / scale, baseline, scale
+
+
+def token_logprobs(model, ids: torch.Tensor, attention: torch.Tensor, *, temperature: float = 1.0):
+    """(log p(token t | tokens < t) for t >= 1, last hidden state), shapes (N, L-1) and (N, L, H).
+
+    Logits are divided by the sampling temperature, so log-probabilities are those of the
+    distribution the tokens were drawn from."""
+    out = model(input_ids=ids, attention_mask=attention, output_hidden_states=True, use_cache=False)
+    logits = out.logits[:, :-1].float() / temperature
+    logp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    return logp, out.hidden_states[-1]
+
+
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str) -> torch.Tensor:
+    """Reduce a (N, L) per-token loss over the mask's tokens."""
+    m = mask.to(per_token.dtype)
+    if loss_type == "grpo":
+        return ((per_token * m).sum(1) / m.sum(1).clamp(min=1)).mean()
+    if loss_type == "dr_grpo":
+        return (per_token * m).sum() / (per_token.shape[0] * max(int(mask.sum(1).max()), 1))
+    return (per_token * m).sum() / m.sum().clamp(min=1)
+
+
+def clipped_objective(logp, old_logp, advantages, clip_eps: float, clip_eps_high: float):
+    """Per-token PPO-clip loss and whether each token was clipped."""
+    ratio = torch.exp(logp - old_logp)
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps_high) * advantages
+    return -torch.min(unclipped, clipped), (unclipped != clipped)
+
+
+# ---------------------------------------------------------------------------- signal batches
+
+def token_batch(ep_agent: torch.Tensor, rewards: torch.Tensor, baseline: torch.Tensor,
+                advantages: torch.Tensor, features: torch.Tensor, ids: torch.Tensor,
+                group_size: int) -> Batch:
+    """The (L-1, N) time-major Batch of an episode batch's tokens (shifted: step t is token t+1,
+    sampled from the state at position t). Each sequence is one trajectory whose outcome
+    reward sits on its last agent token; V_orig is the group's mean reward."""
+    mask = ep_agent[:, 1:]
+    n, steps = mask.shape
+    last = steps - 1 - torch.flip(mask, [1]).long().argmax(1)  # the last agent token of each sequence
+    r = torch.zeros(n, steps)
+    r[torch.arange(n), last] = rewards
+    terminations = torch.zeros(n, steps, dtype=torch.bool)
+    terminations[:, -1] = True  # one trajectory per sequence: the padding after it is masked out
+    groups = (torch.arange(n) // group_size)[:, None].expand(n, steps)
+    values = baseline[:, None].expand(n, steps)
+    feats = features[:, :-1]
+    return Batch(obs=feats.transpose(0, 1), actions=ids[:, 1:].T, rewards=r.T, terminations=terminations.T,
+                 truncations=torch.zeros_like(terminations.T), values=values.T.contiguous(),
+                 next_values=torch.zeros(steps, n), advantages=(advantages[:, None] * mask).T,
+                 features=feats.transpose(0, 1), mask=mask.T.contiguous(), groups=groups.T.contiguous())
+
+
+def turn_batch(episodes: Episodes, rewards: torch.Tensor, baseline: torch.Tensor, scale: torch.Tensor,
+               hidden: torch.Tensor, group_size: int, gamma: float, gae_lambda: float) -> Batch:
+    """The (K, N) Batch of agent turns: features = the hidden state at each turn's last token,
+    reward = the outcome on the last turn, V = the group's mean reward on every turn; the
+    advantages are GAE over turns divided by GRPO's scale, so with one turn they are GRPO's."""
+    n = len(episodes.turn_ends)
+    k = max(len(e) for e in episodes.turn_ends)
+    feats = torch.zeros(k, n, hidden.shape[-1])
+    mask = torch.zeros(k, n, dtype=torch.bool)
+    r = torch.zeros(k, n)
+    values = torch.zeros(k, n)
+    next_values = torch.zeros(k, n)
+    terminations = torch.ones(k, n, dtype=torch.bool)
+    for i, ends in enumerate(episodes.turn_ends):
+        for j, pos in enumerate(ends):
+            feats[j, i] = hidden[i, pos]
+            mask[j, i] = True
+            values[j, i] = baseline[i]
+            terminations[j, i] = j == len(ends) - 1
+            next_values[j, i] = 0.0 if j == len(ends) - 1 else baseline[i]
+        r[len(ends) - 1, i] = rewards[i]
+    truncations = torch.zeros_like(terminations)
+
+    def estimate(total_rewards: torch.Tensor):
+        adv, ret = compute_gae(total_rewards, values, next_values, terminations, truncations, gamma, gae_lambda)
+        return adv / scale[None, :] * mask, ret
+
+    advantages, returns = estimate(r)
+    groups = (torch.arange(n) // group_size)[None, :].expand(k, n)
+    return Batch(obs=feats, actions=torch.zeros(k, n), rewards=r, terminations=terminations,
+                 truncations=truncations, values=values, next_values=next_values, advantages=advantages,
+                 returns=returns, features=feats, mask=mask, groups=groups.contiguous(), estimate=estimate)
+
+
+def make_llm_signal(cfg: LLMRunConfig) -> Signal | None:
+    section = LLM_ALGO_SECTIONS.get(cfg.algo)
+    if section is None:
+        return None
+    return {"gear": GEARReweighting, "calibration": CalibrationBonus}[section](cfg.sections[section])
+
+
+# ---------------------------------------------------------------------------- trainer
+
+class GRPOTrainer:
+    def __init__(self, cfg: LLMRunConfig, model, tokenizer, run: RunDir | None = None,
+                 signal: Signal | None = None):
+        if cfg.torch_threads is not None:
+            torch.set_num_threads(cfg.torch_threads)
+        self.cfg, self.run, self.model, self.tokenizer = cfg, run, model, tokenizer
+        g = cfg.grpo
+        self.task = make_task(cfg.task)
+        self.max_new_tokens = g.max_new_tokens or self.task.max_new_tokens
+        torch.manual_seed(cfg.seed)
+        self.rng = random.Random(cfg.seed)  # the problems drawn; generation draws from torch's RNG
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=g.learning_rate, weight_decay=g.weight_decay)
+        self.reference = None
+        if g.beta > 0 or g.log_kl:
+            self.reference = copy.deepcopy(model).eval().requires_grad_(False)
+        self.signal = signal if signal is not None else make_llm_signal(cfg)
+        if self.signal is not None:
+            width = hidden_size(model)
+            self.signal.bind(SignalContext(
+                obs_dim=width, action_dim=0, discrete=False, feature_dim=width, learning_rate=g.learning_rate,
+                gamma=g.gamma, gae_lambda=g.gae_lambda, seed=cfg.seed, total_iterations=cfg.steps))
+        eval_rng = random.Random(EVAL_SEED)
+        self.eval_set = [self.task.sample(eval_rng) for _ in range(g.eval_problems)] if g.eval_every else []
+        self.step = 0
+        self.logger: MetricsLogger | None = None
+
+    # ------------------------------------------------------------------ one step
+
+    def _signal_output(self, episodes: Episodes, rewards, baseline, scale, advantages, logp_hidden):
+        """Per-token advantages (N, L-1) after the signal, and the signal's batch (for after_update)."""
+        g = self.cfg.grpo
+        signal = self.signal
+        token_adv = advantages[:, None] * episodes.agent[:, 1:]
+        if signal is None:
+            return token_adv, None
+        hidden = logp_hidden.detach().float()
+        if isinstance(signal, CalibrationBonus):
+            batch = turn_batch(episodes, rewards, baseline, scale, hidden, g.group_size, g.gamma, g.gae_lambda)
+            out = signal.after_advantages(batch)
+            turn_adv = batch.advantages
+            if out is not None and out.reward is not None and out.recompute:
+                turn_adv, _ = batch.estimate(batch.rewards + out.reward)
+            elif out is not None and out.advantage is not None:
+                turn_adv = turn_adv + out.advantage
+            # every agent token carries its turn's advantage
+            turn = episodes.turn[:, 1:]
+            gathered = turn_adv.T.gather(1, turn.clamp(min=0))
+            return gathered * episodes.agent[:, 1:], batch
+        batch = token_batch(episodes.agent, rewards, baseline, advantages, hidden, episodes.ids, g.group_size)
+        out = signal.after_advantages(batch)
+        if out is not None and out.weights is not None:
+            token_adv = token_adv * out.weights.T
+        return token_adv, batch
+
+    def train_step(self) -> dict:
+        g = self.cfg.grpo
+        start = time.perf_counter()
+        problems = [self.task.sample(self.rng) for _ in range(g.prompts_per_step)]
+        problems = [p for p in problems for _ in range(g.group_size)]  # group after group
+        self.model.eval()
+        try:
+            episodes = rollout(self.model, self.tokenizer, self.task, problems, max_new_tokens=self.max_new_tokens,
+                               temperature=g.temperature, top_p=g.top_p)
+        except RuntimeError as err:  # torch.multinomial on a NaN distribution: the weights are broken
+            if "inf" in str(err) or "nan" in str(err):
+                raise NonFiniteError("sampling probabilities", self.step) from None
+            raise
+        generation_seconds = time.perf_counter() - start
+        rewards = torch.tensor(self.task.score_batch(problems, episodes.turns), dtype=torch.float32)
+        advantages, baseline, scale = group_advantages(rewards, g.group_size, g.scale_rewards)
+        ids, attention, mask = episodes.ids, episodes.attention, episodes.agent[:, 1:]
+
+        self.model.train()
+        n = ids.shape[0]
+        ref_logp = None
+        if self.reference is not None:
+            with torch.no_grad():
+                ref_logp, _ = token_logprobs(self.reference, ids, attention, temperature=g.temperature)
+        signal_seconds = 0.0
+        prepass = g.num_iterations > 1 or g.minibatches > 1
+        old_logp = token_adv = signal_batch = None
+        if prepass:  # old log-probabilities (and the signal's features) before any update
+            with torch.no_grad():
+                old_logp, hidden = token_logprobs(self.model, ids, attention, temperature=g.temperature)
+            t0 = time.perf_counter()
+            token_adv, signal_batch = self._signal_output(episodes, rewards, baseline, scale, advantages, hidden)
+            signal_seconds += time.perf_counter() - t0
+        eps_high = g.clip_eps if g.clip_eps_high is None else g.clip_eps_high
+        size = n // g.minibatches
+        losses, clipfracs, grad_norms = [], [], []
+        for _ in range(g.num_iterations):
+            order = torch.randperm(n) if g.minibatches > 1 else torch.arange(n)
+            for s in range(0, n, size):
+                idx = order[s:s + size]
+                logp, hidden = token_logprobs(self.model, ids[idx], attention[idx], temperature=g.temperature)
+                if not prepass:  # the update's own forward is the old policy: features come free
+                    old_logp = logp.detach()
+                    t0 = time.perf_counter()
+                    token_adv, signal_batch = self._signal_output(episodes, rewards, baseline, scale, advantages,
+                                                                  hidden)
+                    signal_seconds += time.perf_counter() - t0
+                per_token, was_clipped = clipped_objective(logp, old_logp[idx], token_adv[idx], g.clip_eps, eps_high)
+                if g.beta > 0:
+                    delta = ref_logp[idx] - logp
+                    per_token = per_token + g.beta * (torch.exp(delta) - delta - 1)
+                loss = aggregate(per_token, mask[idx], g.loss_type)
+                if not torch.isfinite(loss):
+                    raise NonFiniteError("loss", self.step)
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), g.max_grad_norm)
+                if not torch.isfinite(grad_norm):
+                    raise NonFiniteError("gradient", self.step)
+                self.optimizer.step()
+                losses.append(loss.item())
+                grad_norms.append(grad_norm.item())
+                clipfracs.append((was_clipped & mask[idx]).sum().item() / max(mask[idx].sum().item(), 1))
+        if self.signal is not None:
+            t0 = time.perf_counter()
+            self.signal.after_update(signal_batch)
+            signal_seconds += time.perf_counter() - t0
+        self.step += 1
+        seconds = time.perf_counter() - start
+        lengths = episodes.completion_lengths.float()
+        row = {
+            "step": self.step,
+            "reward": rewards.mean().item(),
+            "accuracy": (rewards >= 1.0).float().mean().item(),
+            "reward_std": rewards.std().item(),
+            "solved_groups": (rewards.view(-1, g.group_size) >= 1).any(1).float().mean().item(),
+            "loss": float(np.mean(losses)),
+            "clip_ratio": float(np.mean(clipfracs)),
+            "grad_norm": float(np.mean(grad_norms)),
+            "completion_length": lengths.mean().item(),
+            "turns": float(np.mean([len(t) for t in episodes.turns])),
+        }
+        if ref_logp is not None:
+            with torch.no_grad():  # k3 estimate of KL(policy || reference) on the batch's agent tokens, before the update
+                delta = ref_logp - (old_logp if old_logp is not None else ref_logp)
+                row["kl"] = aggregate(torch.exp(delta) - delta - 1, mask, "dapo").item()
+        if self.signal is not None:
+            row.update(self.signal.metrics())
+            row["signal_time_fraction"] = signal_seconds / seconds
+        row["step_seconds"] = seconds
+        row["generation_seconds"] = generation_seconds
+        row["tokens_per_second"] = lengths.sum().item() / seconds
+        return row
+
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        """Greedy accuracy on the held-out problems (the same for every run of the task)."""
+        self.model.eval()
+        state = torch.get_rng_state()
+        episodes = rollout(self.model, self.tokenizer, self.task, self.eval_set,
+                           max_new_tokens=self.max_new_tokens, greedy=True)
+        torch.set_rng_state(state)
+        rewards = torch.tensor(self.task.score_batch(self.eval_set, episodes.turns))
+        return {"eval_reward": rewards.mean().item(), "eval_accuracy": (rewards >= 1.0).float().mean().item()}
+
+    # ------------------------------------------------------------------ loop
+
+    def train(self, progress: bool = True) -> None:
+        from tqdm import tqdm
+
+        cfg, g = self.cfg, self.cfg.grpo
+        if self.run is not None and self.logger is None:
+            self.logger = MetricsLogger(self.run, resume_step=self.step if self.step else None)
+            if self.step == 0:
+                self.save_checkpoint()
+        bar = tqdm(total=cfg.steps, initial=self.step, unit="step", disable=not progress, dynamic_ncols=True)
+        try:
+            if self.step == 0 and g.eval_every and self.logger is not None:
+                self.logger.log({"global_step": 0, "step": 0, **self.evaluate()})
+            while self.step < cfg.steps:
+                row = self.train_step()
+                if g.eval_every and (self.step % g.eval_every == 0 or self.step == cfg.steps):
+                    row.update(self.evaluate())
+                row = {"global_step": self.step, **row}
+                if self.logger is not None:
+                    self.logger.log(row)
+                bar.update(1)
+                post = f"reward={row['reward']:.3f}"
+                if "eval_accuracy" in row:
+                    post += f" eval_acc={row['eval_accuracy']:.3f}"
+                bar.set_postfix_str(post, refresh=False)
+                if self.run is not None and (self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps):
+                    self.save_checkpoint()
+        finally:
+            bar.close()
+            if self.logger is not None:
+                self.logger.close()
+                self.logger = None
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def state_dict(self) -> dict:
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "config": self.cfg.to_dict(),
+            "step": self.step,
+            "global_step": self.step,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "python_rng": self.rng.getstate(),
+            "signal": None if self.signal is None else self.signal.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step = state["step"]
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["torch_rng"])
+        self.rng.setstate(state["python_rng"])
+        if self.signal is not None:
+            self.signal.load_state_dict(state["signal"])
+
+    def save_checkpoint(self) -> None:
+        assert self.run is not None
+        self.run.save_checkpoint(self.state_dict())
+
+    def save_model(self, path) -> None:
+        """The policy as an ordinary HF model directory (loadable with --model)."""
+        self.model.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)

@@ -1,0 +1,128 @@
+"""Language models: load any Hugging Face causal LM, or build a tiny one that trains on a CPU.
+
+`init_tiny` makes an ordinary HF model directory (config, weights, tokenizer) with no
+download: a byte-level BPE tokenizer trained with the `tokenizers` library on text the
+tasks generate, and a randomly initialised Llama- or Qwen2-style decoder of a few layers.
+`load_model` reads any causal LM by local path (or hub name, when the user's machine may
+download) and prepares its tokenizer for batched generation (left padding, a pad token).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from pathlib import Path
+
+import torch
+
+from reflectrl.errors import UserError
+
+ARCHS = ("llama", "qwen2")
+EOS = "<|eos|>"
+PAD = "<|pad|>"
+# the tokenizer learns merges on what the tasks look like, so short prompts stay short
+CORPUS_TASKS = ("arith", "tools", "code", "rg:basic_arithmetic")
+
+
+def _corpus(tasks=CORPUS_TASKS, per_task: int = 400, seed: int = 0) -> list[str]:
+    from reflectrl.llm.tasks import make_task
+
+    rng = random.Random(seed)
+    lines = []
+    for spec in tasks:
+        try:
+            task = make_task(spec)
+        except Exception:  # an optional task that cannot be built here (e.g. no reasoning-gym): skip it
+            continue
+        for _ in range(per_task):
+            problem = task.sample(rng)
+            text, turns = problem.prompt, []
+            for turn in task.demonstration(problem):
+                turns.append(turn)
+                text += turn + "\n"
+                reply = task.respond(problem, turns)
+                if reply:
+                    text += reply
+            lines.append(text)
+    return lines
+
+
+def build_tokenizer(vocab_size: int = 512, tasks=CORPUS_TASKS):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    # byte-level: every string is encodable, whatever a model or a tool writes
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[PAD, EOS],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(_corpus(tasks), trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=PAD, padding_side="left")
+
+
+def init_tiny(out: str | os.PathLike, *, arch: str = "llama", hidden_size: int = 64, layers: int = 2,
+              heads: int = 4, intermediate_size: int = 256, vocab_size: int = 512, max_positions: int = 512,
+              seed: int = 0) -> Path:
+    """Write a tiny, randomly initialised causal LM and its tokenizer to `out`."""
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    if arch not in ARCHS:
+        raise UserError(f"--arch {arch}: use one of {', '.join(ARCHS)}")
+    if hidden_size % heads:
+        raise UserError(f"--hidden-size {hidden_size} must be a multiple of --heads {heads}")
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise UserError(f"{out} exists and is not empty; choose a new --out directory")
+    tokenizer = build_tokenizer(vocab_size)
+    common = dict(vocab_size=len(tokenizer), hidden_size=hidden_size, num_hidden_layers=layers,
+                  num_attention_heads=heads, num_key_value_heads=heads, intermediate_size=intermediate_size,
+                  max_position_embeddings=max_positions, eos_token_id=tokenizer.eos_token_id,
+                  pad_token_id=tokenizer.pad_token_id, bos_token_id=None, tie_word_embeddings=True)
+    config = (transformers.LlamaConfig(**common) if arch == "llama" else transformers.Qwen2Config(**common))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    tmp = out.with_name(out.name + ".partial")  # a crash leaves no half-written model at `out`
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if out.exists():
+        out.rmdir()
+    tmp.rename(out)
+    return out
+
+
+def load_model(name_or_path: str, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+    """(model, tokenizer) of a causal LM, the tokenizer set up for left-padded batches."""
+    import transformers
+
+    local = Path(name_or_path)
+    if not local.exists() and (name_or_path.startswith((".", "/")) or os.sep in name_or_path.strip("/")
+                               and len(name_or_path.split("/")) != 2):
+        raise UserError(f"--model {name_or_path}: no such directory (make one with 'reflectrl llm init-tiny --out DIR')")
+    if local.exists() and not (local / "config.json").exists():
+        raise UserError(f"--model {name_or_path}: not a Hugging Face model directory (no config.json)")
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(name_or_path)
+        model = transformers.AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype)
+    except (OSError, ValueError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UserError(f"--model {name_or_path}: cannot load it as a causal LM ({first})") from None
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    if tokenizer.eos_token_id is None:
+        raise UserError(f"--model {name_or_path}: its tokenizer has no eos token, which ends every agent turn")
+    model.to(device)
+    return model, tokenizer
+
+
+def hidden_size(model) -> int:
+    return int(model.config.get_text_config().hidden_size)

@@ -1,0 +1,87 @@
+"""Supervised warm start on a task's demonstrations, so that RL has something to improve.
+
+Each example is tokenised piece by piece exactly as an RL episode is laid out (prompt,
+then each agent turn followed by eos, then the tool's reply), and the loss is the
+cross-entropy of the agent's tokens only: the model learns to act, not to predict the
+prompt or the tool.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from reflectrl.errors import NonFiniteError, UserError
+from reflectrl.llm.tasks.base import Task
+
+
+def demonstration_tokens(tokenizer, task: Task, problem) -> tuple[list[int], list[bool]]:
+    """(token ids, agent mask) of a correct episode of `problem`."""
+    ids = tokenizer.encode(problem.prompt)
+    agent = [False] * len(ids)
+    turns: list[str] = []
+    for turn in task.demonstration(problem):
+        turns.append(turn)
+        piece = tokenizer.encode(turn, add_special_tokens=False) + [tokenizer.eos_token_id]
+        ids += piece
+        agent += [True] * len(piece)
+        reply = task.respond(problem, turns)
+        if reply is not None:
+            reply_ids = tokenizer.encode(reply, add_special_tokens=False)
+            ids += reply_ids
+            agent += [False] * len(reply_ids)
+    return ids, agent
+
+
+def sft(model, tokenizer, task: Task, *, steps: int, out: str | Path, batch_size: int = 32,
+        learning_rate: float = 1e-3, seed: int = 0, progress: bool = True) -> dict:
+    """Train on freshly sampled demonstrations for `steps` batches; write the model to `out`."""
+    from tqdm import tqdm
+
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise UserError(f"{out} exists and is not empty; choose a new --out directory")
+    if steps < 1 or batch_size < 1:
+        raise UserError("--steps and --batch-size must be positive integers")
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 - s / steps)
+    model.train()
+    log, start = [], time.perf_counter()
+    bar = tqdm(range(steps), unit="step", disable=not progress, dynamic_ncols=True)
+    for step in bar:
+        examples = [demonstration_tokens(tokenizer, task, task.sample(rng)) for _ in range(batch_size)]
+        width = max(len(ids) for ids, _ in examples)
+        ids = torch.full((batch_size, width), tokenizer.pad_token_id, dtype=torch.long)
+        attention = torch.zeros((batch_size, width), dtype=torch.long)
+        labels = torch.full((batch_size, width), -100, dtype=torch.long)
+        for i, (seq, agent) in enumerate(examples):
+            ids[i, :len(seq)] = torch.tensor(seq)
+            attention[i, :len(seq)] = 1
+            labels[i, :len(seq)] = torch.where(torch.tensor(agent), torch.tensor(seq), -100)
+        loss = model(input_ids=ids, attention_mask=attention, labels=labels, use_cache=False).loss
+        if not torch.isfinite(loss):
+            raise NonFiniteError("loss", step)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        log.append({"step": step + 1, "loss": loss.item()})
+        bar.set_postfix_str(f"loss={loss.item():.3f}", refresh=False)
+    bar.close()
+    tmp = out.with_name(out.name + ".partial")  # a crash leaves no half-written model at `out`
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "sft_log.jsonl").write_text("".join(json.dumps(row) + "\n" for row in log))
+    if out.exists():
+        out.rmdir()
+    tmp.rename(out)
+    return {"steps": steps, "final_loss": log[-1]["loss"], "seconds": time.perf_counter() - start}

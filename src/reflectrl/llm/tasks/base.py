@@ -1,0 +1,57 @@
+"""The task protocol: procedurally generated, seeded problems with a verifier.
+
+An episode is a conversation. The prompt comes first; then the agent writes a turn, the
+task answers it (a tool's output, which the trainer masks out of the loss) or ends the
+episode, and so on for at most `max_turns` agent turns:
+
+    problem = task.sample(rng)                  # rng: random.Random, the only randomness
+    text = problem.prompt
+    turns = []
+    while True:
+        turn = <the model continues `text`, stopping at its end-of-turn token>
+        turns.append(turn)
+        reply = task.respond(problem, turns)    # str: tool output, appended; None: episode over
+        if reply is None or len(turns) == task.max_turns:
+            break
+        text += turn + <eos> + reply
+    reward = task.score(problem, turns)         # in [0, 1]; 1 means solved
+
+`demonstration(problem)` returns the agent turns of a correct episode, used by `llm sft`
+to warm-start a model and by `llm init-tiny` to train the tokenizer. Single-turn tasks
+have `max_turns = 1` and `respond` always returns None.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Problem:
+    prompt: str
+    answer: Any = None
+    meta: dict = field(default_factory=dict)
+
+
+class Task:
+    name = "task"
+    max_turns = 1
+    max_new_tokens = 32     # per agent turn: a good default generation budget for this task
+
+    def sample(self, rng: random.Random) -> Problem:
+        raise NotImplementedError
+
+    def respond(self, problem: Problem, turns: list[str]) -> str | None:
+        return None
+
+    def score(self, problem: Problem, turns: list[str]) -> float:
+        raise NotImplementedError
+
+    def score_batch(self, problems: list[Problem], episodes: list[list[str]]) -> list[float]:
+        """Rewards for many episodes; tasks with expensive verifiers (code) run them in parallel."""
+        return [self.score(p, t) for p, t in zip(problems, episodes)]
+
+    def demonstration(self, problem: Problem) -> list[str]:
+        raise NotImplementedError

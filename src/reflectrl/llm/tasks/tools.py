@@ -1,0 +1,106 @@
+"""`tools`: a multi-turn task where the agent must call tools to answer.
+
+A hidden key-value table (in `Problem.meta`, never in the prompt) holds small numbers;
+the question asks for a key's value, or that value combined with a constant. The agent
+writes one tool call per turn; the task replies with the tool's output, which the
+trainer appends to the context and masks out of the loss:
+
+    prompt   "What is k3*7?\\n"
+    agent    "lookup k3"      -> reply "= 17\\n"
+    agent    "calc 17*7"      -> reply "= 119\\n"
+    agent    "answer 119"     -> episode over (respond returns None); score 1.0
+
+    prompt   "What is k5?\\n"
+    agent    "lookup k5"      -> reply "= 4\\n"
+    agent    "answer 4"       -> episode over
+
+Tool syntax (one call per turn, surrounding whitespace ignored):
+
+    lookup KEY     the value of KEY in the table           "= 17\\n", or "error: no key k9\\n"
+    calc A OP B    integers A and B, OP one of + - *       "= 119\\n"
+    answer N       the final answer; ends the episode
+
+Anything else gets "error: ..." naming the three calls, and the episode goes on until
+`max_turns` (3) agent turns. Score: 1.0 if the last turn is `answer N` with N the right
+integer, else 0.0. The value is unknowable without `lookup`, so the tool use is needed;
+`calc` is what the demonstration uses, though a model may also do the arithmetic itself.
+Options:
+
+    keys         entries in the table, named k0, k1, ... (default 5, at most 100)
+    max_value    values are drawn from 0..max_value (default 50)
+    max_operand  the constant is drawn from 1..max_operand; 0 asks for lookups only (default 9)
+    ops          the operators for the constant, any of "+-*" (default "+-*")
+"""
+
+from __future__ import annotations
+
+import operator
+import random
+import re
+
+from reflectrl.errors import UserError
+from reflectrl.llm.tasks.base import Problem, Task
+
+_OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+_LOOKUP = re.compile(r"lookup\s+(\S+)")
+_CALC = re.compile(r"calc\s+(-?\d{1,9})\s*([-+*])\s*(-?\d{1,9})")  # 9 digits: no huge products
+_ANSWER = re.compile(r"answer\s+(-?\d{1,18})")
+_USAGE = "error: write one of: lookup KEY | calc A+B | answer N\n"
+
+
+class ToolsTask(Task):
+    name = "tools"
+    max_turns = 3
+    max_new_tokens = 12  # set per instance: the longest correct call in bytes, plus slack
+
+    def __init__(self, keys: int = 5, max_value: int = 50, max_operand: int = 9, ops: str = "+-*"):
+        if not 1 <= keys <= 100:
+            raise UserError(f"task tools: keys must be in 1..100, got {keys}")
+        if not 0 <= max_value <= 10**6:
+            raise UserError(f"task tools: max_value must be in 0..1000000, got {max_value}")
+        if not 0 <= max_operand <= 10**6:
+            raise UserError(f"task tools: max_operand must be in 0..1000000 (0: lookups only), got {max_operand}")
+        if not ops or any(op not in _OPS for op in ops):
+            raise UserError(f"task tools: ops must be a non-empty string of '+', '-', '*', got {ops!r}")
+        self.keys, self.max_value, self.max_operand = keys, max_value, max_operand
+        self.ops = "".join(sorted(set(ops), key="+-*".index))
+        # a byte-level tokenizer never needs more tokens than bytes
+        longest = max(len(f"lookup k{keys - 1}"), len(f"calc {max_value}*{max_operand}"),
+                      len(f"answer {max_value * max(1, max_operand)}"), len(f"answer -{max_operand}"))
+        self.max_new_tokens = longest + 2
+
+    def sample(self, rng: random.Random) -> Problem:
+        table = {f"k{i}": rng.randint(0, self.max_value) for i in range(self.keys)}
+        key = rng.choice(list(table))
+        if self.max_operand and rng.random() < 2 / 3:  # most problems need both tools
+            op, c = rng.choice(self.ops), rng.randint(1, self.max_operand)
+            question, answer = f"{key}{op}{c}", _OPS[op](table[key], c)
+        else:
+            op = c = None
+            question, answer = key, table[key]
+        return Problem(prompt=f"What is {question}?\n", answer=answer,
+                       meta={"table": table, "key": key, "op": op, "constant": c})
+
+    def respond(self, problem: Problem, turns: list[str]) -> str | None:
+        turn = turns[-1].strip()
+        if _ANSWER.fullmatch(turn):
+            return None
+        m = _LOOKUP.fullmatch(turn)
+        if m:
+            value = problem.meta["table"].get(m.group(1))
+            return f"error: no key {m.group(1)}\n" if value is None else f"= {value}\n"
+        m = _CALC.fullmatch(turn)
+        if m:
+            return f"= {_OPS[m.group(2)](int(m.group(1)), int(m.group(3)))}\n"
+        return _USAGE
+
+    def score(self, problem: Problem, turns: list[str]) -> float:
+        m = _ANSWER.fullmatch(turns[-1].strip()) if turns else None
+        return float(m is not None and int(m.group(1)) == problem.answer)
+
+    def demonstration(self, problem: Problem) -> list[str]:
+        meta = problem.meta
+        turns = [f"lookup {meta['key']}"]
+        if meta["op"] is not None:
+            turns.append(f"calc {meta['table'][meta['key']]}{meta['op']}{meta['constant']}")
+        return turns + [f"answer {problem.answer}"]

@@ -1,0 +1,344 @@
+"""The LLM trainer: GRPO's advantage and loss math, GEAR on token batches, turn-level
+calibration, multi-turn loss masks, runs (resume, errors, non-finite stop)."""
+
+import json
+import math
+import random
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from reflectrl.llm.config import LLMRunConfig  # noqa: E402
+from reflectrl.llm.grpo import (  # noqa: E402
+    Episodes,
+    GRPOTrainer,
+    aggregate,
+    clipped_objective,
+    group_advantages,
+    rollout,
+    token_batch,
+    turn_batch,
+)
+from reflectrl.signals import SignalContext  # noqa: E402
+from reflectrl.signals.reweighting import GEARConfig, GEARReweighting  # noqa: E402
+
+# ---------------------------------------------------------------------------- advantages
+
+
+def test_group_advantages_by_hand():
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0])
+    adv, base, scale = group_advantages(r, 4, "group")
+    std = math.sqrt(1 / 3)  # unbiased std of [1, 0, 0, 1]
+    expected = torch.tensor([0.5, -0.5, -0.5, 0.5]) / (std + 1e-4)
+    assert torch.allclose(adv[:4], expected, atol=1e-6)
+    # all-equal rewards: nothing to learn from the group, and no division by zero
+    assert torch.equal(adv[4:], torch.zeros(4))
+    assert torch.allclose(base, torch.tensor([0.5] * 4 + [1.0] * 4))
+    adv_none, _, _ = group_advantages(r, 4, "none")
+    assert torch.allclose(adv_none, torch.tensor([0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0]))
+    adv_batch, _, scale_b = group_advantages(r, 4, "batch")
+    assert torch.allclose(scale_b, torch.full((8,), r.std().item() + 1e-4))
+    assert torch.allclose(adv_batch, adv_none / (r.std() + 1e-4))
+
+
+def test_loss_aggregations_by_hand():
+    per_token = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
+    mask = torch.tensor([[True, True, True], [True, False, False]])
+    assert aggregate(per_token, mask, "grpo").item() == pytest.approx((2.0 + 4.0) / 2)   # mean of sequence means
+    assert aggregate(per_token, mask, "dapo").item() == pytest.approx(10.0 / 4)          # mean over all tokens
+    assert aggregate(per_token, mask, "dr_grpo").item() == pytest.approx(10.0 / (2 * 3))  # / (sequences x longest)
+
+
+def test_clipped_objective():
+    logp = torch.log(torch.tensor([[1.5, 0.5, 1.0]]))
+    old = torch.zeros(1, 3)
+    adv = torch.tensor([[1.0, -1.0, 2.0]])
+    loss, clipped = clipped_objective(logp, old, adv, 0.2, 0.28)
+    # ratio 1.5 with A>0: capped at 1.28; ratio 0.5 with A<0: capped at 0.8; ratio 1: untouched
+    assert torch.allclose(loss, torch.tensor([[-1.28, 0.8, -2.0]]))
+    assert clipped.tolist() == [[True, True, False]]
+
+
+# ---------------------------------------------------------------------------- GEAR on tokens
+
+def _synthetic_token_batch(seed=0):
+    """8 sequences in 2 groups of 4; tokens 0-1 are the prompt, the rest the completion, of
+    varying length. The hidden state carries the sequence's reward in its first feature."""
+    g = torch.Generator().manual_seed(seed)
+    n, length, width = 8, 7, 6
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0])
+    agent = torch.zeros(n, length, dtype=torch.bool)
+    ends = [6, 5, 6, 4, 6, 3, 5, 6]
+    for i, end in enumerate(ends):
+        agent[i, 2:end + 1] = True
+    hidden = torch.randn(n, length, width, generator=g) * 0.1
+    hidden[..., 0] = rewards[:, None] * 2 - 1
+    ids = torch.randint(0, 50, (n, length), generator=g)
+    adv, base, _ = group_advantages(rewards, 4)
+    return token_batch(agent, rewards, base, adv, hidden, ids, 4), agent, rewards
+
+
+def _gear(**kw):
+    signal = GEARReweighting(GEARConfig(**kw))
+    signal.bind(SignalContext(obs_dim=6, action_dim=0, discrete=False, feature_dim=6, learning_rate=1e-2,
+                              gamma=0.99, gae_lambda=0.95, seed=0, total_iterations=10))
+    return signal
+
+
+def test_token_batch_layout():
+    batch, agent, rewards = _synthetic_token_batch()
+    # time-major (L-1, N): step t is token t+1; the outcome sits on each sequence's last agent token
+    assert batch.rewards.shape == (6, 8)
+    assert torch.equal(batch.mask, agent[:, 1:].T)
+    last = [5, 4, 5, 3, 5, 2, 4, 5]
+    for i, t in enumerate(last):
+        assert batch.rewards[t, i] == rewards[i] and batch.rewards[:, i].sum() == rewards[i]
+    assert batch.groups[:, :4].eq(0).all() and batch.groups[:, 4:].eq(1).all()
+
+
+def test_gear_weights_on_synthetic_hidden_states():
+    batch, agent, rewards = _synthetic_token_batch()
+    signal = _gear(distill_on="all", head="linear", epochs=200, temperature=1.0)
+    assert signal.after_advantages(batch) is None  # no weights before the first distillation
+    signal.after_update(batch)
+    m = signal.metrics()
+    assert m["trajectories"] == 8 and m["winners"] == 2  # the top 25% of each group of 4: one per group
+    out = signal.after_advantages(batch)
+    w = out.weights
+    assert w.shape == batch.mask.shape
+    assert torch.all(w[~batch.mask] == 1.0)  # prompt and padding: untouched
+    real = w[batch.mask]
+    assert real.min() >= 0.5 and real.max() <= 2.0
+    # the head learned that the first feature predicts the return: solved sequences' tokens weigh more
+    solved = (rewards[None, :] == 1).expand_as(w) & batch.mask
+    unsolved = (rewards[None, :] == 0).expand_as(w) & batch.mask
+    assert w[solved].mean() > 1.0 > w[unsolved].mean()
+    assert signal.metrics()["weights_max"] > signal.metrics()["weights_min"]
+
+
+def test_gear_winners_only_head_sees_winners_tokens():
+    batch, _, _ = _synthetic_token_batch()
+    signal = _gear(distill_on="winners", top_frac=0.5)
+    signal.after_update(batch)
+    assert signal.metrics()["winners"] == 4  # two per group
+
+
+# ---------------------------------------------------------------------------- turns
+
+def _episodes(turn_ends, n_tokens=12, width=4):
+    n = len(turn_ends)
+    agent = torch.zeros(n, n_tokens, dtype=torch.bool)
+    turn = torch.full((n, n_tokens), -1)
+    for i, ends in enumerate(turn_ends):
+        start = 2
+        for k, end in enumerate(ends):
+            agent[i, start:end + 1] = True
+            turn[i, start:end + 1] = k
+            start = end + 3  # two tool tokens between turns
+    return Episodes(ids=torch.zeros(n, n_tokens, dtype=torch.long), attention=torch.ones(n, n_tokens),
+                    agent=agent, turn=turn, turn_ends=turn_ends, turns=[[""] * len(e) for e in turn_ends],
+                    problems=[None] * n)
+
+
+def test_turn_batch_single_turn_is_grpo():
+    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0])
+    adv, base, scale = group_advantages(rewards, 2)
+    ep = _episodes([[4], [5], [3], [6]])
+    batch = turn_batch(ep, rewards, base, scale, torch.randn(4, 12, 4), 2, 0.99, 0.95)
+    assert batch.advantages.shape == (1, 4)
+    assert torch.allclose(batch.advantages[0], adv)
+
+
+def test_turn_batch_multi_turn_credit():
+    rewards = torch.tensor([1.0, 0.0])
+    adv, base, scale = group_advantages(rewards, 2, "none")
+    ep = _episodes([[3, 7], [4]])
+    hidden = torch.arange(2 * 12 * 4, dtype=torch.float32).reshape(2, 12, 4)
+    batch = turn_batch(ep, rewards, base, scale, hidden, 2, 1.0, 1.0)
+    assert batch.mask.tolist() == [[True, True], [True, False]]
+    assert torch.equal(batch.features[1, 0], hidden[0, 7])  # the state at the turn's last token
+    # gamma = lambda = 1: every turn's credit is the outcome minus the baseline
+    assert torch.allclose(batch.advantages[:, 0], torch.tensor([0.5, 0.5]))
+    assert batch.advantages[0, 1] == pytest.approx(-0.5) and batch.advantages[1, 1] == 0
+
+
+# ---------------------------------------------------------------------------- rollouts and masks
+
+def test_multi_turn_rollout_masks_tool_output(tiny_model_dir):
+    from reflectrl.llm.model import load_model
+    from reflectrl.llm.tasks import make_task
+
+    model, tok = load_model(str(tiny_model_dir))
+    task = make_task("tools")
+    rng = random.Random(0)
+    problems = [task.sample(rng) for _ in range(6)]
+    torch.manual_seed(0)
+    ep = rollout(model, tok, task, problems, max_new_tokens=6)
+    assert max(len(t) for t in ep.turns) > 1  # a random model's turns are malformed calls: the tool replies
+    for i, problem in enumerate(problems):
+        real = ep.attention[i].bool()
+        ids = ep.ids[i][real]
+        agent = ep.agent[i][real]
+        # the prompt is not the agent's, and each turn's tokens are exactly the agent's tokens of that turn
+        assert not agent[:len(tok.encode(problem.prompt))].any()
+        for k, text in enumerate(ep.turns[i]):
+            toks = ids[(ep.turn[i][real] == k)]
+            assert tok.decode([t for t in toks.tolist() if t != tok.eos_token_id]) == text
+        # everything that is not the agent's after the prompt is the tool's replies, in order
+        turns_so_far, replies = [], ""
+        for text in ep.turns[i][:-1]:
+            turns_so_far.append(text)
+            replies += task.respond(problem, turns_so_far)
+        tool_ids = ids[~agent][len(tok.encode(problem.prompt)):]
+        assert tok.decode(tool_ids.tolist()) == replies
+
+
+def test_sft_demonstration_mask_covers_turns_only(tiny_model_dir):
+    from reflectrl.llm.model import load_model
+    from reflectrl.llm.sft import demonstration_tokens
+    from reflectrl.llm.tasks import make_task
+
+    _, tok = load_model(str(tiny_model_dir))
+    task = make_task("tools")
+    problem = task.sample(random.Random(3))
+    ids, agent = demonstration_tokens(tok, task, problem)
+    agent_text = tok.decode([t for t, a in zip(ids, agent) if a])
+    assert agent_text == "<|eos|>".join(task.demonstration(problem)) + "<|eos|>"
+    assert "=" in tok.decode([t for t, a in zip(ids, agent) if not a])  # the tool's "= value" is not learned
+
+
+# ---------------------------------------------------------------------------- trainer
+
+def _trainer(tiny_model_dir, algo="grpo", steps=4, run=None, **grpo):
+    from reflectrl.llm.config import apply_llm_overrides, validate_llm
+    from reflectrl.llm.model import load_model
+
+    cfg = LLMRunConfig(algo=algo, task="arith", model=str(tiny_model_dir), steps=steps, seed=3)
+    apply_llm_overrides(cfg, ["prompts_per_step=2", "group_size=4", "eval_every=0", "max_new_tokens=4",
+                              *(f"{k}={v}" for k, v in grpo.items())])
+    validate_llm(cfg)
+    model, tok = load_model(cfg.model)
+    return GRPOTrainer(cfg, model, tok, run)
+
+
+def _params(trainer):
+    return torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters()])
+
+
+def test_refgrpo_alpha_zero_is_grpo(tiny_model_dir):
+    plain = _trainer(tiny_model_dir)
+    zero = _trainer(tiny_model_dir, algo="refgrpo", **{"calibration.alpha": 0})
+    for _ in range(3):
+        plain.train_step()
+        row = zero.train_step()
+    assert "calibration_loss" in row
+    assert torch.equal(_params(plain), _params(zero))
+
+
+def test_gear_infinite_temperature_is_grpo(tiny_model_dir):
+    plain = _trainer(tiny_model_dir)
+    gear = _trainer(tiny_model_dir, algo="gear", **{"gear.temperature": "inf"})
+    for _ in range(3):
+        plain.train_step()
+        row = gear.train_step()
+    assert row["weights_mean"] == 1.0 and "value_head_loss" in row
+    assert torch.equal(_params(plain), _params(gear))
+
+
+@pytest.mark.parametrize("knobs", [dict(loss_type="dapo", num_iterations=2, minibatches=2, beta=0.1),
+                                   dict(loss_type="dr_grpo", scale_rewards="batch", clip_eps_high=0.28)])
+def test_gear_trains_with_every_loss_and_prepass(tiny_model_dir, knobs):
+    trainer = _trainer(tiny_model_dir, algo="gear", **knobs)
+    rows = [trainer.train_step() for _ in range(3)]
+    assert all(math.isfinite(r["loss"]) for r in rows)
+    assert rows[-1]["weights_std"] > 0 and rows[-1]["kl"] >= 0
+
+
+def test_resume_is_bit_identical(tiny_model_dir, tmp_path):
+    from reflectrl.runs import RunDir
+
+    full = _trainer(tiny_model_dir, algo="gear", steps=4)
+    for _ in range(4):
+        full.train_step()
+
+    run = RunDir.create(tmp_path / "run", {})
+    first = _trainer(tiny_model_dir, algo="gear", steps=4, run=run)
+    first.train_step()
+    first.train_step()
+    first.save_checkpoint()
+    del first
+    second = _trainer(tiny_model_dir, algo="gear", steps=4, run=run)
+    second.load_state_dict(run.load_checkpoint())
+    second.train(progress=False)
+    assert second.step == 4
+    assert torch.equal(_params(full), _params(second))
+
+
+def test_non_finite_loss_stops_and_keeps_the_checkpoint(tiny_model_dir, tmp_path):
+    from reflectrl.errors import NonFiniteError
+    from reflectrl.runs import RunDir
+
+    run = RunDir.create(tmp_path / "run", {})
+    trainer = _trainer(tiny_model_dir, steps=4, run=run, checkpoint_every=1)
+    trainer.train_step()
+    trainer.save_checkpoint()
+    with torch.no_grad():
+        next(trainer.model.parameters()).fill_(float("nan"))
+    with pytest.raises(NonFiniteError, match="non-finite"):
+        trainer.train(progress=False)
+    assert run.load_checkpoint()["step"] == 1
+
+
+# ---------------------------------------------------------------------------- command line
+
+def test_cli_sft_train_resume_eval(cli, tiny_model_dir, tmp_path):
+    sft_dir = tmp_path / "sft"
+    code, out, err = cli("llm", "sft", "--model", tiny_model_dir, "--task", "tools", "--steps", "3",
+                         "--batch-size", "4", "--out", sft_dir, "--no-progress")
+    assert code == 0, err
+    assert (sft_dir / "config.json").exists() and (sft_dir / "sft_log.jsonl").exists()
+    run_dir = tmp_path / "run"
+    code, out, err = cli("llm", "train", "--algo", "refgrpo", "--task", "tools", "--model", sft_dir, "--steps", "2",
+                         "--seed", "1", "--out", run_dir, "--no-progress",
+                         "--set", "prompts_per_step=2", "group_size=2", "eval_every=1", "eval_problems=4")
+    assert code == 0, err
+    assert "finished refgrpo on tools" in out
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [r for r in rows if "reward" in r]
+    assert [r["step"] for r in train_rows] == [1, 2]
+    for key in ("reward", "accuracy", "kl", "calibration_loss", "bonus_mean", "eval_accuracy", "turns"):
+        assert key in train_rows[-1], key
+    assert (run_dir / "model" / "config.json").exists()
+    code, out, err = cli("llm", "train", "--resume", run_dir)
+    assert code == 0 and "already finished" in err
+    code, out, err = cli("llm", "eval", "--model", run_dir / "model", "--task", "tools", "--problems", "3", "--json")
+    assert code == 0, err
+    assert json.loads(out.strip().splitlines()[-1])["problems"] == 3
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "/no/such/dir"], "no such directory"),
+    (["--algo", "ppo"], "unknown --algo 'ppo'"),
+    (["--task", "arithmetic"], "arith"),
+    (["--set", "group_size=1"], "group_size=1"),
+    (["--set", "gear.top_frac=2"], "apply to --algo gear"),
+    (["--set", "lerning_rate=1"], "did you mean learning_rate"),
+])
+def test_cli_bad_input_is_one_line_and_no_run_dir(cli, tiny_model_dir, tmp_path, args, message):
+    base = {"--model": str(tiny_model_dir), "--algo": "grpo", "--task": "arith"}
+    argv, i = [], 0
+    while i < len(args):
+        if args[i] in base:
+            base[args[i]] = args[i + 1]
+            i += 2
+        else:
+            argv += args[i:]
+            break
+    out_dir = tmp_path / "run"
+    flat = [x for kv in base.items() for x in kv]
+    code, out, err = cli("llm", "train", *flat, "--steps", "2", "--out", out_dir, "--no-progress", *argv)
+    assert code == 2
+    assert message in err and len(err.strip().splitlines()) == 1
+    assert not out_dir.exists()
