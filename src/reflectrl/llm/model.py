@@ -21,8 +21,12 @@ from reflectrl.errors import UserError
 ARCHS = ("llama", "qwen2")
 EOS = "<|eos|>"
 PAD = "<|pad|>"
+# a reasoning-gym task short enough for the tiny model (prompts of ~17 characters)
+RG_SHORT = ("rg:basic_arithmetic[min_terms=2;max_terms=2;max_digits=1;operators=+,-;"
+            "allow_parentheses=false;allow_negation=false]")
 # the tokenizer learns merges on what the tasks look like, so short prompts stay short
-CORPUS_TASKS = ("arith", "tools", "code", "rg:basic_arithmetic")
+CORPUS_TASKS = ("arith", "tools", "code", "rg:basic_arithmetic",
+                RG_SHORT)
 
 
 def _corpus(tasks=CORPUS_TASKS, per_task: int = 400, seed: int = 0) -> list[str]:
