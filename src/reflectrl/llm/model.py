@@ -113,6 +113,12 @@ def load_model(name_or_path: str, *, dtype: torch.dtype = torch.float32, device:
         raise UserError(f"--model {name_or_path}: not a Hugging Face model directory (no config.json)")
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
+    try:  # the hub client logs every retry of an unreachable server; the one-line error below says it all
+        import huggingface_hub
+
+        huggingface_hub.utils.logging.set_verbosity_error()
+    except ImportError:
+        pass
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(name_or_path)
         model = transformers.AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype)
