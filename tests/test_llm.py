@@ -366,3 +366,13 @@ def test_grpo_raises_arith_accuracy_of_the_tiny_sft_model(tiny_model_dir, tmp_pa
     print(f"reward {first:.3f} -> {last:.3f}, greedy accuracy {before:.3f} -> {after:.3f}")
     assert last > 2 * first + 0.01, (first, last)
     assert after > before + 0.05, (before, after)
+
+
+def test_gear_with_no_real_winner_steps_keeps_its_head():
+    batch, _, _ = _synthetic_token_batch()
+    batch.mask[:] = False
+    signal = _gear()
+    before = [p.clone() for p in signal.head.parameters()]
+    signal.after_update(batch)
+    assert all(torch.equal(a, b) for a, b in zip(before, signal.head.parameters()))
+    assert not signal.distilled

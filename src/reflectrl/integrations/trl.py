@@ -75,7 +75,7 @@ def _loss_takes_token_advantages() -> bool:
 class _DistillAfterUpdate(TrainerCallback):
     """Distills GEAR's head once the optimizer steps that use a generation batch are done."""
 
-    def __init__(self, trainer: "GEARGRPOTrainer"):
+    def __init__(self, trainer: GEARGRPOTrainer):
         self.trainer = trainer
 
     def on_step_end(self, args, state, control, **kwargs):

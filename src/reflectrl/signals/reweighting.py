@@ -229,6 +229,9 @@ class GEARReweighting(Signal):
             targets = outcomes[flat_ids]
         keep = valid & (winners[flat_ids] if cfg.distill_on == "winners" else True)
         x, y = self._x(batch)[keep], targets[keep]
+        if x.shape[0] == 0:  # no real step to learn from (every winner fully masked): keep the head as it is
+            self._last.update(winners=int(winners.sum()), trajectories=int((lengths > 0).sum()))
+            return
         size = min(x.shape[0], cfg.minibatch_size)
         for _ in range(cfg.epochs):
             order = torch.randperm(x.shape[0], generator=self.generator)

@@ -1,0 +1,107 @@
+"""GEARGRPOTrainer: GEAR's per-token advantages inside TRL's GRPOTrainer, on a tiny local model (CPU)."""
+
+import math
+import random
+
+import pytest
+
+pytest.importorskip("trl")
+torch = pytest.importorskip("torch")
+
+from datasets import Dataset
+from trl import GRPOConfig, GRPOTrainer
+
+from reflectrl.integrations.trl import GEARGRPOTrainer
+from reflectrl.llm.model import init_tiny, load_model
+from reflectrl.llm.tasks import make_task
+from reflectrl.signals.reweighting import GEARConfig
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return init_tiny(tmp_path_factory.mktemp("trl") / "tiny", hidden_size=32, layers=1, heads=2,
+                     intermediate_size=64, vocab_size=384)
+
+
+@pytest.fixture(scope="module")
+def dataset():
+    task, rng = make_task("arith"), random.Random(0)
+    return Dataset.from_list([{"prompt": p.prompt, "answer": p.answer} for p in (task.sample(rng) for _ in range(16))])
+
+
+def exact_match(completions, answer, **kwargs):
+    return [float(c.strip() == a) for c, a in zip(completions, answer)]
+
+
+def digits(completions, **kwargs):
+    """A small format reward, so that a random model's groups are not all tied at 0 (zero advantages)."""
+    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
+
+
+def recording(cls):
+    class Recording(cls):
+        def _generate_and_score_completions(self, inputs):
+            out = super()._generate_and_score_completions(inputs)
+            self.recorded.append({k: out[k].detach().clone() for k in ("advantages", "completion_ids", "completion_mask")})
+            return out
+
+    return Recording
+
+
+def make_trainer(cls, tiny_dir, dataset, out, steps=2, **kwargs):
+    model, tokenizer = load_model(str(tiny_dir))
+    args = GRPOConfig(output_dir=str(out), use_cpu=True, max_steps=steps, per_device_train_batch_size=8,
+                      num_generations=4, max_completion_length=8, learning_rate=1e-3, beta=0.0, seed=0,
+                      report_to=[], save_strategy="no", logging_steps=1, disable_tqdm=True)
+    trainer = recording(cls)(model=model, reward_funcs=[exact_match, digits], args=args, train_dataset=dataset,
+                             processing_class=tokenizer, **kwargs)
+    trainer.recorded = []
+    return trainer
+
+
+def test_gear_grpo_trainer_per_token_advantages(tiny_dir, dataset, tmp_path):
+    trainer = make_trainer(GEARGRPOTrainer, tiny_dir, dataset, tmp_path / "gear")
+    assert not trainer.signal.distilled
+    trainer.train()
+    assert len(trainer.recorded) == 2
+    for rec in trainer.recorded:
+        assert rec["advantages"].dim() == 2
+        assert rec["advantages"].shape == rec["completion_ids"].shape
+    assert trainer.signal.distilled  # after step 1's update, and used for step 2's weights
+    logs = [row for row in trainer.state.log_history if "loss" in row]
+    assert len(logs) == 2
+    assert all(math.isfinite(row["loss"]) for row in logs)
+    first, second = logs
+    assert first["gear/weights_min"] == first["gear/weights_max"] == 1.0  # no head distilled yet
+    assert second["gear/weights_min"] < second["gear/weights_max"]  # the distilled head reweights tokens
+    assert second["gear/weights_std"] > 0
+    assert all(math.isfinite(row["gear/value_head_loss"]) for row in logs)
+    # step 1's advantages are TRL's, broadcast; step 2's vary along a sequence where the advantage is not 0
+    a1, a2, m2 = trainer.recorded[0]["advantages"], trainer.recorded[1]["advantages"], trainer.recorded[1]["completion_mask"]
+    assert torch.equal(a1, a1[:, :1].expand_as(a1))
+    varies = [a[m.bool()].unique().numel() > 1 for a, m in zip(a2, m2) if a[m.bool()].abs().sum() > 0]
+    assert any(varies)
+
+
+def test_infinite_temperature_gives_trl_advantages(tiny_dir, dataset, tmp_path):
+    plain = make_trainer(GRPOTrainer, tiny_dir, dataset, tmp_path / "plain", steps=1)
+    plain.train()
+    gear = make_trainer(GEARGRPOTrainer, tiny_dir, dataset, tmp_path / "gear", steps=1,
+                        gear_config=GEARConfig(temperature=float("inf")))
+    gear.train()
+    (p,), (g,) = plain.recorded, gear.recorded
+    assert torch.equal(p["completion_ids"], g["completion_ids"])  # the same samples: GEAR draws no global randomness
+    assert p["advantages"].dim() == 1 and g["advantages"].dim() == 2
+    assert torch.equal(g["advantages"], p["advantages"][:, None].expand_as(g["advantages"]))
+    assert p["advantages"].abs().sum() > 0
+    loss_p, loss_g = (next(r["loss"] for r in t.state.log_history if "loss" in r) for t in (plain, gear))
+    assert loss_g == pytest.approx(loss_p, rel=1e-6, abs=1e-9)
+    assert gear.signal.distilled
+
+
+def test_import_reflectrl_does_not_import_trl():
+    import subprocess
+    import sys
+
+    code = "import sys, reflectrl, reflectrl.integrations, reflectrl.signals; assert 'trl' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
