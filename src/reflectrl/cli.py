@@ -15,7 +15,7 @@ import shutil
 import sys
 import warnings
 
-from reflectrl.errors import NonFiniteError, UserError
+from reflectrl.errors import UserError
 
 EXIT_USAGE = 2
 EXIT_FAILED = 1
@@ -145,18 +145,14 @@ def _train_new(args) -> int:
 def _train_resume(args) -> int:
     from reflectrl.config import RunConfig
     from reflectrl.control.ppo import PPOTrainer
-    from reflectrl.runs import RunDir
+    from reflectrl.runs.session import open_to_resume
 
-    given = [flag for flag, value in (("--algo", args.algo), ("--env", args.env), ("--seed", args.seed),
-             ("--total-steps", args.total_steps), ("--out", args.out), ("--wrapper", args.wrapper), ("--set", args.set))
-             if value is not None]
-    if given:
-        raise UserError(f"--resume continues a run with its saved config; drop {', '.join(given)}")
-    run = RunDir.open(args.resume)
-    cfg = RunConfig.from_dict(run.config())
-    if run.status().get("status") == "finished":
-        print(f"run {run.path} already finished; nothing to do", file=sys.stderr)
+    run = open_to_resume(args.resume, [("--algo", args.algo), ("--env", args.env), ("--seed", args.seed),
+                                       ("--total-steps", args.total_steps), ("--out", args.out),
+                                       ("--wrapper", args.wrapper), ("--set", args.set)])
+    if run is None:
         return 0
+    cfg = RunConfig.from_dict(run.config())
     state = run.load_checkpoint()
     trainer = PPOTrainer(cfg, run)
     trainer.load_state_dict(state)
@@ -168,19 +164,14 @@ def _run_training(trainer, run, progress: bool) -> int:
     import numpy as np
 
     from reflectrl.control.policies import params_sha256
+    from reflectrl.runs.session import train_guarded
 
     try:
-        trainer.train(progress=progress)
-    except NonFiniteError as err:
-        run.set_status("failed", reason=str(err))
-        print(f"reflectrl: error: {err}", file=sys.stderr)
-        return EXIT_FAILED
-    except KeyboardInterrupt:
-        run.set_status("interrupted", global_step=trainer.global_step)
-        print(f"\nreflectrl: interrupted; continue with: reflectrl train --resume {run.path}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        code = train_guarded(trainer, run, progress, "reflectrl train")
     finally:
         trainer.close()
+    if code is not None:
+        return code
     if trainer.cfg.algo == "refgrpo":
         from reflectrl.report.calibration_plot import plot_calibration
 

@@ -18,10 +18,7 @@ import os
 import shutil
 import sys
 
-from reflectrl.errors import NonFiniteError, UserError
-
-EXIT_FAILED = 1
-EXIT_INTERRUPTED = 130
+from reflectrl.errors import UserError
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -137,18 +134,14 @@ def _train_resume(args) -> int:
     from reflectrl.llm.config import LLMRunConfig
     from reflectrl.llm.grpo import GRPOTrainer
     from reflectrl.llm.model import load_model
-    from reflectrl.runs import RunDir
+    from reflectrl.runs.session import open_to_resume
 
-    given = [flag for flag, value in (("--algo", args.algo), ("--task", args.task), ("--model", args.model),
-             ("--steps", args.steps), ("--seed", args.seed), ("--out", args.out), ("--set", args.set))
-             if value is not None]
-    if given:
-        raise UserError(f"--resume continues a run with its saved config; drop {', '.join(given)}")
-    run = RunDir.open(args.resume)
-    cfg = LLMRunConfig.from_dict(run.config())
-    if run.status().get("status") == "finished":
-        print(f"run {run.path} already finished; nothing to do", file=sys.stderr)
+    run = open_to_resume(args.resume, [("--algo", args.algo), ("--task", args.task), ("--model", args.model),
+                                       ("--steps", args.steps), ("--seed", args.seed), ("--out", args.out),
+                                       ("--set", args.set)])
+    if run is None:
         return 0
+    cfg = LLMRunConfig.from_dict(run.config())
     state = run.load_checkpoint()
     model, tokenizer = load_model(cfg.model)  # the reference policy is the starting model
     trainer = GRPOTrainer(cfg, model, tokenizer, run)
@@ -158,16 +151,11 @@ def _train_resume(args) -> int:
 
 
 def _run(trainer, run, progress: bool) -> int:
-    try:
-        trainer.train(progress=progress)
-    except NonFiniteError as err:
-        run.set_status("failed", reason=str(err))
-        print(f"reflectrl: error: {err}", file=sys.stderr)
-        return EXIT_FAILED
-    except KeyboardInterrupt:
-        run.set_status("interrupted", step=trainer.step)
-        print(f"\nreflectrl: interrupted; continue with: reflectrl llm train --resume {run.path}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    from reflectrl.runs.session import train_guarded
+
+    code = train_guarded(trainer, run, progress, "reflectrl llm train")
+    if code is not None:
+        return code
     model_dir = run.path / "model"
     tmp = run.path / "model.partial"
     shutil.rmtree(tmp, ignore_errors=True)

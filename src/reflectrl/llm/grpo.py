@@ -266,6 +266,10 @@ class GRPOTrainer:
         self.step = 0
         self.logger: MetricsLogger | None = None
 
+    @property
+    def global_step(self) -> int:
+        return self.step
+
     # ------------------------------------------------------------------ one step
 
     def _signal_output(self, episodes: Episodes, rewards, baseline, scale, advantages, logp_hidden):
