@@ -28,7 +28,12 @@ from reflectrl.report.stats import interval, iqm
 
 TASKS = {"arith9": "arith[max_operand=9]", "rg-arith": RG_SHORT}
 ALGOS = {"grpo": ["--algo", "grpo"], "gear": ["--algo", "gear"],
-         "gear-all": ["--algo", "gear", "--set", "gear.distill_on=all"]}
+         "gear-all": ["--algo", "gear", "--set", "gear.distill_on=all"],
+         # ablations: every token's return is the outcome (no discount trend along the sequence)
+         "gear-traj": ["--algo", "gear", "--set", "gear.return_kind=trajectory"],
+         "gear-dr": ["--algo", "gear", "--set", "loss_type=dr_grpo"],
+         "grpo-dr": ["--algo", "grpo", "--set", "loss_type=dr_grpo"]}
+DEFAULT_ALGOS = "grpo,gear,gear-all"
 COMMON = ["group_size=16", "prompts_per_step=8", "learning_rate=3e-4", "eval_every=25", "eval_problems=128",
           "log_kl=false", "torch_threads=1"]
 CLI = [sys.executable, "-m", "reflectrl"]
@@ -133,13 +138,16 @@ def main() -> None:
     ap.add_argument("--sft-steps", type=int, default=100)
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--out", default="bench/results/llm")
+    ap.add_argument("--algos", default=DEFAULT_ALGOS, help=f"entries of {', '.join(ALGOS)}")
+    ap.add_argument("--tasks", default=",".join(TASKS), help=f"of {', '.join(TASKS)}")
     ap.add_argument("--summary-only", action="store_true")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if not args.summary_only:
         models = prepare(out, args.sft_steps)
-        jobs = [(t, a, s) for s in range(1, args.seeds + 1) for t in TASKS for a in ALGOS]
+        algos, tasks = args.algos.split(","), args.tasks.split(",")
+        jobs = [(t, a, s) for s in range(1, args.seeds + 1) for t in tasks for a in algos]
         with ThreadPoolExecutor(args.workers) as pool:
             for run in pool.map(lambda j: train(out, models, *j, args.steps), jobs):
                 print(f"done: {run}", flush=True)
