@@ -171,3 +171,29 @@ def test_warning_when_shaping_dominates(cli, tmp_path):
     assert code == 0, err
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert any(r["shaping_warning"] == 1 for r in rows)
+
+
+@pytest.mark.parametrize("mode", ["direct", "potential"])
+def test_reward_map_on_minigrid_by_agent_position(cli, tmp_path, mode):
+    pytest.importorskip("minigrid")
+    from reflectrl.report.reward_map import reward_maps
+
+    out = tmp_path / mode
+    code, _, err = cli("train", "--algo", "sdrs", "--env", "MiniGrid-Empty-5x5-v0", "--total-steps", "1024",
+                       "--no-progress", "--set", f"shaping.mode={mode}", "shaping.update_every=1",
+                       "shaping.map_snapshots=2", "--out", out)
+    assert code == 0, err
+    _, snapshots, maps, layout = reward_maps(out)
+    assert len(maps) == len(snapshots) >= 2
+    panels = 1 if mode == "potential" else 3
+    assert maps[0].shape == (panels, 5, 5)
+    # the 3x3 interior is free (the goal aside): a finite value per cell; the outer walls have none
+    free = ~layout.walls
+    assert layout.walls[0].all() and layout.walls[:, 0].all()
+    values = maps[-1][:, free]
+    assert np.isfinite(values).sum() >= panels * 8
+    assert np.isnan(maps[-1][:, layout.walls]).all()
+    if mode == "potential":
+        assert maps[-1][0][layout.goal] == 0.0
+    code, _, _ = cli("plot", "reward-map", out)
+    assert code == 0 and (out / "reward_map" / "reward_map.gif").read_bytes()[:3] == b"GIF"
