@@ -4,6 +4,9 @@ one line on stderr with exit code 2 and no traceback.
     reflectrl train --algo ppo --env ID --seed N --total-steps N --out DIR [--wrapper W] [--set k=v ...]
     reflectrl train --resume DIR
     reflectrl eval DIR --episodes N [--deterministic] [--json] [--video FILE.mp4]
+    reflectrl compare / report / plot ...          (multi-seed experiments and their report)
+    reflectrl llm init-tiny | sft | train | eval   (language-model agents, see llm/cli.py)
+    reflectrl sandbox run --code F.py --tests T.json
 """
 
 from __future__ import annotations
