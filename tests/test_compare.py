@@ -117,6 +117,31 @@ def test_killed_experiment_resumes_to_identical_weights(cli, tmp_path):
     assert sha(seed_dirs[1]) == sha(reference)
 
 
+def test_sigterm_to_the_driver_stops_its_runs(tmp_path):
+    """`kill PID` on compare must not leave training processes writing into the experiment."""
+    out = tmp_path / "exp"
+    args = ["--env", "CartPole-v1", "--algos", "ppo", "--seeds", "2", "--total-steps", "1000000", "--workers", "2",
+            "--set", "num_envs=2", "num_steps=64", "num_minibatches=2", "update_epochs=1"]
+    proc = subprocess.Popen([sys.executable, "-m", "reflectrl", "compare", *args, "--out", str(out), "--no-progress",
+                             "--no-report"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    seed_dirs = [out / "runs/CartPole-v1/ppo/seed1", out / "runs/CartPole-v1/ppo/seed2"]
+    deadline = time.time() + 120
+    while min(_seed_steps(d) for d in seed_dirs) < 1 and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, "the experiment ended before it could be stopped"
+    proc.send_signal(signal.SIGTERM)  # the driver only, as `kill PID` does
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+            survivors = True
+        except ProcessLookupError:
+            survivors = False
+    assert proc.returncode == 130 and "interrupted" in err.decode(), err
+    assert not survivors, "training processes outlived the driver"
+
+
 def test_run_killed_before_first_checkpoint_restarts(cli, tmp_path):
     out = tmp_path / "exp"
     assert cli("compare", "--algos", "ppo", "--out", out, "--no-progress", "--no-report", *TINY)[0] == 0

@@ -18,11 +18,7 @@ import shutil
 import sys
 import warnings
 
-from reflectrl.errors import UserError
-
-EXIT_USAGE = 2
-EXIT_FAILED = 1
-EXIT_INTERRUPTED = 130
+from reflectrl.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, UserError
 
 
 class _Parser(argparse.ArgumentParser):

@@ -7,6 +7,11 @@ with no traceback. Messages say what is wrong and how to fix it.
 so the last good one is kept, and the message names the quantity that went non-finite.
 """
 
+# Exit statuses of every command: bad input, a run that failed, Ctrl-C or SIGTERM.
+EXIT_USAGE = 2
+EXIT_FAILED = 1
+EXIT_INTERRUPTED = 130
+
 
 class UserError(Exception):
     """Bad input from the user; `str(err)` is the one line shown."""

@@ -21,6 +21,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -164,10 +165,18 @@ def _log_path(run: RunSpec) -> Path:
     return run.path.with_suffix(".log")
 
 
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def _run_local(todo, workers: int, result: ExperimentResult, bar: _Progress) -> None:
     pending = list(todo)
     running: dict[subprocess.Popen, tuple[RunSpec, object]] = {}
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # `kill` (or a cluster scheduler's SIGTERM) stops the workers too, as Ctrl-C does: no
+    # orphaned runs left writing into a directory the user may be about to delete.
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt) if in_main else None
     try:
         while pending or running:
             while pending and len(running) < workers:
@@ -196,6 +205,9 @@ def _run_local(todo, workers: int, result: ExperimentResult, bar: _Progress) -> 
         for proc in running:
             proc.wait()
         raise
+    finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _tail(path: Path, lines: int = 3) -> str:

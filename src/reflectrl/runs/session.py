@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import sys
 
-from reflectrl.errors import NonFiniteError, UserError
+from reflectrl.errors import EXIT_FAILED, EXIT_INTERRUPTED, NonFiniteError, UserError
 from reflectrl.runs.rundir import RunDir
-
-EXIT_FAILED = 1
-EXIT_INTERRUPTED = 130
 
 
 def open_to_resume(path: str, given: list[tuple[str, object]]) -> RunDir | None:
