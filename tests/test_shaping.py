@@ -112,8 +112,10 @@ def test_mode_off_equals_ppo_and_modes_log_metrics(cli, tmp_path):
         assert sha(out) != sha(tmp_path / "ppo")
         row = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
         for key in ("shaping_mean", "shaping_std", "shaping_min", "shaping_max", "reward_mean", "reward_std",
-                    "reward_min", "reward_max", "label_loss", "shaping_to_reward"):
+                    "reward_min", "reward_max", "label_loss", "label_r2", "shaping_to_reward"):
             assert key in row, key
+        # labels are normalised to std `scale` (0.1), so R^2 = 1 - loss / 0.01
+        assert row["label_r2"] == pytest.approx(1 - row["label_loss"] / 0.01, abs=1e-4)
         code, stdout, _ = cli("plot", "reward-map", out)
         assert code == 0
         assert (out / "reward_map" / "reward_map.gif").read_bytes()[:3] == b"GIF"
