@@ -77,10 +77,49 @@ def test_compare_runs_reports_and_skips_finished(cli, tmp_path):
     assert before == {p: p.stat().st_mtime_ns for p in out.glob("runs/*/*/seed*/checkpoint.pt")}
 
     code, _, err = cli("compare", "--algos", "ppo", "--out", out, "--no-progress", *TINY)
-    assert_one_line_error(code, err, "holds a different experiment (differs in: algos)")
+    assert_one_line_error(code, err, "holds a different experiment (this command leaves out its algo entry ppo[ent_coef=0])")
 
     code, stdout, _ = cli("report", out, "--reps", "200")
     assert code == 0 and "report:" in stdout
+
+
+def test_compare_extends_an_experiment_with_algos_and_seeds(cli, tmp_path):
+    out = tmp_path / "exp"
+    assert cli("compare", "--algos", "ppo", "--out", out, "--no-progress", "--no-report", *TINY)[0] == 0
+    before = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/ppo/seed*/checkpoint.pt")}
+    assert len(before) == 2
+
+    code, stdout, err = cli("compare", "--algos", "ppo,ppo[ent_coef=0]", "--out", out, "--no-progress", *TINY,
+                            "--seeds", "3")
+    assert code == 0, err
+    assert "extending" in err and "algo entry ppo[ent_coef=0]" in err and "seeds 3-3" in err
+    assert "4 trained, 2 already finished" in stdout  # ppo seed 3 and the new entry's three seeds
+    assert before == {p: p.stat().st_mtime_ns for p in before}
+    spec = json.loads((out / "experiment.json").read_text())
+    assert spec["algos"] == ["ppo", "ppo[ent_coef=0]"] and spec["seeds"] == 3
+    table = json.loads((out / "report/stats.json").read_text())["table"]
+    assert {(r["algo"], r["seeds"]) for r in table} == {("ppo", 3), ("ppo[ent_coef=0]", 3)}
+
+    for extra, needle in ((["--total-steps", "2048"], "differs in: total_steps"),
+                          (["--seeds", "2"], "--seeds 2 is fewer than its 3")):
+        code, _, err = cli("compare", "--algos", "ppo,ppo[ent_coef=0]", "--out", out, "--no-progress", *TINY, *extra)
+        assert_one_line_error(code, err, needle)
+    assert json.loads((out / "experiment.json").read_text()) == spec
+
+
+def test_a_second_compare_on_a_running_experiment_stops(cli, tmp_path):
+    fcntl = pytest.importorskip("fcntl")
+    out = tmp_path / "exp"
+    assert cli("compare", "--algos", "ppo", "--out", out, "--no-progress", "--no-report", *TINY)[0] == 0
+    fd = os.open(out, os.O_RDONLY)  # what a running compare holds
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        code, _, err = cli("compare", "--algos", "ppo", "--out", out, "--no-progress", "--no-report", *TINY)
+        assert_one_line_error(code, err, "another 'reflectrl compare' is running on")
+    finally:
+        os.close(fd)
+    code, stdout, err = cli("compare", "--algos", "ppo", "--out", out, "--no-progress", "--no-report", *TINY)
+    assert code == 0 and "0 trained, 2 already finished" in stdout, err
 
 
 def _seed_steps(path: Path) -> int:

@@ -17,6 +17,7 @@ Backends:
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -40,6 +41,7 @@ class ExperimentResult:
     finished: list[RunSpec] = field(default_factory=list)
     skipped: list[RunSpec] = field(default_factory=list)
     failed: list[tuple[RunSpec, str]] = field(default_factory=list)
+    added: list[str] = field(default_factory=list)  # what this call added to an existing experiment
 
 
 def run_state(run: RunSpec) -> str:
@@ -110,27 +112,56 @@ def run_experiment(root: Path, spec: ExperimentSpec, backend: str = "local", wor
             import ray  # noqa: F401
         except ImportError:
             raise UserError("--backend ray needs Ray: pip install 'reflectrl[ray]'") from None
-    load_or_create(root, spec)
-
-    result = ExperimentResult()
-    todo = []
-    for run in runs:
-        state = run_state(run)
-        if state == "finished":
-            result.skipped.append(run)
-        else:
-            if state == "fresh" and run.path.exists():
-                shutil.rmtree(run.path)  # died before its first checkpoint: nothing to keep
-            todo.append((run, state))
-    bar = _Progress(spec, runs, result, progress)
-    try:
-        if backend == "local":
-            _run_local(todo, workers or os.cpu_count() or 1, result, bar)
-        else:
-            _run_ray(todo, workers, ray_address, result, bar)
-    finally:
-        bar.close()
+    with _exclusive(root):
+        result = ExperimentResult(added=load_or_create(root, spec))
+        if result.added:
+            print(f"reflectrl: extending {root} with {', '.join(result.added)}", file=sys.stderr)
+        todo = []
+        for run in runs:
+            state = run_state(run)
+            if state == "finished":
+                result.skipped.append(run)
+            else:
+                if state == "fresh" and run.path.exists():
+                    shutil.rmtree(run.path)  # died before its first checkpoint: nothing to keep
+                todo.append((run, state))
+        bar = _Progress(spec, runs, result, progress)
+        try:
+            if backend == "local":
+                _run_local(todo, workers or os.cpu_count() or 1, result, bar)
+            else:
+                _run_ray(todo, workers, ray_address, result, bar)
+        finally:
+            bar.close()
     return result
+
+
+@contextlib.contextmanager
+def _exclusive(root: Path):
+    """Hold an advisory lock on the experiment directory while its runs train, so that a
+    second `compare` on the same --out stops at once instead of training the same runs."""
+    created = not root.exists()
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        yield
+        return
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise UserError(f"another 'reflectrl compare' is running on {root}; wait for it to finish "
+                            "(or stop it) before resuming or extending this experiment") from None
+        try:
+            yield
+        except UserError:
+            if created and not any(root.iterdir()):
+                root.rmdir()
+            raise
+    finally:
+        os.close(fd)
 
 
 class _Progress:

@@ -167,9 +167,19 @@ class ExperimentSpec:
 SPEC_FILE = "experiment.json"
 
 
-def load_or_create(root: Path, spec: ExperimentSpec) -> None:
-    """Record the spec in DIR, or check that DIR already holds this very experiment."""
+# What an experiment may gain when `compare` is rerun on it; anything else changes what its
+# existing runs mean (steps, wrapper, --set) and needs a new --out.
+_EXTENSIBLE = ("envs", "algos", "seeds")
+
+
+def load_or_create(root: Path, spec: ExperimentSpec) -> list[str]:
+    """Record the spec in DIR, or check that DIR already holds this experiment.
+
+    Rerunning with more envs, algo entries or seeds (and everything else equal) extends
+    the experiment: the spec on disk is replaced by the larger one and its finished runs
+    are kept. Returns what was added ([] for a new or resumed experiment)."""
     path = root / SPEC_FILE
+    added: list[str] = []
     if path.exists():
         try:
             old = json.loads(path.read_text())
@@ -177,16 +187,27 @@ def load_or_create(root: Path, spec: ExperimentSpec) -> None:
             raise UserError(f"{path} is corrupt; use another --out") from None
         new = spec.to_dict()
         diff = [k for k in new if old.get(k) != new[k]]
-        if diff:
-            raise UserError(f"--out {root} holds a different experiment (differs in: {', '.join(diff)}); "
-                            "use another --out, or repeat the original arguments to resume it")
-        return
-    if root.exists() and any(root.iterdir()):
+        if not diff:
+            return added
+        fixed = [k for k in diff if k not in _EXTENSIBLE]
+        dropped = ([f"env {e}" for e in old.get("envs", []) if e not in spec.envs]
+                   + [f"algo entry {a}" for a in old.get("algos", []) if a not in spec.algos])
+        if fixed or dropped or spec.seeds < old.get("seeds", 0):
+            why = (f"differs in: {', '.join(fixed)}" if fixed else
+                   f"--seeds {spec.seeds} is fewer than its {old.get('seeds')}" if not dropped else
+                   f"this command leaves out its {', '.join(dropped)}")
+            raise UserError(f"--out {root} holds a different experiment ({why}); repeat the original arguments "
+                            "to resume it, add envs / algo entries / seeds to extend it, or use another --out")
+        added = ([f"env {e}" for e in spec.envs if e not in old["envs"]]
+                 + [f"algo entry {a}" for a in spec.algos if a not in old["algos"]]
+                 + ([f"seeds {old['seeds'] + 1}-{spec.seeds}"] if spec.seeds > old["seeds"] else []))
+    elif root.exists() and any(root.iterdir()):
         raise UserError(f"--out {root} exists and is not an experiment directory; choose another --out")
     root.mkdir(parents=True, exist_ok=True)
     from reflectrl.runs import atomic_write_bytes
 
     atomic_write_bytes(path, (json.dumps(spec.to_dict(), indent=2) + "\n").encode())
+    return added
 
 
 def read_spec(root: Path) -> ExperimentSpec:
