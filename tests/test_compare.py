@@ -129,17 +129,24 @@ def _seed_steps(path: Path) -> int:
         return 0
 
 
+def _compare_running(args, out: Path, logged: int):
+    """Start `compare` on CartPole (2 seeds) in its own session; return once both runs have
+    logged `logged` iterations, with the experiment still running."""
+    proc = subprocess.Popen([sys.executable, "-m", "reflectrl", "compare", *args, "--out", str(out), "--no-progress",
+                             "--no-report"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    seed_dirs = [out / "runs/CartPole-v1/ppo/seed1", out / "runs/CartPole-v1/ppo/seed2"]
+    deadline = time.time() + 120
+    while min(_seed_steps(d) for d in seed_dirs) < logged and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, "the experiment ended before it could be stopped"
+    return proc, seed_dirs
+
+
 def test_killed_experiment_resumes_to_identical_weights(cli, tmp_path):
     args = ["--env", "CartPole-v1", "--algos", "ppo", "--seeds", "2", "--total-steps", "16384", "--workers", "2",
             "--set", "num_envs=2", "num_steps=64", "num_minibatches=2", "update_epochs=2", "checkpoint_every=1000"]
     out = tmp_path / "exp"
-    proc = subprocess.Popen([sys.executable, "-m", "reflectrl", "compare", *args, "--out", str(out), "--no-progress",
-                             "--no-report"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    seed_dirs = [out / "runs/CartPole-v1/ppo/seed1", out / "runs/CartPole-v1/ppo/seed2"]
-    deadline = time.time() + 120
-    while min(_seed_steps(d) for d in seed_dirs) < 40 and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    assert proc.poll() is None, "the experiment finished before it could be killed"
+    proc, seed_dirs = _compare_running(args, out, logged=40)
     os.killpg(proc.pid, signal.SIGKILL)  # the driver and both training processes
     proc.wait()
     assert all(json.loads((d / "run.json").read_text())["status"] == "running" for d in seed_dirs)
@@ -161,13 +168,7 @@ def test_sigterm_to_the_driver_stops_its_runs(tmp_path):
     out = tmp_path / "exp"
     args = ["--env", "CartPole-v1", "--algos", "ppo", "--seeds", "2", "--total-steps", "1000000", "--workers", "2",
             "--set", "num_envs=2", "num_steps=64", "num_minibatches=2", "update_epochs=1"]
-    proc = subprocess.Popen([sys.executable, "-m", "reflectrl", "compare", *args, "--out", str(out), "--no-progress",
-                             "--no-report"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-    seed_dirs = [out / "runs/CartPole-v1/ppo/seed1", out / "runs/CartPole-v1/ppo/seed2"]
-    deadline = time.time() + 120
-    while min(_seed_steps(d) for d in seed_dirs) < 1 and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    assert proc.poll() is None, "the experiment ended before it could be stopped"
+    proc, _ = _compare_running(args, out, logged=1)
     proc.send_signal(signal.SIGTERM)  # the driver only, as `kill PID` does
     try:
         _, err = proc.communicate(timeout=60)
