@@ -31,21 +31,12 @@ def distillation_set(run_dir: Path):
         raise SystemExit(f"{run_dir} is a '{cfg.algo}' run; give an --algo sdrs run")
     trainer = PPOTrainer(cfg)
     trainer.load_state_dict(torch.load(run_dir / "checkpoint.pt", weights_only=False))
-    signal, p = trainer.signal, cfg.ppo
-    parts = {k: [] for k in ("obs", "actions", "next_obs", "terminations", "labels")}
-    with torch.no_grad():
-        for item in signal.buffer:
-            values = trainer.agent.value(item["obs"]).reshape(item["shape"])
-            next_values = trainer.agent.value(item["next_obs"]).reshape(item["shape"])
-            adv, _ = compute_gae(item["rewards"], values, next_values, item["raw_terminations"],
-                                 item["truncations"], p.gamma, p.gae_lambda)
-            for k in ("obs", "actions", "next_obs", "terminations"):
-                parts[k].append(item[k])
-            parts["labels"].append(adv.reshape(-1))
-    data = {k: torch.cat(v) for k, v in parts.items()}
-    data["labels"] = signal.cfg.scale * (data["labels"] - data["labels"].mean()) / (data["labels"].std() + 1e-8)
+    p = cfg.ppo
+    gae = lambda *args: compute_gae(*args, p.gamma, p.gae_lambda)  # noqa: E731
+    keys = ("obs", "actions", "next_obs", "terminations", "labels")
+    data = dict(zip(keys, trainer.signal.distillation_set(trainer.agent.value, gae)))
     trainer.close()
-    return signal, data
+    return trainer.signal, data
 
 
 def r2(model, data, idx) -> float:

@@ -140,7 +140,6 @@ def run_experiment(root: Path, spec: ExperimentSpec, backend: str = "local", wor
 def _exclusive(root: Path):
     """Hold an advisory lock on the experiment directory while its runs train, so that a
     second `compare` on the same --out stops at once instead of training the same runs."""
-    created = not root.exists()
     root.mkdir(parents=True, exist_ok=True)
     try:
         import fcntl
@@ -154,12 +153,7 @@ def _exclusive(root: Path):
         except OSError:
             raise UserError(f"another 'reflectrl compare' is running on {root}; wait for it to finish "
                             "(or stop it) before resuming or extending this experiment") from None
-        try:
-            yield
-        except UserError:
-            if created and not any(root.iterdir()):
-                root.rmdir()
-            raise
+        yield
     finally:
         os.close(fd)
 

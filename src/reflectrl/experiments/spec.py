@@ -190,12 +190,13 @@ def load_or_create(root: Path, spec: ExperimentSpec) -> list[str]:
         if not diff:
             return added
         fixed = [k for k in diff if k not in _EXTENSIBLE]
-        dropped = ([f"env {e}" for e in old.get("envs", []) if e not in spec.envs]
-                   + [f"algo entry {a}" for a in old.get("algos", []) if a not in spec.algos])
-        if fixed or dropped or spec.seeds < old.get("seeds", 0):
-            why = (f"differs in: {', '.join(fixed)}" if fixed else
-                   f"--seeds {spec.seeds} is fewer than its {old.get('seeds')}" if not dropped else
-                   f"this command leaves out its {', '.join(dropped)}")
+        dropped = ([f"env {e}" for e in old["envs"] if e not in spec.envs]
+                   + [f"algo entry {a}" for a in old["algos"] if a not in spec.algos])
+        why = (f"differs in: {', '.join(fixed)}" if fixed
+               else f"this command leaves out its {', '.join(dropped)}" if dropped
+               else f"--seeds {spec.seeds} is fewer than its {old['seeds']}" if spec.seeds < old["seeds"]
+               else None)
+        if why:
             raise UserError(f"--out {root} holds a different experiment ({why}); repeat the original arguments "
                             "to resume it, add envs / algo entries / seeds to extend it, or use another --out")
         added = ([f"env {e}" for e in spec.envs if e not in old["envs"]]

@@ -200,21 +200,27 @@ class SelfDistilledShaping(Signal):
         self.updates += 1
         if self.updates % self.cfg.update_every:
             return
-        obs, actions, next_obs, terms, labels = [], [], [], [], []
-        with torch.no_grad():
-            for item in self.buffer:
-                shape = item["shape"]
-                values = batch.value_fn(item["obs"]).reshape(shape)
-                next_values = batch.value_fn(item["next_obs"]).reshape(shape)
-                adv, _ = batch.gae(item["rewards"], values, next_values, item["raw_terminations"], item["truncations"])
-                obs.append(item["obs"]), actions.append(item["actions"]), next_obs.append(item["next_obs"])
-                terms.append(item["terminations"]), labels.append(adv.reshape(-1))
-        obs, actions, next_obs, terms, labels = map(torch.cat, (obs, actions, next_obs, terms, labels))
-        labels = self.cfg.scale * (labels - labels.mean()) / (labels.std() + 1e-8)
+        obs, actions, next_obs, terms, labels = self.distillation_set(batch.value_fn, batch.gae)
         loss = self._fit(obs, actions, next_obs, terms, labels, self.cfg.epochs, track_target=True)
         # The labels have variance scale^2, so this is the share of it F explains (0: F has
         # learned nothing yet, seed 002 section 4.2's failure; near 1: F reproduces the advantages).
         self._last.update(label_loss=loss, label_r2=1.0 - loss / labels.var().item() if len(labels) > 1 else None)
+
+    def distillation_set(self, value_fn, gae):
+        """The buffer's transitions and their soft labels: GAE under the critic `value_fn`,
+        normalised to mean 0 / std 1, times `scale`."""
+        obs, actions, next_obs, terms, labels = [], [], [], [], []
+        with torch.no_grad():
+            for item in self.buffer:
+                shape = item["shape"]
+                values = value_fn(item["obs"]).reshape(shape)
+                next_values = value_fn(item["next_obs"]).reshape(shape)
+                adv, _ = gae(item["rewards"], values, next_values, item["raw_terminations"], item["truncations"])
+                obs.append(item["obs"]), actions.append(item["actions"]), next_obs.append(item["next_obs"])
+                terms.append(item["terminations"]), labels.append(adv.reshape(-1))
+        obs, actions, next_obs, terms, labels = map(torch.cat, (obs, actions, next_obs, terms, labels))
+        labels = self.cfg.scale * (labels - labels.mean()) / (labels.std() + 1e-8)
+        return obs, actions, next_obs, terms, labels
 
     def _fit(self, obs, actions, next_obs, terms, labels, epochs, track_target=False) -> float:
         n = obs.shape[0]
