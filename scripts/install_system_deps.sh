@@ -31,7 +31,7 @@ else
   exit 0
 fi
 
-echo "install_system_deps: installing ${missing[*]}"
+echo "install_system_deps: installing ${missing[*]} with apt-get (about a minute)"
 export DEBIAN_FRONTEND=noninteractive
 ${as_root[@]+"${as_root[@]}"} apt-get update -qq >/dev/null \
   || echo "install_system_deps: apt-get update failed; trying the cached package lists" >&2

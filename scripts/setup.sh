@@ -20,10 +20,10 @@ pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 
 if ! "$venv/bin/python" -c "import torch" >/dev/null 2>&1; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-    echo "setup: installing torch (CUDA machine)"
+    echo "setup: installing torch (CUDA machine; a multi-GB download, several minutes)"
     "${pip[@]}" install torch 2>&1 | grep -v -E "^WARNING: Location .* is ignored" || true
   else
-    echo "setup: installing torch==2.13.0 (no CUDA GPU here)"
+    echo "setup: installing torch==2.13.0 (no CUDA GPU here; a CPU build, about a minute)"
     "${pip[@]}" install torch==2.13.0 2>&1 | grep -v -E "^WARNING: Location .* is ignored" || true
   fi
   "$venv/bin/python" -W ignore -c "import torch" 2>/dev/null || { echo "setup: torch did not install" >&2; exit 1; }  # the filter above hides pip's exit status
@@ -32,8 +32,10 @@ fi
 stamp="$venv/.reflectrl-installed"
 want="$(sha256sum pyproject.toml | cut -c1-16)-$extras"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "setup: installing reflectrl[$extras]"
+  echo "setup: installing reflectrl[$extras] and its dependencies (gymnasium with box2d and mujoco, minigrid," \
+       "transformers, ray, stable-baselines3, ...): about 2 minutes on a fresh machine"
   "${pip[@]}" install -e ".[$extras]" 2>&1 | grep -v -E "^WARNING: Location .* is ignored" || true
   "$venv/bin/python" -c "import reflectrl" # fail here, not later, if the install did not work
   echo "$want" > "$stamp"
+  echo "setup: done ($venv)"
 fi

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 import warnings
@@ -32,7 +33,7 @@ def _flatten(sets: list[list[str]] | None) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     from reflectrl import __version__
-    from reflectrl.config import ALGOS
+    from reflectrl.config import ALGOS, EVAL_MAX_STEPS
     from reflectrl.envs import DEFAULT_ENV
 
     parser = _Parser(prog="reflectrl", description="Agentic RL in which the agent learns its own learning signal.")
@@ -92,6 +93,15 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--seed", type=int, default=None, help="seed of the evaluation episodes")
     ev.add_argument("--json", action="store_true", help="print one JSON object")
     ev.add_argument("--video", metavar="FILE.mp4", default=None, help="record the episodes")
+    ev.add_argument("--max-steps", type=int, default=None,
+                    help=f"cap on each episode's steps (default: the env's time limit, else {EVAL_MAX_STEPS:,}); "
+                         "capped episodes are reported as such")
+
+    kn = sub.add_parser("knobs", help="list every knob with its default and meaning (what --set takes)")
+    kn.add_argument("section", nargs="?", default=None,
+                    help="one section: run, ppo, env, a signal's section (calibration, shaping, gear) or grpo")
+    kn.add_argument("--algo", default=None, help="only the knobs an algo reads (e.g. refgrpo, or llm:gear)")
+    kn.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
 
 
@@ -130,15 +140,18 @@ def _train_new(args) -> int:
     created = not os.path.exists(args.out)
     run = RunDir.create(args.out, cfg.to_dict(), command=["reflectrl", *sys.argv[1:]])
     try:
-        trainer = PPOTrainer(cfg, run)
-    except BaseException:
-        if created:
-            shutil.rmtree(run.path, ignore_errors=True)
-        else:  # the directory was empty before: leave it so
-            for child in run.path.iterdir():
-                shutil.rmtree(child) if child.is_dir() else child.unlink()
-        raise
-    return _run_training(trainer, run, progress=not args.no_progress)
+        try:
+            trainer = PPOTrainer(cfg, run)
+        except BaseException:
+            if created:
+                shutil.rmtree(run.path, ignore_errors=True)
+            else:  # the directory was empty before: leave it so
+                for child in run.path.iterdir():
+                    shutil.rmtree(child) if child.is_dir() else child.unlink()
+            raise
+        return _run_training(trainer, run, progress=not args.no_progress)
+    finally:
+        run.unlock()
 
 
 def _train_resume(args) -> int:
@@ -151,12 +164,15 @@ def _train_resume(args) -> int:
                                        ("--wrapper", args.wrapper), ("--set", args.set)])
     if run is None:
         return 0
-    cfg = RunConfig.from_dict(run.config())
-    state = run.load_checkpoint()
-    trainer = PPOTrainer(cfg, run)
-    trainer.load_state_dict(state)
-    run.set_status("running")
-    return _run_training(trainer, run, progress=not args.no_progress)
+    try:
+        cfg = RunConfig.from_dict(run.config())
+        state = run.load_checkpoint()
+        trainer = PPOTrainer(cfg, run)
+        trainer.load_state_dict(state)
+        run.set_status("running")
+        return _run_training(trainer, run, progress=not args.no_progress)
+    finally:
+        run.unlock()
 
 
 def _run_training(trainer, run, progress: bool) -> int:
@@ -175,10 +191,13 @@ def _run_training(trainer, run, progress: bool) -> int:
         from reflectrl.report.calibration_plot import plot_calibration
 
         plot_calibration(run.path)
-    recent = float(np.mean(trainer.recent_returns)) if trainer.recent_returns else float("nan")
     run.set_status("finished", global_step=trainer.global_step, params_sha256=params_sha256(trainer.agent))
-    print(f"finished {trainer.cfg.algo} on {trainer.cfg.env_id}: {trainer.global_step} steps, "
-          f"mean return of the last {len(trainer.recent_returns)} episodes {recent:.4g}; run: {run.path}")
+    if trainer.recent_returns:
+        outcome = (f"mean return of the last {len(trainer.recent_returns)} episodes "
+                   f"{float(np.mean(trainer.recent_returns)):.4g}")
+    else:
+        outcome = "no episode ended in training (an env without a time limit?)"
+    print(f"finished {trainer.cfg.algo} on {trainer.cfg.env_id}: {trainer.global_step} steps, {outcome}; run: {run.path}")
     return 0
 
 
@@ -186,13 +205,16 @@ def _eval(args) -> int:
     from reflectrl.control.evaluate import evaluate
 
     result = evaluate(args.run_dir, episodes=args.episodes, deterministic=args.deterministic,
-                      seed=args.seed, video=args.video)
+                      seed=args.seed, video=args.video, max_steps=args.max_steps)
     if args.json:
         print(json.dumps(result))
     else:
+        capped = (f"; {result['capped_episodes']} episode(s) cut at the {result['max_steps']:,}-step cap "
+                  "(their return is the partial sum)" if result["capped_episodes"] else "")
         print(f"{result['env_id']} @ {result['global_step']} steps: mean return {result['mean_return']:.4g} "
               f"+- {result['std_return']:.3g} over {result['episodes']} episodes "
-              f"({'deterministic' if args.deterministic else 'stochastic'}); params_sha256 {result['params_sha256'][:16]}")
+              f"({'deterministic' if args.deterministic else 'stochastic'}){capped}; "
+              f"params_sha256 {result['params_sha256'][:16]}")
     return 0
 
 
@@ -236,12 +258,21 @@ def _report(args) -> int:
 
     if args.reps < 100:
         raise UserError(f"--reps {args.reps}: use at least 100 bootstrap resamples")
-    _print_report(Path(args.exp_dir), args.reps)
+    root = Path(args.exp_dir)
+    if not root.exists():
+        raise UserError(f"{root} does not exist; pass the --out of a 'reflectrl compare'")
+    _print_report(root, args.reps)
     return 0
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
 def _one_line_warnings(message, category, filename, lineno, line=None):
-    return f"reflectrl: warning: {message}\n"
+    # libraries colour their warnings (gymnasium's logger): the codes are noise in a log file
+    text = _ANSI.sub("", str(message)).strip()
+    text = re.sub(r"^(WARN|WARNING):\s*", "", text)
+    return f"reflectrl: warning: {text}\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -256,6 +287,10 @@ def main(argv: list[str] | None = None) -> int:
             return _compare(args)
         if args.command == "report":
             return _report(args)
+        if args.command == "knobs":
+            from reflectrl.knobs import print_knobs
+
+            return print_knobs(args.section, args.algo, as_json=args.json)
         if args.command == "plot":
             if args.plot_command == "reward-map":
                 from reflectrl.report.reward_map import plot_reward_map

@@ -33,26 +33,46 @@ ALGO_SECTIONS = {"refgrpo": "calibration", "sdrs": "shaping", "gear": "gear"}
 @dataclass
 class PPOConfig:
     num_envs: int | None = None
+    """parallel envs"""
     num_steps: int | None = None
+    """steps per env per rollout"""
     num_minibatches: int | None = None
+    """minibatches per epoch"""
     update_epochs: int | None = None
+    """epochs over each rollout"""
     learning_rate: float | None = None
+    """Adam step size"""
     anneal_lr: bool = True
+    """decay the learning rate linearly to 0 over training"""
     gamma: float = 0.99
+    """discount factor"""
     gae_lambda: float = 0.95
+    """GAE's lambda"""
     clip_coef: float = 0.2
+    """PPO's clip range for the ratio (and for the value, with clip_vloss)"""
     clip_vloss: bool = True
+    """clip the value loss as CleanRL does"""
     ent_coef: float | None = None
+    """entropy bonus weight"""
     vf_coef: float = 0.5
+    """value loss weight"""
     max_grad_norm: float = 0.5
+    """global gradient-norm clip"""
     target_kl: float | None = None
+    """stop the epochs of an update once the approximate KL exceeds this (none: never)"""
     norm_adv: bool = True
+    """normalise advantages per minibatch"""
     hidden_sizes: tuple[int, ...] = (64, 64)
+    """actor and critic MLP widths, e.g. 64,64"""
     # Continuous control: observation/reward normalisation and clipping (CleanRL's wrappers).
     norm_obs: bool | None = None
+    """normalise observations with running statistics"""
     norm_reward: bool | None = None
+    """scale rewards by the running std of the discounted return"""
     clip_obs: float = 10.0
+    """clip normalised observations to +-this"""
     clip_reward: float = 10.0
+    """clip normalised rewards to +-this"""
 
     @property
     def batch_size(self) -> int:
@@ -77,16 +97,26 @@ CONTINUOUS_DEFAULTS = dict(
 @dataclass
 class RunConfig:
     algo: str = "ppo"
+    """ppo, refgrpo, sdrs or gear (--algo)"""
     env_id: str = "reflectrl/GridWorld-v0"
+    """Gymnasium env id (--env)"""
     seed: int = 1
+    """random seed (--seed)"""
     total_steps: int = 100_000
+    """env steps to train for (--total-steps)"""
     wrapper: str | None = None
+    """reward wrapper: sparse or delayed:K (--wrapper)"""
     env: dict[str, Any] = field(default_factory=dict)
+    """keywords for the env's constructor (--set env.NAME=VALUE)"""
     checkpoint_every: int = 50_000
+    """env steps between checkpoints"""
     torch_threads: int = 1
+    """torch's intra-op threads"""
     ppo: PPOConfig = field(default_factory=PPOConfig)
+    """the PPO knobs"""
     # Signal sections (calibration, shaping, gear) are added by the signal modules.
     sections: dict[str, Any] = field(default_factory=dict)
+    """the signals' knobs, by section"""
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -124,6 +154,8 @@ def _dataclass_from_dict(cls, values: dict):
 
 
 RUN_KNOBS = ("checkpoint_every", "torch_threads")
+EVAL_MAX_STEPS = 10_000  # `eval`'s cap on an episode's steps when the env has no time limit
+SEED_MAX = 2**32 - 1     # numpy's and Gymnasium's seeds are unsigned 32-bit integers
 
 
 def resolve_defaults(ppo: PPOConfig, continuous: bool) -> PPOConfig:
@@ -221,7 +253,7 @@ def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
             if key not in ppo_names:
                 close = difflib.get_close_matches(key, ppo_names + list(RUN_KNOBS), n=3)
                 hint = f" (did you mean {', '.join(close)}?)" if close else ""
-                raise UserError(f"unknown --set key '{key}'{hint}; PPO knobs: {', '.join(ppo_names)}; run knobs: {', '.join(RUN_KNOBS)}")
+                raise UserError(f"unknown --set key '{key}'{hint}; PPO knobs: {', '.join(ppo_names)}; run knobs: {', '.join(RUN_KNOBS)} (all knobs: 'reflectrl knobs')")
             _set_dataclass_field(cfg.ppo, key, key, raw, "PPO")
     return cfg
 
@@ -233,6 +265,11 @@ def _finite(name: str, value: float) -> None:
         raise UserError(f"{name}={value} must be a finite number")
 
 
+def check_seed(seed: int, flag: str = "--seed") -> None:
+    if not 0 <= seed <= SEED_MAX:
+        raise UserError(f"{flag} {seed}: must be between 0 and 2**32 - 1 ({SEED_MAX})")
+
+
 def validate(cfg: RunConfig) -> None:
     """Check a resolved config; raise UserError naming the first bad value and the fix."""
     p = cfg.ppo
@@ -240,8 +277,7 @@ def validate(cfg: RunConfig) -> None:
         close = difflib.get_close_matches(cfg.algo, ALGOS, n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
         raise UserError(f"unknown --algo '{cfg.algo}'{hint}; available: {', '.join(ALGOS)}")
-    if cfg.seed < 0:
-        raise UserError(f"--seed {cfg.seed}: must be >= 0")
+    check_seed(cfg.seed)
     if cfg.total_steps <= 0:
         raise UserError(f"--total-steps {cfg.total_steps}: must be a positive integer")
     for name in ("num_envs", "num_steps", "num_minibatches", "update_epochs"):
@@ -251,6 +287,12 @@ def validate(cfg: RunConfig) -> None:
         raise UserError(
             f"batch of num_envs*num_steps={p.batch_size} does not divide into num_minibatches={p.num_minibatches}; "
             "pick num_minibatches that divides it"
+        )
+    if p.norm_adv and p.minibatch_size < 2:
+        raise UserError(
+            f"minibatches of {p.minibatch_size} sample (num_envs*num_steps={p.batch_size} / num_minibatches="
+            f"{p.num_minibatches}) with norm_adv: an advantage cannot be normalised over one sample (its std "
+            "is undefined); use fewer num_minibatches, a larger batch, or norm_adv=false"
         )
     if p.batch_size > cfg.total_steps:
         raise UserError(

@@ -7,10 +7,11 @@ with no traceback. Messages say what is wrong and how to fix it.
 so the last good one is kept, and the message names the quantity that went non-finite.
 """
 
-# Exit statuses of every command: bad input, a run that failed, Ctrl-C or SIGTERM.
+# Exit statuses of every command: bad input, a run that failed, Ctrl-C, SIGTERM.
 EXIT_USAGE = 2
 EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143
 
 
 class UserError(Exception):

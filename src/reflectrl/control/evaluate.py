@@ -13,9 +13,10 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from reflectrl.config import RunConfig
+from reflectrl.config import EVAL_MAX_STEPS, RunConfig, check_seed
 from reflectrl.control.policies import ActorCritic, params_sha256
-from reflectrl.envs import ClipObservation, is_continuous, make_env
+from reflectrl.envs import ClipObservation, episode_step_limit, is_continuous, make_env
+from reflectrl.envs.headless import prepare_headless_rendering
 from reflectrl.errors import UserError
 from reflectrl.runs import RunDir
 
@@ -42,14 +43,26 @@ def evaluate(
     deterministic: bool = False,
     seed: int | None = None,
     video: str | None = None,
+    max_steps: int | None = None,
 ) -> dict:
+    """Run `episodes` episodes of the run's latest policy. Each episode stops at `max_steps`
+    (default: the env's time limit, else EVAL_MAX_STEPS), so an env without a time limit
+    cannot hang evaluation; such cut episodes are counted in `capped_episodes`."""
     if episodes < 1:
         raise UserError(f"--episodes {episodes}: must be >= 1")
+    if max_steps is not None and max_steps < 1:
+        raise UserError(f"--max-steps {max_steps}: must be a positive integer")
+    if seed is not None:
+        check_seed(seed)
     if video is not None and not video.lower().endswith(".mp4"):
         raise UserError(f"--video {video}: give a file name ending in .mp4")
-    run = RunDir.open(run_path)
+    if video is not None:
+        prepare_headless_rendering()  # before the first make_env: MuJoCo picks its GL backend on import
+    run = RunDir.open(run_path, kind="control")
     cfg, agent, state = load_policy(run)
     env = make_env(cfg.env_id, env_kwargs=cfg.env, render_mode="rgb_array" if video else None)
+    if max_steps is None:
+        max_steps = episode_step_limit(env) or EVAL_MAX_STEPS
     normalizer = state.get("obs_normalizer")
     if cfg.ppo.norm_obs and normalizer is not None:
         env = gym.wrappers.NormalizeObservation(env)
@@ -61,10 +74,15 @@ def evaluate(
     base_seed = cfg.seed + 1_000_003 if seed is None else seed
 
     returns, lengths, frames = [], [], []
+    capped = 0
     for ep in range(episodes):
         obs, _ = env.reset(seed=base_seed + ep)
         done = False
+        episode_return, steps = 0.0, 0
         while not done:
+            if steps == max_steps:
+                capped += 1
+                break
             if video:
                 frames.append(env.render())
             x = torch.as_tensor(obs, dtype=torch.float32).unsqueeze(0)
@@ -75,10 +93,12 @@ def evaluate(
                 a = np.clip(a, env.action_space.low, env.action_space.high)
             else:
                 a = int(a)
-            obs, _, terminated, truncated, info = env.step(a)
+            obs, reward, terminated, truncated, info = env.step(a)
+            episode_return += float(reward)  # eval adds no reward wrapper: this is the env's true return
+            steps += 1
             done = terminated or truncated
-        returns.append(float(info["episode"]["r"]))
-        lengths.append(int(info["episode"]["l"]))
+        returns.append(episode_return)
+        lengths.append(steps)
     env.close()
 
     if video:
@@ -94,6 +114,8 @@ def evaluate(
         "min_return": float(np.min(returns)),
         "max_return": float(np.max(returns)),
         "mean_length": float(np.mean(lengths)),
+        "max_steps": int(max_steps),
+        "capped_episodes": capped,
         "returns": returns,
         "params_sha256": params_sha256(agent),
     }

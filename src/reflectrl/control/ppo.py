@@ -31,6 +31,8 @@ from reflectrl.nets import flatten_parameters
 from reflectrl.envs import find_wrapper, is_continuous, make_env, make_vector_env, snapshot
 from reflectrl.errors import NonFiniteError
 from reflectrl.runs import MetricsLogger, RunDir
+from reflectrl.runs.health import RunMonitor
+from reflectrl.runs.session import Terminated, stop_requested
 from reflectrl.signals import Batch, Signal, SignalContext, make_signal
 
 CHECKPOINT_FORMAT = 1
@@ -315,6 +317,8 @@ class PPOTrainer:
         total = self.num_iterations * p.batch_size
         bar = tqdm(total=total, initial=self.global_step, unit="step", unit_scale=True,
                    disable=not progress, dynamic_ncols=True, smoothing=0.1, mininterval=0.5)
+        monitor = RunMonitor(total, "env steps", discrete_entropy=not self.continuous)
+        session_start, session_first_step = time.perf_counter(), self.global_step
         try:
             while self.iteration < self.num_iterations:
                 self.iteration += 1
@@ -354,6 +358,8 @@ class PPOTrainer:
                 if self.logger is not None:
                     self.logger.log(row)
                 bar.update(p.batch_size)
+                monitor.after_iteration(row, self.global_step, self.global_step - session_first_step,
+                                        time.perf_counter() - session_start)
                 postfix = f"return={np.mean(self.recent_returns):.3g}" if self.recent_returns else ""
                 if row.get("shaping_warning"):
                     postfix += f" WARNING shaping/reward={row['shaping_to_reward']:.2f}"
@@ -363,11 +369,16 @@ class PPOTrainer:
                         self._warned_shaping = True
                 bar.set_postfix_str(postfix, refresh=False)
                 previous = self.global_step - p.batch_size
-                if self.run is not None and (
+                saved = self.run is not None and (
                     self.global_step // cfg.checkpoint_every > previous // cfg.checkpoint_every
                     or self.iteration == self.num_iterations
-                ):
+                )
+                if saved:
                     self.save_checkpoint()
+                if stop_requested() and self.iteration < self.num_iterations:
+                    if self.run is not None and not saved:
+                        self.save_checkpoint()  # the state is whole here: nothing of this iteration is lost
+                    raise Terminated
         finally:
             bar.close()
             if self.logger is not None:

@@ -13,28 +13,64 @@ MiniGrid: observations are the 7x7x3 symbolic egocentric view, flattened to 147 
 for the MLP policy. We chose flattening over a CNN because the view is symbolic (object,
 colour and state indices, not pixels), tiny, and fixed in size, so an MLP learns it well
 on a CPU and every signal sees the same kind of feature vector on every env.
+MiniGrid's mission text is dropped with the dict. `make_env` warns about it when the
+mission can vary: for every BabyAI-* id, and for any env whose mission space is not one
+fixed string (MiniGrid's `MissionSpace` with a placeholder that has several values, or a
+mission space of another kind). MiniGrid-Empty-*, DoorKey-* and the like have one fixed
+mission and do not warn.
+
+Other warnings, each given once per process per env id: an image observation (a Box of
+rank 3, or rank 2 uint8; not MiniGrid's symbolic view) is flattened into the MLP, which is
+slow and large until a CNN encoder is added; and training envs with no time limit
+(see `has_time_limit`), whose episodes may never end.
+
+An id whose extra package is missing, or whose entry point fails to import, is a
+`UserError` naming the package and how to install it (MuJoCo v2/v3 ids, which need the
+unmaintained mujoco-py, point to their -v5 id).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
+import warnings
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.envs.registration import find_highest_version, get_env_id, load_env_creator, parse_env_id
 
 from reflectrl.errors import UserError
 from reflectrl.envs.gridworld import GridWorldEnv, register_gridworld
+from reflectrl.envs.headless import prepare_headless_rendering
 from reflectrl.envs.normalize import NormalizeObservation, NormalizeReward
 from reflectrl.envs.wrappers import DelayedReward, SparseReward, parse_reward_wrapper
 
 __all__ = [
     "make_env", "make_vector_env", "GridWorldEnv", "SparseReward", "DelayedReward",
-    "parse_reward_wrapper", "is_continuous", "DEFAULT_ENV",
+    "parse_reward_wrapper", "is_continuous", "episode_step_limit", "has_time_limit",
+    "DEFAULT_ENV",
 ]
 
 DEFAULT_ENV = "reflectrl/GridWorld-v0"
+
+# How to install the module an env id imports, by top-level module name.
+_INSTALL = {
+    "jax": "pip install 'gymnasium[jax]'", "jaxlib": "pip install 'gymnasium[jax]'",
+    "flax": "pip install 'gymnasium[jax]'", "mujoco": "pip install 'gymnasium[mujoco]'",
+    "Box2D": "pip install 'gymnasium[box2d]'", "ale_py": "pip install 'gymnasium[atari]'",
+    "minigrid": "pip install 'reflectrl[envs]'", "shimmy": "pip install 'shimmy[gym-v26]'",
+}
+
+_WARNED: set[tuple[str, str]] = set()
+"""(kind, env id) pairs already warned about in this process; tests clear it."""
+
+
+def _warn_once(kind: str, env_id: str, message: str) -> None:
+    if (kind, env_id) not in _WARNED:
+        _WARNED.add((kind, env_id))
+        warnings.warn(message, UserWarning, stacklevel=3)
 
 
 def _ensure_registered(env_id: str) -> None:
@@ -55,6 +91,112 @@ def _check_env_id(env_id: str) -> None:
     if env_id.startswith(("MiniGrid", "BabyAI")):
         hint += " (MiniGrid ids need: pip install 'reflectrl[envs]')"
     raise UserError(f"unknown env id '{env_id}'{hint}")
+
+
+def _first_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    return lines[0] if lines else type(err).__name__
+
+
+def _plain_id(env_id: str) -> str | None:
+    """The newest id of the same env outside its namespace (phys2d/CartPole-v1 -> CartPole-v1)."""
+    ns, name, _ = parse_env_id(env_id)
+    version = find_highest_version(None, name) if ns else None
+    return get_env_id(None, name, version) if version is not None else None
+
+
+def _load_error(env_id: str, err: Exception) -> UserError:
+    """One line for an env whose entry point or a package it needs cannot be imported."""
+    text = _first_line(err)
+    ns, name, version = parse_env_id(env_id)
+    if "mujoco_py" in text or "mujoco-py" in text or "mujoco v2 and v3" in text:
+        newest = find_highest_version(ns, name)
+        use = f"use {get_env_id(ns, name, newest)} instead" if newest and newest != version else "use a -v5 MuJoCo id"
+        return UserError(f"env '{env_id}' is not supported: MuJoCo v2/v3 envs need the unmaintained mujoco-py "
+                         f"package (moved to gymnasium-robotics); {use} (pip install 'gymnasium[mujoco]')")
+    missing = getattr(err, "name", None) if isinstance(err, ModuleNotFoundError) else None
+    if missing:
+        top = missing.split(".")[0]
+        plain = _plain_id(env_id)
+        alt = f", or use {plain}" if plain and plain != env_id else ""
+        return UserError(f"env '{env_id}' needs the package '{top}', which is not installed: "
+                         f"{_INSTALL.get(top, f'pip install {top}')}{alt}")
+    if isinstance(err, (ImportError, gym.error.DependencyNotInstalled)):
+        return UserError(f"env '{env_id}' needs an extra package: {text}")
+    return UserError(f"cannot load env '{env_id}': {type(err).__name__}: {text}")
+
+
+def _make(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
+    spec = gym.registry[env_id]
+    if isinstance(spec.entry_point, str):
+        try:  # an import failure of the entry point, whatever its type, is an install problem
+            load_env_creator(spec.entry_point)
+        except Exception as err:
+            raise _load_error(env_id, err) from None
+    rest = kwargs
+    if spec.entry_point == "reflectrl.envs.gridworld:GridWorldEnv" and "max_episode_steps" in kwargs:
+        # gym.make would take max_episode_steps for a TimeLimit: the grid world's own limit is its keyword
+        spec = dataclasses.replace(spec, kwargs={**spec.kwargs, "max_episode_steps": kwargs["max_episode_steps"]})
+        rest = {k: v for k, v in kwargs.items() if k != "max_episode_steps"}
+    try:  # from the spec: from the id, gym.make warns that an old id is out of date even when it then fails
+        env = gym.make(spec, **rest)
+    except (ImportError, gym.error.DependencyNotInstalled) as err:
+        raise _load_error(env_id, err) from None
+    except (TypeError, ValueError) as err:
+        raise UserError(f"cannot make env '{env_id}' with {kwargs}: {_first_line(err)}") from None
+    ns, name, version = parse_env_id(env_id)
+    newest = find_highest_version(ns, name)
+    if version is not None and newest is not None and newest > version:
+        _warn_once("version", env_id, f"'{env_id}' is out of date: consider {get_env_id(ns, name, newest)}")
+    return env
+
+
+def _mission_can_vary(env_id: str, space: gym.Space) -> bool:
+    if env_id.startswith("BabyAI-") or type(space).__name__ == "BabyAIMissionSpace":
+        return True
+    if not hasattr(space, "ordered_placeholders"):  # not MiniGrid's MissionSpace: free text
+        return True
+    return any(len(values) > 1 for values in space.ordered_placeholders or [])
+
+
+def _is_image(space: gym.Space) -> bool:
+    return isinstance(space, gym.spaces.Box) and (
+        len(space.shape) == 3 or (len(space.shape) == 2 and space.dtype == np.uint8))
+
+
+def _is_minigrid(env: gym.Env) -> bool:
+    return type(env.unwrapped).__module__.startswith("minigrid.")
+
+
+def episode_step_limit(env: gym.Env) -> int | None:
+    """The most steps an episode of `env` can last, or None if it has no time limit.
+
+    The smallest of: a `TimeLimit` wrapper's limit, `env.spec.max_episode_steps`, and the
+    limit the env applies itself (the built-in grid world's `max_episode_steps`, MiniGrid's
+    `max_steps`). A BabyAI level sets its limit on each reset, so before the first reset it
+    has none here; `has_time_limit` is True for it all the same.
+    """
+    limits = []
+    inner = env
+    while isinstance(inner, gym.Wrapper):
+        if isinstance(inner, gym.wrappers.TimeLimit):
+            limits.append(inner._max_episode_steps)
+        inner = inner.env
+    spec = getattr(env, "spec", None)
+    if spec is not None and spec.max_episode_steps is not None:
+        limits.append(spec.max_episode_steps)
+    base = env.unwrapped
+    if isinstance(base, GridWorldEnv):
+        limits.append(base.max_episode_steps)
+    elif _is_minigrid(base) and isinstance(getattr(base, "max_steps", None), int):
+        limits.append(base.max_steps)
+    limits = [int(n) for n in limits if n is not None and n > 0]
+    return min(limits) if limits else None
+
+
+def has_time_limit(env: gym.Env) -> bool:
+    """Whether every episode of `env` ends after a bounded number of steps (MiniGrid's always do)."""
+    return episode_step_limit(env) is not None or _is_minigrid(env)
 
 
 class ClipObservation(gym.ObservationWrapper):
@@ -91,20 +233,24 @@ def make_env(
         raise UserError(str(err)) from None
     kwargs = dict(env_kwargs or {})
     if render_mode is not None:
+        prepare_headless_rendering()
         kwargs["render_mode"] = render_mode
-    try:
-        env = gym.make(env_id, **kwargs)
-    except gym.error.DependencyNotInstalled as err:
-        raise UserError(f"env '{env_id}' needs an extra package: {str(err).splitlines()[0]} (pip install 'reflectrl[envs]')") from None
-    except (TypeError, ValueError) as err:
-        raise UserError(f"cannot make env '{env_id}' with {kwargs}: {str(err).splitlines()[0]}") from None
+    env = _make(env_id, kwargs)
 
     space = env.observation_space
     if isinstance(space, gym.spaces.Dict) and "image" in space.spaces:
         from minigrid.wrappers import ImgObsWrapper
 
-        env = ImgObsWrapper(env)
+        mission = space.spaces.get("mission")
+        if mission is not None and _mission_can_vary(env_id, mission):
+            _warn_once("mission", env_id, f"'{env_id}': the mission text is dropped; the policy sees only the "
+                       "image, so tasks whose goal varies by mission cannot be solved from observations")
+        env = ImgObsWrapper(env)  # MiniGrid's symbolic view: flattened on purpose, see the docstring
         space = env.observation_space
+    elif _is_image(space):
+        _warn_once("image", env_id, f"'{env_id}': the image observation of shape {space.shape} is flattened "
+                   f"into {int(np.prod(space.shape))} inputs of an MLP policy, which is slow and large "
+                   "(a CNN encoder is planned)")
     if not (isinstance(space, gym.spaces.Box) and len(space.shape) == 1):
         try:
             env = gym.wrappers.FlattenObservation(env)
@@ -143,9 +289,13 @@ def make_vector_env(cfg, seed_offset: int = 0) -> gym.vector.SyncVectorEnv:
         _make_training_env, cfg.env_id, cfg.wrapper, dict(cfg.env), p.norm_obs, p.norm_reward,
         p.clip_obs, p.clip_reward, p.gamma,
     )
-    return gym.vector.SyncVectorEnv(
+    envs = gym.vector.SyncVectorEnv(
         [fn] * p.num_envs, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
     )
+    if not has_time_limit(envs.envs[0]):
+        _warn_once("time limit", cfg.env_id, f"'{cfg.env_id}' has no time limit, so its episodes may never end "
+                   "and no episode return may be logged; add one with --set env.max_episode_steps=N")
+    return envs
 
 
 def find_wrapper(env: gym.Env, cls: type) -> gym.Wrapper | None:

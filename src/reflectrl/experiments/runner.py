@@ -34,6 +34,7 @@ from pathlib import Path
 
 from reflectrl.errors import UserError
 from reflectrl.experiments.spec import ExperimentSpec, RunSpec, load_or_create
+from reflectrl.runs.rundir import make_dir
 
 
 @dataclass
@@ -140,7 +141,7 @@ def run_experiment(root: Path, spec: ExperimentSpec, backend: str = "local", wor
 def _exclusive(root: Path):
     """Hold an advisory lock on the experiment directory while its runs train, so that a
     second `compare` on the same --out stops at once instead of training the same runs."""
-    root.mkdir(parents=True, exist_ok=True)
+    make_dir(root)
     try:
         import fcntl
     except ImportError:  # not POSIX: no lock

@@ -204,8 +204,10 @@ def load_or_create(root: Path, spec: ExperimentSpec) -> list[str]:
                  + ([f"seeds {old['seeds'] + 1}-{spec.seeds}"] if spec.seeds > old["seeds"] else []))
     elif root.exists() and any(root.iterdir()):
         raise UserError(f"--out {root} exists and is not an experiment directory; choose another --out")
-    root.mkdir(parents=True, exist_ok=True)
     from reflectrl.runs import atomic_write_bytes
+    from reflectrl.runs.rundir import make_dir
+
+    make_dir(root)
 
     atomic_write_bytes(path, (json.dumps(spec.to_dict(), indent=2) + "\n").encode())
     return added

@@ -58,9 +58,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
     ev = sub.add_parser("eval", help="greedy accuracy of a model on a task's held-out problems")
     ev.add_argument("--model", required=True, help="model directory (a run's DIR/model too) or HF name")
-    ev.add_argument("--task", required=True)
-    ev.add_argument("--problems", type=int, default=64)
-    ev.add_argument("--json", action="store_true")
+    ev.add_argument("--task", required=True, help="arith, rg:NAME, code or tools, with options in brackets "
+                    "(e.g. arith[max_operand=9;ops=+-*]); as given to llm train")
+    ev.add_argument("--problems", type=int, default=64, help="held-out problems to score (default 64)")
+    ev.add_argument("--json", action="store_true", help="print one JSON object")
     return llm
 
 
@@ -69,6 +70,7 @@ def run(args) -> int:
     if command == "init-tiny":
         from reflectrl.llm.model import init_tiny
 
+        _check_out(args.out)
         path = init_tiny(args.out, arch=args.arch, hidden_size=args.hidden_size, layers=args.layers,
                          heads=args.heads, vocab_size=args.vocab_size, seed=args.seed)
         print(f"tiny model: {path}")
@@ -82,14 +84,28 @@ def run(args) -> int:
     raise UserError(f"unknown llm command {command}")
 
 
+def _check_out(out: str) -> None:
+    """A model --out must be a new or empty directory we can create."""
+    from pathlib import Path
+
+    from reflectrl.runs.rundir import make_dir
+
+    path = Path(out)
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise UserError(f"{out} exists and is not an empty directory; choose a new --out directory")
+    existed = path.exists()
+    make_dir(path)  # fails here, in one line, where --out cannot be created
+    if not existed:
+        path.rmdir()
+
+
 def _sft(args) -> int:
     from reflectrl.llm.model import load_model
     from reflectrl.llm.sft import sft
     from reflectrl.llm.tasks import make_task
 
     task = make_task(args.task)
-    if os.path.exists(args.out) and os.listdir(args.out):
-        raise UserError(f"{args.out} exists and is not empty; choose a new --out directory")
+    _check_out(args.out)
     model, tokenizer = load_model(args.model)
     result = sft(model, tokenizer, task, steps=args.steps, out=args.out, batch_size=args.batch_size,
                  learning_rate=args.lr, seed=args.seed, progress=not args.no_progress)
@@ -122,12 +138,15 @@ def _train_new(args) -> int:
     created = not os.path.exists(args.out)
     run = RunDir.create(args.out, cfg.to_dict(), command=["reflectrl", *sys.argv[1:]])
     try:
-        trainer = GRPOTrainer(cfg, model, tokenizer, run)
-    except BaseException:
-        if created:
-            shutil.rmtree(run.path, ignore_errors=True)
-        raise
-    return _run(trainer, run, progress=not args.no_progress)
+        try:
+            trainer = GRPOTrainer(cfg, model, tokenizer, run)
+        except BaseException:
+            if created:
+                shutil.rmtree(run.path, ignore_errors=True)
+            raise
+        return _run(trainer, run, progress=not args.no_progress)
+    finally:
+        run.unlock()
 
 
 def _train_resume(args) -> int:
@@ -138,16 +157,19 @@ def _train_resume(args) -> int:
 
     run = open_to_resume(args.resume, [("--algo", args.algo), ("--task", args.task), ("--model", args.model),
                                        ("--steps", args.steps), ("--seed", args.seed), ("--out", args.out),
-                                       ("--set", args.set)])
+                                       ("--set", args.set)], kind="llm")
     if run is None:
         return 0
-    cfg = LLMRunConfig.from_dict(run.config())
-    state = run.load_checkpoint()
-    model, tokenizer = load_model(cfg.model)  # the reference policy is the starting model
-    trainer = GRPOTrainer(cfg, model, tokenizer, run)
-    trainer.load_state_dict(state)
-    run.set_status("running")
-    return _run(trainer, run, progress=not args.no_progress)
+    try:
+        cfg = LLMRunConfig.from_dict(run.config())
+        state = run.load_checkpoint()
+        model, tokenizer = load_model(cfg.model)  # the reference policy is the starting model
+        trainer = GRPOTrainer(cfg, model, tokenizer, run)
+        trainer.load_state_dict(state)
+        run.set_status("running")
+        return _run(trainer, run, progress=not args.no_progress)
+    finally:
+        run.unlock()
 
 
 def _run(trainer, run, progress: bool) -> int:

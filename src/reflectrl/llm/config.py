@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from reflectrl.config import SECTION_TYPES, _dataclass_from_dict, _set_dataclass_field
+from reflectrl.config import SECTION_TYPES, _dataclass_from_dict, _set_dataclass_field, check_seed
 from reflectrl.errors import UserError
 
 LLM_ALGOS = ("grpo", "gear", "refgrpo")
@@ -27,38 +27,67 @@ SCALE_REWARDS = ("group", "batch", "none")
 @dataclass
 class GRPOConfig:
     prompts_per_step: int = 8
+    """prompts per GRPO step"""
     group_size: int = 8
+    """samples per prompt (TRL's num_generations)"""
     learning_rate: float = 1e-4
+    """AdamW step size"""
     weight_decay: float = 0.0
+    """AdamW weight decay"""
     max_grad_norm: float = 1.0
+    """global gradient-norm clip"""
     num_iterations: int = 1
+    """policy updates per batch of samples"""
     minibatches: int = 1
+    """minibatches per update"""
     clip_eps: float = 0.2
+    """clip range of the ratio (TRL's epsilon)"""
     clip_eps_high: float | None = None      # DAPO's asymmetric upper clip; None: the same as clip_eps
+    """DAPO's upper clip (none: clip_eps)"""
     loss_type: str = "grpo"
+    """grpo, dr_grpo or dapo"""
     scale_rewards: str = "group"
+    """group, batch or none: what advantages are divided by"""
     beta: float = 0.0
+    """KL penalty to the frozen reference (0: none)"""
     temperature: float = 1.0
+    """sampling temperature"""
     top_p: float = 1.0
+    """nucleus sampling"""
     max_new_tokens: int | None = None       # per agent turn; None: the task's default
+    """tokens per agent turn (none: the task's default)"""
     gamma: float = 0.99                     # per-token (GEAR returns) and per-turn (refgrpo credit) discount
+    """discount per token (GEAR returns) and per turn (refgrpo credit)"""
     gae_lambda: float = 0.95
+    """GAE's lambda over turns (refgrpo)"""
     log_kl: bool = True                     # log KL to the reference even when beta = 0 (one more forward)
+    """log the KL to the reference even when beta = 0 (one more forward)"""
     eval_every: int = 10                    # greedy accuracy on a fixed held-out set every N steps (0: never)
+    """greedy held-out accuracy every N steps (0: never)"""
     eval_problems: int = 64
+    """size of the held-out set"""
 
 
 @dataclass
 class LLMRunConfig:
     algo: str = "grpo"
+    """grpo, gear or refgrpo (--algo)"""
     task: str = "arith"
+    """arith, rg:NAME, code or tools (--task)"""
     model: str = ""
+    """model directory or Hugging Face name (--model)"""
     steps: int = 100
+    """GRPO steps (--steps)"""
     seed: int = 1
+    """random seed (--seed)"""
     checkpoint_every: int = 10
+    """GRPO steps between checkpoints"""
     torch_threads: int | None = None
+    """torch's intra-op threads (none: torch's default)"""
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    """the GRPO knobs"""
     sections: dict[str, Any] = field(default_factory=dict)
+    """the signals' knobs, by section"""
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -66,9 +95,16 @@ class LLMRunConfig:
     @classmethod
     def from_dict(cls, d: dict) -> "LLMRunConfig":
         d = dict(d)
+        unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise UserError(f"config has unknown keys {sorted(unknown)}; is it a language-model run written by "
+                            "this reflectrl?")
         grpo = _dataclass_from_dict(GRPOConfig, d.pop("grpo", {}))
-        sections = {name: _dataclass_from_dict(SECTION_TYPES[name], values)
-                    for name, values in d.pop("sections", {}).items()}
+        sections = {}
+        for name, values in d.pop("sections", {}).items():
+            if name not in SECTION_TYPES:
+                raise UserError(f"config has an unknown section '{name}'; was it written by a newer reflectrl?")
+            sections[name] = _dataclass_from_dict(SECTION_TYPES[name], values)
         return cls(**d, grpo=grpo, sections=sections)
 
 
@@ -109,8 +145,7 @@ def validate_llm(cfg: LLMRunConfig) -> None:
         raise UserError("llm train needs --model DIR (make a tiny one with 'reflectrl llm init-tiny --out DIR')")
     if cfg.steps < 1:
         raise UserError(f"--steps {cfg.steps}: must be a positive integer")
-    if cfg.seed < 0:
-        raise UserError(f"--seed {cfg.seed}: must be >= 0")
+    check_seed(cfg.seed)
     if cfg.checkpoint_every < 1:
         raise UserError(f"checkpoint_every={cfg.checkpoint_every}: must be a positive number of steps")
     if cfg.torch_threads is not None and cfg.torch_threads < 1:

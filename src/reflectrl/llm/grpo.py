@@ -38,6 +38,8 @@ from reflectrl.llm.model import hidden_size
 from reflectrl.llm.tasks import make_task
 from reflectrl.llm.tasks.base import Problem, Task
 from reflectrl.runs import MetricsLogger, RunDir
+from reflectrl.runs.health import RunMonitor
+from reflectrl.runs.session import Terminated, stop_requested
 from reflectrl.signals import Batch, Signal, SignalContext
 from reflectrl.signals.calibration import CalibrationBonus
 from reflectrl.signals.reweighting import GEARReweighting
@@ -414,6 +416,8 @@ class GRPOTrainer:
             if self.step == 0:
                 self.save_checkpoint()
         bar = tqdm(total=cfg.steps, initial=self.step, unit="step", disable=not progress, dynamic_ncols=True)
+        monitor = RunMonitor(cfg.steps, "steps", discrete_entropy=False)
+        session_start, session_first_step = time.perf_counter(), self.step
         try:
             if self.step == 0 and g.eval_every and self.logger is not None:
                 self.logger.log({"global_step": 0, "step": 0, **self.evaluate()})
@@ -425,12 +429,19 @@ class GRPOTrainer:
                 if self.logger is not None:
                     self.logger.log(row)
                 bar.update(1)
+                monitor.after_iteration(row, self.step, self.step - session_first_step,
+                                        time.perf_counter() - session_start)
                 post = f"reward={row['reward']:.3f}"
                 if "eval_accuracy" in row:
                     post += f" eval_acc={row['eval_accuracy']:.3f}"
                 bar.set_postfix_str(post, refresh=False)
-                if self.run is not None and (self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps):
+                saved = self.run is not None and (self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps)
+                if saved:
                     self.save_checkpoint()
+                if stop_requested() and self.step < cfg.steps:
+                    if self.run is not None and not saved:
+                        self.save_checkpoint()  # between steps the state is whole
+                    raise Terminated
         finally:
             bar.close()
             if self.logger is not None:

@@ -106,6 +106,14 @@ def load_model(name_or_path: str, *, dtype: torch.dtype = torch.float32, device:
     import transformers
 
     local = Path(name_or_path)
+    if (local / "run.json").is_file():
+        # a run directory (`llm train --out`): its policy is saved in DIR/model when the run finishes
+        if not (local / "model" / "config.json").is_file():
+            raise UserError(f"--model {name_or_path} is a run directory without a saved policy ({local / 'model'} "
+                            "is written when the run finishes); finish it with 'reflectrl llm train --resume "
+                            f"{name_or_path}' or pass a model directory")
+        local = local / "model"
+        name_or_path = str(local)
     if not local.exists() and (name_or_path.startswith((".", "/")) or os.sep in name_or_path.strip("/")
                                and len(name_or_path.split("/")) != 2):
         raise UserError(f"--model {name_or_path}: no such directory (make one with 'reflectrl llm init-tiny --out DIR')")
@@ -119,6 +127,8 @@ def load_model(name_or_path: str, *, dtype: torch.dtype = torch.float32, device:
         huggingface_hub.utils.logging.set_verbosity_error()
     except ImportError:
         pass
+    if not local.exists():
+        _check_hub_reachable(name_or_path)
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(name_or_path)
         model = transformers.AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype)
@@ -132,6 +142,48 @@ def load_model(name_or_path: str, *, dtype: torch.dtype = torch.float32, device:
         raise UserError(f"--model {name_or_path}: its tokenizer has no eos token, which ends every agent turn")
     model.to(device)
     return model, tokenizer
+
+
+HUB_HOST = ("huggingface.co", 443)
+HUB_PROBE_SECONDS = 3.0
+
+
+def _hub_reachable(host: tuple[str, int] = HUB_HOST, timeout: float = HUB_PROBE_SECONDS) -> bool:
+    """One quick TCP probe of the hub (name resolution included, bounded by `timeout`)."""
+    import socket
+    import threading
+
+    result = []
+
+    def probe():
+        try:
+            with socket.create_connection(host, timeout=timeout):
+                result.append(True)
+        except OSError:
+            result.append(False)
+
+    thread = threading.Thread(target=probe, daemon=True)  # getaddrinfo ignores socket timeouts
+    thread.start()
+    thread.join(timeout)
+    return bool(result and result[0])
+
+
+def _check_hub_reachable(name: str) -> None:
+    """Fail in seconds, not after the hub client's minute of retries, when `name` would need a
+    download that cannot happen. A model already in the local HF cache still loads offline."""
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = isinstance(try_to_load_from_cache(name, "config.json"), str)
+    except Exception:  # an invalid repo id and the like: let from_pretrained say what is wrong
+        cached = False
+    if cached:
+        return
+    if offline or not _hub_reachable():
+        why = "HF_HUB_OFFLINE is set" if offline else "the Hugging Face hub cannot be reached from here"
+        raise UserError(f"--model {name}: no such local directory, and {why}; pass a model directory "
+                        "(make a tiny one with 'reflectrl llm init-tiny --out DIR')")
 
 
 def hidden_size(model) -> int:

@@ -35,12 +35,36 @@ CHECKPOINT = "checkpoint.pt"
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to `path` so that a kill or a full disk at any instant leaves either the
+    old file or the new one, and no temporary file behind when the write fails."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def make_dir(path: Path, flag: str = "--out") -> None:
+    """mkdir -p, with one line saying why when the directory cannot be created."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"{flag} {path}: cannot create the directory ({err.strerror or type(err).__name__}); "
+                        "choose a writable location") from None
+
+
+def run_kind(config: dict) -> str:
+    """'llm' for a language-model run (`reflectrl llm train`), 'control' for a `reflectrl train` run."""
+    return "llm" if "task" in config and "model" in config and "env_id" not in config else "control"
+
+
+KIND_COMMANDS = {"control": "reflectrl train --resume / reflectrl eval",
+                 "llm": "reflectrl llm train --resume / reflectrl llm eval --model DIR"}
 
 
 def _json_default(value: Any):
@@ -66,7 +90,8 @@ class RunDir:
             if (run.path / CONFIG).exists():
                 raise UserError(f"--out {run.path} already holds a run; continue it with 'reflectrl train --resume {run.path}' or choose another --out")
             raise UserError(f"--out {run.path} exists and is not an empty directory; choose another --out")
-        run.path.mkdir(parents=True, exist_ok=True)
+        make_dir(run.path)
+        run.lock()
         run.write_json(CONFIG, config)
         import reflectrl
 
@@ -81,13 +106,50 @@ class RunDir:
         return run
 
     @classmethod
-    def open(cls, path: str | os.PathLike) -> "RunDir":
+    def open(cls, path: str | os.PathLike, kind: str | None = None) -> "RunDir":
+        """An existing run directory; with `kind` ('control' or 'llm'), refuse a run of the
+        other kind with a line naming the commands that take it."""
         run = cls(path)
         if not run.path.is_dir():
             raise UserError(f"no run directory at {run.path}; pass the --out of a 'reflectrl train' run")
         if not (run.path / CONFIG).is_file():
             raise UserError(f"{run.path} is not a run directory (no {CONFIG}); pass the --out of a 'reflectrl train' run")
+        if kind is not None:
+            found = run.kind()
+            if found != kind:
+                what = "a language-model run" if found == "llm" else "an env (reflectrl train) run"
+                raise UserError(f"{run.path} is {what}: use {KIND_COMMANDS[found]}")
         return run
+
+    def kind(self) -> str:
+        return run_kind(self.config())
+
+    # -- one process at a time
+
+    def lock(self) -> None:
+        """Hold an advisory lock on the directory for the rest of this process's life, so that
+        a second `train` or `train --resume` on a run being trained stops at once. The kernel
+        drops the lock when the process dies, however it dies: a stale lock never blocks."""
+        try:
+            import fcntl
+        except ImportError:  # not POSIX: no lock
+            return
+        if getattr(self, "_lock_fd", None) is not None:
+            return
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise UserError(f"{self.path} is being trained by another process (a 'reflectrl train' or a "
+                            "'reflectrl compare' run); wait for it to finish or stop it first") from None
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        fd = getattr(self, "_lock_fd", None)
+        if fd is not None:
+            os.close(fd)  # closing the last descriptor releases the flock
+            self._lock_fd = None
 
     def read_json(self, name: str) -> dict:
         try:

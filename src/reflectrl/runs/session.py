@@ -1,38 +1,107 @@
 """What every `train` command does around its trainer: reopen a run to resume it, and run
-the trainer so that a blow-up or Ctrl-C leaves the run directory in a state that says so."""
+the trainer so that a blow-up, Ctrl-C, SIGTERM or a full disk leaves the run directory in a
+state that says so.
+
+SIGTERM (`kill`, a scheduler, `compare` stopping its runs) asks the trainer to stop at the
+end of its current iteration, where its state is whole: it writes a checkpoint there (cheap
+next to an iteration) and the run is marked `interrupted`. A second SIGTERM, or Ctrl-C,
+stops at once; the run then resumes from its last cadence checkpoint.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import signal
 import sys
+import threading
 
-from reflectrl.errors import EXIT_FAILED, EXIT_INTERRUPTED, NonFiniteError, UserError
+from reflectrl.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_TERMINATED, NonFiniteError, UserError
 from reflectrl.runs.rundir import RunDir
 
+_stop = threading.Event()
 
-def open_to_resume(path: str, given: list[tuple[str, object]]) -> RunDir | None:
-    """The run at `path`, ready to continue; None (after saying so) if it already finished.
-    `given` are (flag, value) pairs of the command line: --resume takes none of them."""
+
+class Terminated(KeyboardInterrupt):
+    """Raised by a trainer at an iteration boundary after SIGTERM, once its checkpoint is written."""
+
+
+def stop_requested() -> bool:
+    """True once SIGTERM has asked the running trainer to stop; trainers check it between
+    iterations, write a checkpoint and raise `Terminated`."""
+    return _stop.is_set()
+
+
+def _on_sigterm(signum, frame):
+    if _stop.is_set():  # asked twice: stop now
+        raise Terminated
+    _stop.set()
+
+
+@contextlib.contextmanager
+def sigterm_stops_training():
+    """Within the block, SIGTERM sets the stop flag instead of killing the process."""
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main else None
+    _stop.clear()
+    try:
+        yield
+    finally:
+        _stop.clear()
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def open_to_resume(path: str, given: list[tuple[str, object]], kind: str = "control") -> RunDir | None:
+    """The run at `path`, locked and ready to continue; None (after saying so) if it already
+    finished. `given` are (flag, value) pairs of the command line: --resume takes none of them.
+    `kind` is the kind of run the calling command trains ('control' or 'llm')."""
     extra = [flag for flag, value in given if value is not None]
     if extra:
         raise UserError(f"--resume continues a run with its saved config; drop {', '.join(extra)}")
-    run = RunDir.open(path)
+    run = RunDir.open(path, kind=kind)
+    run.lock()
     if run.status().get("status") == "finished":
+        run.unlock()
         print(f"run {run.path} already finished; nothing to do", file=sys.stderr)
         return None
     return run
 
 
+def _disk_error(err: OSError) -> bool:
+    return err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EACCES, errno.EPERM)
+
+
 def train_guarded(trainer, run: RunDir, progress: bool, resume_command: str) -> int | None:
-    """Run `trainer.train`; on a non-finite quantity or Ctrl-C record why in run.json and
-    return the exit code; None when training completed."""
+    """Run `trainer.train`; on a non-finite quantity, Ctrl-C, SIGTERM or a write that fails
+    (a full disk) record why in run.json and return the exit code; None when training completed."""
+    resume = f"{resume_command} --resume {run.path}"
     try:
-        trainer.train(progress=progress)
+        with sigterm_stops_training():
+            trainer.train(progress=progress)
     except NonFiniteError as err:
         run.set_status("failed", reason=str(err))
         print(f"reflectrl: error: {err}", file=sys.stderr)
         return EXIT_FAILED
+    except Terminated:
+        run.set_status("interrupted", global_step=_progress_of(trainer), reason="SIGTERM")
+        print(f"reflectrl: terminated; continue with: {resume}", file=sys.stderr)
+        return EXIT_TERMINATED
     except KeyboardInterrupt:
-        run.set_status("interrupted", global_step=trainer.global_step)
-        print(f"\nreflectrl: interrupted; continue with: {resume_command} --resume {run.path}", file=sys.stderr)
+        run.set_status("interrupted", global_step=_progress_of(trainer))
+        print(f"\nreflectrl: interrupted; continue with: {resume}", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except OSError as err:
+        if not _disk_error(err):
+            raise
+        cause = err.strerror or type(err).__name__
+        with contextlib.suppress(OSError):  # on a full disk this may fail too; the message still goes out
+            run.set_status("failed", reason=f"write failed: {cause}")
+        print(f"reflectrl: error: cannot write to {run.path}: {cause}; the last good checkpoint is kept "
+              f"(free space, then continue with: {resume})", file=sys.stderr)
+        return EXIT_FAILED
     return None
+
+
+def _progress_of(trainer) -> int:
+    return int(getattr(trainer, "global_step", getattr(trainer, "step", 0)))

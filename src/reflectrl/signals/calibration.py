@@ -45,22 +45,39 @@ TARGETS = ("denormalized", "seed")
 @dataclass
 class CalibrationConfig:
     alpha: float = 0.05
+    """bonus strength (0: the run equals --algo ppo bit for bit)"""
     beta: float = 1.0
+    """weight of the clipped bonus in the reward"""
     hidden_sizes: tuple[int, ...] = (64, 64)
+    """reflection net widths (ReLU, near-zero output init)"""
     inputs: str = "obs_action"
+    """obs_action, obs_action_features or features_action (the actor's last hidden layer)"""
     shared_trunk: bool = False
+    """also train the actor's trunk on the calibration loss (auxiliary loss)"""
     shared_trunk_coef: float = 0.5
+    """weight of that auxiliary loss"""
     reflection_epochs: int = 5
+    """epochs of the reflection net's fit per iteration"""
     minibatch_size: int = 512
+    """minibatch size of that fit"""
     lr_multiplier: float = 4.0
+    """the reflection net's learning rate, in multiples of the policy's"""
     clip: str = "relative"
+    """relative (k x mean |r|), absolute (clip_value) or none"""
     clip_k: float = 3.0
+    """k of the relative clip"""
     clip_value: float = 1.0
+    """bound of the absolute clip"""
     adaptive: bool = False
+    """scale alpha by the current calibration loss (1 = knows nothing), capped"""
     adaptive_max: float = 2.0
+    """cap of that scale"""
     bonus_target: str = "denormalized"
+    """denormalized (f de-normalised vs the raw advantage, SPEC DECISION) or seed (raw f, as the seed writes it)"""
     recompute_advantages: bool = True
+    """recompute GAE on r + bonus; false: add the bonus to each step's advantage"""
     snapshots: int = 5
+    """predicted-vs-actual samples kept for the calibration picture"""
 
     def validate(self) -> None:
         def bad(msg):

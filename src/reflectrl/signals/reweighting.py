@@ -51,19 +51,33 @@ INPUTS = ("features", "obs")
 @dataclass
 class GEARConfig:
     top_frac: float = 0.25
+    """the winners' share of the batch's trajectories"""
     distill_on: str = "winners"
+    """winners (the seed) or all"""
     return_kind: str = "discounted"
+    """discounted reward-to-go, or the trajectory's return for every step"""
     head: str = "mlp"
+    """mlp or linear value head"""
     hidden_sizes: tuple[int, ...] = (64,)
+    """the head's widths (mlp)"""
     inputs: str = "features"
+    """features (the actor's last hidden layer) or obs"""
     epochs: int = 4
+    """epochs of the head's distillation"""
     minibatch_size: int = 512
+    """minibatch size of the distillation"""
     lr_multiplier: float = 3.0
+    """the head's learning rate, in multiples of the policy's"""
     temperature: float = 2.0
+    """w = exp(diff / temperature); inf gives w = 1 (PPO bit for bit)"""
     diff_scale: str = "standardize"
+    """standardize (DECISION), value_std, or none (the seed's literal form)"""
     w_min: float = 0.5
+    """lower clip of the weights"""
     w_max: float = 2.0
+    """upper clip of the weights"""
     renormalize: bool = False
+    """rescale the weights to mean 1 per trajectory"""
 
     def validate(self) -> None:
         def bad(msg):

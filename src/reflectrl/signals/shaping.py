@@ -42,22 +42,39 @@ MODES = ("direct", "potential", "off")
 @dataclass
 class ShapingConfig:
     mode: str = "direct"
+    """direct (F(s,a,s'), eta tanh), potential (gamma Phi(s') - Phi(s)) or off (the ablation: PPO bit for bit)"""
     eta: float = 0.1
+    """output scale: f = eta tanh(F_raw)"""
     hard_clip: float = float("inf")
+    """clip f to +-this (inf: no clip)"""
     scale: float = 0.1
+    """the soft labels' scale (normalised advantages times this)"""
     buffer_rollouts: int = 4
+    """rollouts in the distillation buffer"""
     update_every: int = 5
+    """distil after every N-th policy update"""
     tau: float = 0.005
+    """Polyak rate of the target shaper"""
     lr_multiplier: float = 0.5
+    """the shaper's learning rate, in multiples of the policy's"""
     epochs: int = 4
+    """epochs of each distillation"""
     minibatch_size: int = 512
+    """minibatch size of the distillation"""
     hidden_sizes: tuple[int, ...] = (64, 64)
+    """shaper widths"""
     warmup_steps: int = 0
+    """env steps with no shaping at the start"""
     ramp_steps: int = 0
+    """env steps of the linear ramp of the shaping weight after the warm-up"""
     prior: str = ""
+    """module:function, a heuristic h(s, a, s') fit before the first update (empty: none)"""
     prior_epochs: int = 50
+    """epochs of the prior's fit"""
     warn_ratio: float = 0.3
+    """warn when mean |f| exceeds this share of mean |r|"""
     map_snapshots: int = 10
+    """reward-map snapshots kept over training (grid world, MiniGrid)"""
 
     def validate(self) -> None:
         def bad(msg):

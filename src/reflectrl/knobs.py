@@ -1,0 +1,139 @@
+"""`reflectrl knobs`: every knob `--set` takes, with its default and one line of meaning,
+read from the config dataclasses themselves (each field's default, and the attribute
+docstring under it), so the listing cannot drift from what the code does.
+
+    reflectrl knobs                     every section
+    reflectrl knobs calibration         one section
+    reflectrl knobs --algo refgrpo      what `reflectrl train --algo refgrpo` reads
+    reflectrl knobs --algo llm:gear     what `reflectrl llm train --algo gear` reads
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import inspect
+import json
+import math
+import textwrap
+
+from reflectrl.errors import UserError
+
+
+@functools.lru_cache(maxsize=None)
+def field_docs(cls: type) -> dict[str, str]:
+    """{field: the string literal written under it in the class body}."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError):  # no source (a frozen build): the names and defaults still list
+        return {}
+    body = tree.body[0].body
+    docs = {}
+    for node, nxt in zip(body, body[1:]):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
+                and isinstance(nxt.value.value, str)):
+            docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def _default(f: dataclasses.Field):
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None
+
+
+def _show(value) -> str:
+    if isinstance(value, tuple):
+        return ",".join(str(v) for v in value)
+    if isinstance(value, float) and math.isinf(value):
+        return "inf"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if value is None:
+        return "none"
+    if value == "":
+        return '""'
+    return str(value)
+
+
+def _rows(cls: type, prefix: str, only: tuple[str, ...] | None = None,
+          per_action: dict[str, tuple] | None = None) -> list[dict]:
+    docs = field_docs(cls)
+    rows = []
+    for f in dataclasses.fields(cls):
+        if only is not None and f.name not in only:
+            continue
+        default = _default(f)
+        shown = _show(default)
+        if per_action and f.name in per_action:
+            discrete, continuous = per_action[f.name]
+            shown = f"discrete {_show(discrete)}, continuous {_show(continuous)}"
+        rows.append({"key": prefix + f.name, "default": shown, "help": docs.get(f.name, "")})
+    return rows
+
+
+def sections() -> dict[str, dict]:
+    """{section: {"rows": [...], "for": what reads it}} in the order they are listed."""
+    from reflectrl.config import (CONTINUOUS_DEFAULTS, DISCRETE_DEFAULTS, RUN_KNOBS, SECTION_TYPES, PPOConfig,
+                                  RunConfig)
+    from reflectrl.llm.config import RUN_KNOBS as LLM_RUN_KNOBS
+    from reflectrl.llm.config import GRPOConfig, LLMRunConfig
+
+    per_action = {k: (DISCRETE_DEFAULTS[k], CONTINUOUS_DEFAULTS[k]) for k in DISCRETE_DEFAULTS}
+    out = {
+        "run": {"rows": _rows(RunConfig, "", RUN_KNOBS), "for": "reflectrl train"},
+        "ppo": {"rows": _rows(PPOConfig, "", per_action=per_action),
+                "for": "reflectrl train (bare names; ppo.NAME too)"},
+        "env": {"rows": [{"key": "env.NAME", "default": "", "help": "a keyword for the env's constructor "
+                          "(e.g. env.size=12 for reflectrl/GridWorld-v0, env.max_episode_steps=500)"}],
+                "for": "reflectrl train"},
+    }
+    for name, cls in SECTION_TYPES.items():
+        out[name] = {"rows": _rows(cls, f"{name}."), "for": "the algos that use this signal"}
+    out["grpo"] = {"rows": _rows(GRPOConfig, "") + _rows(LLMRunConfig, "", LLM_RUN_KNOBS),
+                   "for": "reflectrl llm train (bare names)"}
+    return out
+
+
+def sections_for_algo(algo: str) -> list[str]:
+    from reflectrl.config import ALGO_SECTIONS, ALGOS
+    from reflectrl.llm.config import LLM_ALGO_SECTIONS, LLM_ALGOS
+
+    llm = algo.startswith("llm:")
+    name = algo.removeprefix("llm:")
+    if not llm and name in ALGOS:
+        return ["run", "ppo", "env", *([ALGO_SECTIONS[name]] if name in ALGO_SECTIONS else [])]
+    if name in LLM_ALGOS:
+        return ["grpo", *([LLM_ALGO_SECTIONS[name]] if name in LLM_ALGO_SECTIONS else [])]
+    known = [*ALGOS, *(f"llm:{a}" for a in LLM_ALGOS)]
+    raise UserError(f"unknown --algo '{algo}'; use one of: {', '.join(known)}")
+
+
+def print_knobs(section: str | None = None, algo: str | None = None, as_json: bool = False) -> int:
+    table = sections()
+    names = list(table)
+    if algo is not None:
+        names = sections_for_algo(algo)
+    if section is not None:
+        if section not in table:
+            raise UserError(f"unknown section '{section}'; sections: {', '.join(table)}")
+        if section not in names:
+            raise UserError(f"--algo {algo} does not read the '{section}' knobs; it reads: {', '.join(names)}")
+        names = [section]
+    if as_json:
+        print(json.dumps({n: table[n]["rows"] for n in names}, indent=2))
+        return 0
+    for n in names:
+        rows = table[n]["rows"]
+        print(f"[{n}]  ({table[n]['for']})")
+        kw = max(len(r["key"]) for r in rows)
+        dw = min(max(len(r["default"]) for r in rows), 34)
+        for r in rows:
+            print(f"  {r['key']:<{kw}}  {r['default']:<{dw}}  {r['help']}".rstrip())
+        print()
+    print("set any of these with --set KEY=VALUE (signal knobs as SECTION.KEY=VALUE)")
+    return 0
