@@ -94,8 +94,94 @@ def test_adaptive_weight_grows_with_calibration_loss():
 
 
 def test_keep_advantages_adds_term_to_advantages():
+    a = torch.tensor(A)
+    prediction = torch.tensor(F) * (a.std() + 1e-8) + a.mean()
     out = make(F, alpha=0.1, clip="none", recompute_advantages=False).after_advantages(batch(A, R))
-    assert out.reward is None and out.advantage is not None
+    assert out.reward is None
+    # the advantage term is the bonus itself: -alpha (prediction - A)^2 per step, by hand
+    assert out.advantage.shape == (4, 1)
+    assert out.advantage.reshape(-1).tolist() == pytest.approx(expected(0.1, prediction))
+    assert out.advantage.reshape(-1).tolist() == pytest.approx([-0.1 * (p - x) ** 2 for p, x in
+                                                               zip(prediction.tolist(), A)])
+    # and the same clipped, beta-weighted term the reward would get with recomputation
+    keep = make(F, alpha=1.0, clip="absolute", clip_value=0.7, beta=0.5, recompute_advantages=False)
+    recompute = make(F, alpha=1.0, clip="absolute", clip_value=0.7, beta=0.5)
+    assert torch.equal(keep.after_advantages(batch(A, R)).advantage, recompute.after_advantages(batch(A, R)).reward)
+    assert keep.after_advantages(batch(A, R)).advantage.reshape(-1).tolist() == pytest.approx(
+        expected(1.0, prediction, c=0.7, beta=0.5))
+
+
+class FirstObs(nn.Module):
+    """A stand-in reflection net: f(s, a) = 0.5 * s[0] - 0.1 (the first input is the observation's first)."""
+
+    def forward(self, x):
+        return 0.5 * x[:, :1] - 0.1
+
+
+def hand_gae(rewards, values, next_values, terms, truncs, gamma, lam):
+    """GAE in plain Python floats, env by env, backwards."""
+    T, N = len(rewards), len(rewards[0])
+    adv = [[0.0] * N for _ in range(T)]
+    for i in range(N):
+        last = 0.0
+        for t in reversed(range(T)):
+            bootstrap = 0.0 if terms[t][i] else gamma * next_values[t][i]
+            delta = rewards[t][i] + bootstrap - values[t][i]
+            last = delta + (0.0 if terms[t][i] or truncs[t][i] else gamma * lam * last)
+            adv[t][i] = last
+    return adv
+
+
+def trainer_with_fixed_reflection(recompute):
+    from reflectrl.config import RunConfig, apply_overrides
+    from reflectrl.control.ppo import PPOTrainer, resolve_config
+
+    cfg = RunConfig(algo="refgrpo", env_id="CartPole-v1", seed=2, total_steps=128)
+    apply_overrides(cfg, ["num_envs=2", "num_steps=32", "num_minibatches=2", "calibration.alpha=0.3",
+                          "calibration.clip=none", "calibration.beta=0.5",
+                          f"calibration.recompute_advantages={str(recompute).lower()}"])
+    trainer = PPOTrainer(resolve_config(cfg))
+    trainer.signal.net = FirstObs()
+    trainer.signal._fit = lambda x, target: None
+    return trainer
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_advantage_term_in_the_trainer_by_hand(recompute):
+    """recompute_advantages=false: advantages = GAE(r) + beta * bonus at each step, returns
+    and learning rewards untouched; true (the control): advantages = GAE(r + beta * bonus)."""
+    trainer = trainer_with_fixed_reflection(recompute)
+    rollout, _ = trainer.collect()
+    assert rollout.terminations.any()  # episode ends inside the rollout: GAE's cuts are exercised
+    p = trainer.cfg.ppo
+    cols = [x.tolist() for x in (rollout.rewards, rollout.values, rollout.next_values, rollout.terminations,
+                                 rollout.truncations)]
+    gae = hand_gae(*cols, p.gamma, p.gae_lambda)
+    flat = [a for row in gae for a in row]
+    mean = sum(flat) / len(flat)
+    std = (sum((a - mean) ** 2 for a in flat) / (len(flat) - 1)) ** 0.5
+    s0 = rollout.obs[..., 0].tolist()
+    T, N = len(gae), len(gae[0])
+    # beta * bonus = 0.5 * -alpha (f de-normalised - A)^2 with alpha = 0.3 and f = 0.5 s[0] - 0.1
+    term = [[0.5 * -0.3 * ((0.5 * s0[t][i] - 0.1) * (std + 1e-8) + mean - gae[t][i]) ** 2 for i in range(N)]
+            for t in range(T)]
+    trainer.apply_signal(rollout)
+    if recompute:
+        shaped = [[cols[0][t][i] + term[t][i] for i in range(N)] for t in range(T)]
+        expected = hand_gae(shaped, *cols[1:], p.gamma, p.gae_lambda)
+        assert rollout.learn_rewards.tolist() == [pytest.approx(row, abs=1e-5) for row in shaped]
+    else:
+        expected = [[gae[t][i] + term[t][i] for i in range(N)] for t in range(T)]
+        assert torch.equal(rollout.learn_rewards, rollout.rewards)  # no reward term
+        # returns are still the plain GAE's: the critic's target does not see the bonus
+        assert rollout.returns.tolist() == [pytest.approx([g + v for g, v in zip(ga, va)], abs=1e-4)
+                                            for ga, va in zip(gae, cols[1])]
+    assert rollout.advantages.tolist() == [pytest.approx(row, abs=1e-4) for row in expected]
+    # the two readings give different advantages here, so the check tells them apart
+    other = ([[gae[t][i] + term[t][i] for i in range(N)] for t in range(T)] if recompute else
+             hand_gae([[cols[0][t][i] + term[t][i] for i in range(N)] for t in range(T)], *cols[1:],
+                      p.gamma, p.gae_lambda))
+    assert max(abs(a - b) for ra, rb in zip(expected, other) for a, b in zip(ra, rb)) > 0.05
 
 
 def test_metrics_of_the_bonus():

@@ -90,22 +90,100 @@ def test_value_head_learns_a_known_return_function():
     assert losses[-1] < 0.02 * variance
 
 
-def test_frozen_head_is_used_and_no_weights_before_first_distillation():
+def test_no_weights_before_the_first_distillation():
     gen = torch.Generator().manual_seed(1)
     signal = GEARReweighting(GEARConfig())
     signal.bind(ctx())
     b = synthetic_batch(gen)
     assert signal.after_advantages(b) is None  # not distilled yet: w = 1
+    assert signal.metrics()["weights_mean"] == 1.0 and signal.metrics()["weights_clipped_frac"] == 0.0
     signal.after_update(b)
-    frozen = {k: v.clone() for k, v in signal.frozen.state_dict().items()}
-    out = signal.after_advantages(synthetic_batch(gen))
-    assert out.weights.shape == (64, 8)
-    assert out.weights.min() >= 0.5 and out.weights.max() <= 2.0
-    # fitting the live head again must not move the frozen one until the refresh
+    assert signal.after_advantages(synthetic_batch(gen)).weights.shape == (64, 8)
+
+
+# log-weights chosen on both sides of the clip bounds [log 0.5, log 2] = [-0.69, 0.69], none near them
+LOG_W = torch.tensor([-3.0, -2.0, -1.0, -0.5, 0.0, 0.3, 0.5, 1.0, 2.0, 3.0])
+
+
+def test_weights_come_from_the_frozen_head_and_are_clipped():
+    """w = clip(exp((V_frozen - V) / temperature)): by hand from the frozen head; editing the
+    live head changes nothing until the next distillation refreshes the frozen copy."""
+    gen = torch.Generator().manual_seed(1)
+    signal = GEARReweighting(GEARConfig(diff_scale="none", temperature=2.0, w_min=0.5, w_max=2.0))
+    signal.bind(ctx())
+    signal.after_update(synthetic_batch(gen))
+    b = synthetic_batch(gen)
+    x = b.features.reshape(-1, 4)
+    with torch.no_grad():
+        v_frozen = signal.frozen(x).reshape(64, 8)
+    # critic values that put the raw weights exp(z) well inside and well outside [0.5, 2]
+    z = LOG_W[torch.arange(64 * 8) % len(LOG_W)].reshape(64, 8)
+    b.values = v_frozen - 2.0 * z
+    expected = torch.exp(z).clamp(0.5, 2.0)
+    out = signal.after_advantages(b)
+    assert torch.allclose(out.weights, expected, rtol=1e-5)
+    inside = z.abs() < math.log(2)
+    assert torch.allclose(out.weights[inside], torch.exp(z[inside]), rtol=1e-5)  # unclipped: the formula itself
+    assert out.weights[z >= 1].eq(2.0).all() and out.weights[z <= -1].eq(0.5).all()
+    m = signal.metrics()
+    assert m["weights_clipped_frac"] == pytest.approx((~inside).float().mean().item())
+    assert 0.3 < m["weights_clipped_frac"] < 0.9
+    assert (m["weights_min"], m["weights_max"]) == (0.5, 2.0)
+
+    # a change to the live head after the freeze does not reach the weights ...
     with torch.no_grad():
         for p in signal.head.parameters():
-            p.add_(1.0)
-    assert all(torch.equal(frozen[k], v) for k, v in signal.frozen.state_dict().items())
+            p.add_(0.3)
+        v_live = signal.head(x).reshape(64, 8)
+    live = torch.exp((v_live - b.values) / 2.0).clamp(0.5, 2.0)
+    assert not torch.allclose(live, expected, atol=1e-3)  # the live head would give other weights
+    assert torch.equal(signal.after_advantages(b).weights, out.weights)
+
+    # ... until the next distillation refreshes the frozen copy from the live head
+    signal.after_update(synthetic_batch(gen))
+    head, frozen = signal.head.state_dict(), signal.frozen.state_dict()
+    assert all(torch.equal(head[k], frozen[k]) for k in head)
+    with torch.no_grad():
+        v_new = signal.head(x).reshape(64, 8)
+    refreshed = signal.after_advantages(b).weights
+    assert torch.allclose(refreshed, torch.exp((v_new - b.values) / 2.0).clamp(0.5, 2.0), rtol=1e-5)
+    assert not torch.allclose(refreshed, out.weights, atol=1e-3)
+
+
+class FixedHead(torch.nn.Module):
+    """A stand-in frozen head that outputs given values, one per step."""
+
+    def __init__(self, values):
+        super().__init__()
+        self.values = torch.tensor(values).unsqueeze(-1)
+
+    def forward(self, x):
+        return self.values[: x.shape[0]]
+
+
+V = [0.0, 2.0, 4.0, 6.0]        # critic values; sample std sqrt(20/3) = 2.5820
+D = [3.5, 2.5, 3.25, 2.75]      # V_d - V: a batch-wide offset 3 plus +-0.5, +-0.25; sample std 0.45644
+# standardize: z = (D - 3) / 0.45644 = [1.0954, -1.0954, 0.5477, -0.5477]; w = exp(z / 2)
+# (the offset is gone: two weights above 1, two below)
+# value_std:   w = exp(D / (2 * 2.5820)) = exp([0.6778, 0.4841, 0.6294, 0.5325])
+# none:        w = exp(D / 2) = exp([1.75, 1.25, 1.625, 1.375]), all above w_max = 2
+@pytest.mark.parametrize("diff_scale, weights, clipped_frac", [
+    ("standardize", [1.72931, 0.57827, 1.31503, 0.76044], 0.0),
+    ("value_std", [1.96948, 1.62275, 1.87641, 1.70324], 0.0),
+    ("none", [2.0, 2.0, 2.0, 2.0], 1.0),
+])
+def test_diff_scale_by_hand(diff_scale, weights, clipped_frac):
+    signal = GEARReweighting(GEARConfig(diff_scale=diff_scale, temperature=2.0, w_min=0.5, w_max=2.0))
+    signal.bind(ctx())
+    signal.frozen = FixedHead([v + d for v, d in zip(V, D)])
+    signal.distilled = True
+    b = Batch(obs=torch.zeros(4, 1, 3), actions=torch.zeros(4, 1, dtype=torch.long), rewards=torch.zeros(4, 1),
+              terminations=torch.zeros(4, 1, dtype=torch.bool), truncations=torch.zeros(4, 1, dtype=torch.bool),
+              values=col(*V), next_values=torch.zeros(4, 1), advantages=torch.ones(4, 1),
+              features=torch.zeros(4, 1, 4))
+    out = signal.after_advantages(b)
+    assert out.weights.squeeze(1).tolist() == pytest.approx(weights, abs=1e-5)
+    assert signal.metrics()["weights_clipped_frac"] == clipped_frac
 
 
 FAST = ["--env", "CartPole-v1", "--total-steps", "2048", "--no-progress"]

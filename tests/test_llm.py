@@ -118,11 +118,41 @@ def test_gear_weights_on_synthetic_hidden_states():
     assert signal.metrics()["weights_max"] > signal.metrics()["weights_min"]
 
 
-def test_gear_winners_only_head_sees_winners_tokens():
-    batch, _, _ = _synthetic_token_batch()
-    signal = _gear(distill_on="winners", top_frac=0.5)
-    signal.after_update(batch)
+def _head_inputs(signal, batch):
+    """Distil once, recording the rows of every minibatch the head is trained on."""
+    seen = []
+    hook = signal.head.register_forward_pre_hook(lambda module, args: seen.append(args[0].detach().clone()))
+    try:
+        signal.after_update(batch)
+    finally:
+        hook.remove()
+    return seen
+
+
+def _rows(x):
+    return sorted(tuple(row) for row in x.tolist())
+
+
+@pytest.mark.parametrize("distill_on", ["winners", "all"])
+def test_gear_head_sees_exactly_the_tokens_it_distils_on(distill_on):
+    """distill_on=winners: the head is fit on the winners' completion tokens and nothing else
+    (all: on every completion token, the control that shows the spy can tell)."""
+    batch, agent, _ = _synthetic_token_batch()
+    signal = _gear(distill_on=distill_on, top_frac=0.5)
+    seen = _head_inputs(signal, batch)
     assert signal.metrics()["winners"] == 4  # two per group
+    # winners by hand: group 0 (rewards 1,0,0,0) takes sequence 0 and, of the three tied at 0,
+    # the shortest completion, sequence 3; group 1 (rewards 1,1,0,0) takes sequences 4 and 5
+    sequences = [0, 3, 4, 5] if distill_on == "winners" else list(range(8))
+    # their completion tokens: step t of sequence i is token t+1, predicted from the state at t
+    expected = [batch.features[t, i] for i in sequences for t in range(agent.shape[1] - 1) if agent[i, t + 1]]
+    expected = _rows(torch.stack(expected))
+    assert len(expected) == (5 + 3 + 5 + 2 if distill_on == "winners" else 33)
+    # every distillation minibatch (one per epoch here) and the final loss see exactly these rows:
+    # no prompt or padding position, no loser's token, each winner's token once
+    assert len(seen) == signal.cfg.epochs + 1
+    for x in seen:
+        assert _rows(x) == expected
 
 
 # ---------------------------------------------------------------------------- turns

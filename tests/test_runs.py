@@ -1,8 +1,13 @@
 """What a run directory holds, the progress bar, env families, wrappers through the CLI, eval."""
 
+import copy
+import hashlib
 import json
 
 import pytest
+import torch
+
+from reflectrl.runs import RunDir
 
 SMALL = ["--set", "num_envs=2", "num_steps=64", "num_minibatches=2", "update_epochs=1"]
 
@@ -63,7 +68,38 @@ def test_env_families_train_and_eval(cli, tmp_path, env_id):
     code, stdout, _ = cli("eval", out, "--episodes", 1, "--json")
     assert code == 0
     result = json.loads(stdout)
-    assert result["episodes"] == 1 and len(result["params_sha256"]) == 64
+    assert result["episodes"] == 1 and len(result["returns"]) == 1
+    # eval ran the weights training finished with: the hash run.json recorded at the end of
+    # training, and a hash computed here over the checkpoint's parameters
+    agent = RunDir.open(out).load_checkpoint()["agent"]
+    assert result["params_sha256"] == json.loads((out / "run.json").read_text())["params_sha256"]
+    assert result["params_sha256"] == state_sha256(agent)
+
+
+def state_sha256(state):
+    """sha256 over every (name, tensor bytes) of a state dict in name order, written out here."""
+    h = hashlib.sha256()
+    for name in sorted(state):
+        h.update(name.encode())
+        h.update(state[name].detach().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def test_params_sha256_tells_weights_apart():
+    from reflectrl.control.policies import ActorCritic, params_sha256
+
+    torch.manual_seed(0)
+    a = ActorCritic(4, 2, False, (8, 8))
+    b = copy.deepcopy(a)
+    assert params_sha256(a) == params_sha256(b) == state_sha256(a.state_dict())  # equal weights, equal hash
+    with torch.no_grad():
+        b.critic[0].weight[3, 1] += 1e-6  # one element of one tensor, by a hair
+    assert params_sha256(b) != params_sha256(a)
+    assert params_sha256(b) == state_sha256(b.state_dict())
+    # every tensor counts: the same weights plus the continuous policy's log-std hash otherwise
+    c = ActorCritic(4, 2, True, (8, 8))
+    c.load_state_dict({**a.state_dict(), "actor_logstd": c.actor_logstd.detach()})
+    assert params_sha256(c) != params_sha256(a)
 
 
 def test_gridworld_env_kwargs(cli, tmp_path):
