@@ -33,18 +33,21 @@ def _flatten(sets: list[list[str]] | None) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     from reflectrl import __version__
-    from reflectrl.config import ALGOS, EVAL_MAX_STEPS
-    from reflectrl.envs import DEFAULT_ENV
+    from reflectrl.config import EVAL_MAX_STEPS, RunConfig
+    from reflectrl.registry import algo_names
+
+    d = RunConfig()  # help shows the dataclass's defaults; the options pass "not given" through
 
     parser = _Parser(prog="reflectrl", description="Agentic RL in which the agent learns its own learning signal.")
     parser.add_argument("--version", action="version", version=f"reflectrl {__version__}")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser, required=True)
 
     train = sub.add_parser("train", help="train one run (or continue one with --resume)")
-    train.add_argument("--algo", default=None, help=f"one of: {', '.join(ALGOS)} (default ppo)")
-    train.add_argument("--env", default=None, help=f"Gymnasium env id (default {DEFAULT_ENV})")
-    train.add_argument("--seed", type=int, default=None, help="random seed (default 1)")
-    train.add_argument("--total-steps", type=int, default=None, help="env steps to train for (default 100000)")
+    train.add_argument("--algo", default=None, help=f"TRAINER[+SIGNAL...]: {', '.join(algo_names('control'))} "
+                       f"(default {d.algo})")
+    train.add_argument("--env", default=None, help=f"Gymnasium env id (default {d.env_id})")
+    train.add_argument("--seed", type=int, default=None, help=f"random seed (default {d.seed})")
+    train.add_argument("--total-steps", type=int, default=None, help=f"env steps to train for (default {d.total_steps})")
     train.add_argument("--out", default=None, help="run directory to create")
     train.add_argument("--wrapper", default=None, help="reward wrapper: sparse or delayed:K")
     train.add_argument("--set", action="append", nargs="+", metavar="KEY=VALUE",
@@ -107,24 +110,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(args):
     """The resolved, validated RunConfig of `reflectrl train` arguments (no --resume)."""
-    from reflectrl.config import PPOConfig, RunConfig, apply_overrides
-    from reflectrl.control.ppo import resolve_config
-    from reflectrl.envs import DEFAULT_ENV
+    from reflectrl.control.ppo import new_run_config
 
-    cfg = RunConfig(
-        algo=args.algo or "ppo",
-        env_id=args.env or DEFAULT_ENV,
-        seed=1 if args.seed is None else args.seed,
-        total_steps=100_000 if args.total_steps is None else args.total_steps,
-        wrapper=args.wrapper,
-        ppo=PPOConfig(),
-    )
-    apply_overrides(cfg, _flatten(args.set))
-    return resolve_config(cfg)
+    return new_run_config(algo=args.algo, env_id=args.env, seed=args.seed, total_steps=args.total_steps,
+                          wrapper=args.wrapper, overrides=_flatten(args.set))
 
 
 def config_from_train_argv(argv: list[str]):
-    """Check a `reflectrl train` command line without running it (used by `compare`)."""
+    """Check a `reflectrl train` command line without running it."""
     args = build_parser().parse_args(["train", *argv])
     return config_from_args(args)
 
@@ -179,6 +172,7 @@ def _run_training(trainer, run, progress: bool) -> int:
     import numpy as np
 
     from reflectrl.control.policies import params_sha256
+    from reflectrl.registry import finish_signals
     from reflectrl.runs.session import train_guarded
 
     try:
@@ -187,11 +181,8 @@ def _run_training(trainer, run, progress: bool) -> int:
         trainer.close()
     if code is not None:
         return code
-    if trainer.cfg.algo == "refgrpo":
-        from reflectrl.report.calibration_plot import plot_calibration
-
-        plot_calibration(run.path)
     run.set_status("finished", global_step=trainer.global_step, params_sha256=params_sha256(trainer.agent))
+    finish_signals(trainer.cfg.algo, "control", run.path)
     if trainer.recent_returns:
         outcome = (f"mean return of the last {len(trainer.recent_returns)} episodes "
                    f"{float(np.mean(trainer.recent_returns)):.4g}")

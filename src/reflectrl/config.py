@@ -21,13 +21,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reflectrl.errors import UserError
-from reflectrl.signals.calibration import CalibrationConfig
-from reflectrl.signals.reweighting import GEARConfig
-from reflectrl.signals.shaping import ShapingConfig
+from reflectrl.registry import aliases, check_sections, parse_algo, section_types, signal_spec
 
-ALGOS = ("ppo", "refgrpo", "sdrs", "gear")
-# The --set section that holds each signal algo's knobs.
-ALGO_SECTIONS = {"refgrpo": "calibration", "sdrs": "shaping", "gear": "gear"}
+
+def __getattr__(name: str):
+    # the lists the project started with, now read from the registry
+    if name == "SECTION_TYPES":
+        return section_types()
+    if name == "ALGOS":
+        return tuple(aliases("control"))
+    if name == "ALGO_SECTIONS":
+        return {a: comp.split("+")[1] for a, comp in aliases("control").items() if "+" in comp}
+    raise AttributeError(name)
 
 
 @dataclass
@@ -127,16 +132,23 @@ class RunConfig:
     def from_dict(cls, d: dict) -> "RunConfig":
         d = dict(d)
         ppo = _dataclass_from_dict(PPOConfig, d.pop("ppo", {}))
-        sections = {}
-        for name, values in d.pop("sections", {}).items():
-            if name not in SECTION_TYPES:
-                raise UserError(f"config has an unknown section '{name}'; was it written by a newer reflectrl?")
-            sections[name] = _dataclass_from_dict(SECTION_TYPES[name], values)
+        sections = sections_from_dict(d.pop("sections", {}))
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - known
         if unknown:
             raise UserError(f"config has unknown keys {sorted(unknown)}; was it written by a newer reflectrl?")
         return cls(**d, ppo=ppo, sections=sections)
+
+
+def sections_from_dict(values: dict) -> dict:
+    """The signals' knob sections of a saved config, as their dataclasses."""
+    types = section_types()
+    sections = {}
+    for name, knobs in values.items():
+        if name not in types:
+            raise UserError(f"config has an unknown section '{name}'; was it written by a newer reflectrl?")
+        sections[name] = _dataclass_from_dict(types[name], knobs)
+    return sections
 
 
 def _dataclass_from_dict(cls, values: dict):
@@ -223,8 +235,6 @@ def _set_dataclass_field(obj: Any, key: str, name: str, raw: str, where: str) ->
     setattr(obj, name, _parse_value(key, raw, hints[name]))
 
 
-SECTION_TYPES: dict[str, type] = {"calibration": CalibrationConfig, "shaping": ShapingConfig, "gear": GEARConfig}
-"""Each signal's config dataclass under its --set prefix."""
 
 
 def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
@@ -236,15 +246,16 @@ def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
         key = key.strip()
         if "." in key:
             section, name = key.split(".", 1)
+            types = section_types()
             if section == "env":
                 cfg.env[name] = _parse_env_value(raw)
-            elif section in SECTION_TYPES:
-                obj = cfg.sections.setdefault(section, SECTION_TYPES[section]())
+            elif section in types:
+                obj = cfg.sections.setdefault(section, types[section]())
                 _set_dataclass_field(obj, key, name, raw, f"section '{section}'")
             elif section == "ppo":
                 _set_dataclass_field(cfg.ppo, key, name, raw, "PPO")
             else:
-                known = ["env", "ppo", *SECTION_TYPES]
+                known = ["env", "ppo", *types]
                 raise UserError(f"unknown --set section '{section}' in '{key}'; known sections: {', '.join(known)}")
         elif key in RUN_KNOBS:
             _set_dataclass_field(cfg, key, key, raw, "the run")
@@ -273,10 +284,7 @@ def check_seed(seed: int, flag: str = "--seed") -> None:
 def validate(cfg: RunConfig) -> None:
     """Check a resolved config; raise UserError naming the first bad value and the fix."""
     p = cfg.ppo
-    if cfg.algo not in ALGOS:
-        close = difflib.get_close_matches(cfg.algo, ALGOS, n=1)
-        hint = f" (did you mean {close[0]}?)" if close else ""
-        raise UserError(f"unknown --algo '{cfg.algo}'{hint}; available: {', '.join(ALGOS)}")
+    algo = parse_algo(cfg.algo, "control")
     check_seed(cfg.seed)
     if cfg.total_steps <= 0:
         raise UserError(f"--total-steps {cfg.total_steps}: must be a positive integer")
@@ -321,16 +329,20 @@ def validate(cfg: RunConfig) -> None:
         raise UserError(f"checkpoint_every={cfg.checkpoint_every}: must be a positive number of env steps")
     if cfg.torch_threads < 1:
         raise UserError(f"torch_threads={cfg.torch_threads}: must be >= 1")
-    wanted = ALGO_SECTIONS.get(cfg.algo)
-    for name, section in cfg.sections.items():
-        if name != wanted:
-            users = [a for a, s in ALGO_SECTIONS.items() if s == name]
-            raise UserError(f"--set {name}.* knobs apply to --algo {' or '.join(users)}, not --algo {cfg.algo}")
+    validate_sections(cfg.algo, algo, cfg.sections)
+
+
+def validate_sections(text: str, algo, sections: dict) -> None:
+    """The knob sections of an algo's signals: none for a signal it does not run, each valid,
+    and each asking only for what the trainer provides."""
+    check_sections(algo, sections, text)
+    for name in algo.signals:
+        section = sections.get(name) or signal_spec(name).config()
         section.validate()
+        signal_spec(name).check(section, algo.trainer, text)
 
 
-def add_algo_section(cfg: RunConfig) -> None:
-    """Record every knob of the algo's signal (defaults included) in the config."""
-    name = ALGO_SECTIONS.get(cfg.algo)
-    if name is not None and name not in cfg.sections:
-        cfg.sections[name] = SECTION_TYPES[name]()
+def add_algo_section(cfg: RunConfig, family: str = "control") -> None:
+    """Record every knob of the algo's signals (defaults included) in the config."""
+    for name in parse_algo(cfg.algo, family).signals:
+        cfg.sections.setdefault(name, signal_spec(name).config())

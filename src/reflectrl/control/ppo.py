@@ -24,7 +24,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from reflectrl.config import RunConfig, add_algo_section, resolve_defaults, validate
+from reflectrl.config import RunConfig, add_algo_section, apply_overrides, resolve_defaults, validate
 from reflectrl.control.gae import compute_gae
 from reflectrl.control.policies import ActorCritic, params_sha256
 from reflectrl.nets import flatten_parameters
@@ -36,6 +36,16 @@ from reflectrl.runs.session import Terminated, stop_requested
 from reflectrl.signals import Batch, Signal, SignalContext, make_signal
 
 CHECKPOINT_FORMAT = 1
+
+
+def new_run_config(*, algo: str | None = None, env_id: str | None = None, seed: int | None = None,
+                   total_steps: int | None = None, wrapper: str | None = None,
+                   overrides: list[str] | None = None) -> RunConfig:
+    """The resolved, validated config of a new run; None means "not given": RunConfig's default."""
+    given = dict(algo=algo, env_id=env_id, seed=seed, total_steps=total_steps, wrapper=wrapper)
+    cfg = RunConfig(**{k: v for k, v in given.items() if v is not None})
+    apply_overrides(cfg, overrides or [])
+    return resolve_config(cfg)
 
 
 def resolve_config(cfg: RunConfig) -> RunConfig:
@@ -108,7 +118,6 @@ class PPOTrainer:
         self.next_obs = torch.as_tensor(obs, dtype=torch.float32)
         self._check_finite(self.next_obs, "observation")
         self.logger: MetricsLogger | None = None
-        self._warned_shaping = False
 
     # ------------------------------------------------------------------ collect
 
@@ -361,12 +370,6 @@ class PPOTrainer:
                 monitor.after_iteration(row, self.global_step, self.global_step - session_first_step,
                                         time.perf_counter() - session_start)
                 postfix = f"return={np.mean(self.recent_returns):.3g}" if self.recent_returns else ""
-                if row.get("shaping_warning"):
-                    postfix += f" WARNING shaping/reward={row['shaping_to_reward']:.2f}"
-                    if not self._warned_shaping:
-                        warnings.warn(f"mean |shaping| is {row['shaping_to_reward']:.0%} of mean |reward| at step "
-                                      f"{self.global_step} (above shaping.warn_ratio): the shaping may dominate the task")
-                        self._warned_shaping = True
                 bar.set_postfix_str(postfix, refresh=False)
                 previous = self.global_step - p.batch_size
                 saved = self.run is not None and (

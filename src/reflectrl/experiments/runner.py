@@ -88,15 +88,13 @@ def _last_step(path: Path) -> int:
 
 def validate_runs(spec: ExperimentSpec, root: Path) -> list[RunSpec]:
     """Check every distinct run configuration before anything starts."""
-    from reflectrl.cli import config_from_train_argv
-
     runs = spec.runs(root)
     seen = set()
     for run in runs:
         key = (run.env_id, run.entry.label)
         if key not in seen:
             seen.add(key)
-            config_from_train_argv(list(run.argv))
+            run.config()
     return runs
 
 

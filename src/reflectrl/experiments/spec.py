@@ -1,14 +1,16 @@
 """What an experiment is: envs x algo entries x seeds, each a run with its own overrides.
 
-An algo entry is an algo name with optional overrides in brackets, which is how ablations
-are written: `refgrpo[alpha=0]`, `ppo[ent_coef=0;num_envs=8]` (`;` separates overrides).
-`--set refgrpo.alpha=0.1` sets a knob for every refgrpo entry (bare knobs as in brackets).
-A bare key in brackets is a PPO or run knob when it names one, else a knob of the algo's
-own signal section (`alpha` -> `calibration.alpha` for refgrpo). The entry's label (its
-text) names it in every table and plot.
+An algo entry is an --algo (TRAINER[+SIGNAL...], or an alias such as `refgrpo`) with
+optional overrides in brackets, which is how ablations are written: `refgrpo[alpha=0]`,
+`ppo[ent_coef=0;num_envs=8]`, `ppo+calibration[alpha=0.01]+gear[temperature=4]` (`;`
+separates overrides). Brackets after a signal hold that signal's knobs (a bare key is its
+knob when it has one, else a PPO or run knob); brackets after the trainer or an alias hold
+PPO or run knobs, or knobs of the alias's one signal (`alpha` -> `calibration.alpha` for
+refgrpo). The entry's label (its text) names it in every table and plot.
 
-`--set KEY=VALUE` applies to every run; `--set ALGO.KEY=VALUE` (ALGO one of the algos in
-the list) applies to that algo's entries only.
+`--set KEY=VALUE` applies to every run; `--set ALGO.KEY=VALUE` (ALGO an algo in the list,
+e.g. `refgrpo.alpha=0.1`, `ppo.ent_coef=0`) applies to that algo's entries only, and
+`--set SIGNAL.KEY=VALUE` (`gear.temperature=4`) to every entry that runs that signal.
 
 Layout: DIR/experiment.json (this spec; a second `compare` with the same DIR must match it)
 and DIR/runs/<env>/<entry>/seed<N>/ (run directories) with DIR/runs/<env>/<entry>/seed<N>.log.
@@ -22,16 +24,27 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from reflectrl.config import ALGO_SECTIONS, ALGOS, RUN_KNOBS, PPOConfig
+from reflectrl.config import RUN_KNOBS, PPOConfig
 from reflectrl.errors import UserError
+from reflectrl.registry import aliases, parse_algo, signal_spec, signals
+
 _PPO_KNOBS = {f.name for f in dataclasses.fields(PPOConfig)}
 
 
 @dataclass(frozen=True)
 class AlgoEntry:
     label: str
-    algo: str
+    algo: str                      # the --algo of its runs, brackets removed (e.g. ppo+calibration+gear)
     overrides: tuple[str, ...] = ()
+
+    @property
+    def canonical(self) -> str:
+        """The trainer+signals it runs, whatever alias it was written with."""
+        return parse_algo(self.algo).name
+
+    @property
+    def signals(self) -> tuple[str, ...]:
+        return parse_algo(self.algo).signals
 
 
 @dataclass(frozen=True)
@@ -40,19 +53,43 @@ class RunSpec:
     entry: AlgoEntry
     seed: int
     path: Path
-    argv: tuple[str, ...]  # the `reflectrl train` arguments that create this run
+    total_steps: int
+    wrapper: str | None = None
+    overrides: tuple[str, ...] = ()  # --set items, the entry's own last
+
+    def config(self):
+        """The resolved, validated RunConfig of this run (built directly, no command line)."""
+        from reflectrl.control.ppo import new_run_config
+
+        return new_run_config(algo=self.entry.algo, env_id=self.env_id, seed=self.seed,
+                              total_steps=self.total_steps, wrapper=self.wrapper, overrides=list(self.overrides))
+
+    @property
+    def argv(self) -> tuple[str, ...]:
+        """The `reflectrl train` arguments that create this run (for a subprocess or a Ray task)."""
+        argv = ["--algo", self.entry.algo, "--env", self.env_id, "--seed", str(self.seed),
+                "--total-steps", str(self.total_steps), "--out", str(self.path)]
+        if self.wrapper:
+            argv += ["--wrapper", self.wrapper]
+        if self.overrides:
+            argv += ["--set", *self.overrides]
+        return tuple(argv)
 
 
-def _section_key(algo: str, item: str) -> str:
-    """A bare knob of a signal algo belongs to its section: alpha=0 -> calibration.alpha=0."""
+def _knob_of(section: str | None, item: str, signal_first: bool) -> str:
+    """A bare key in brackets: a knob of `section` (a signal) or a PPO / run knob."""
     key = item.split("=", 1)[0].strip()
-    if "." not in key and key not in _PPO_KNOBS and key not in RUN_KNOBS and algo in ALGO_SECTIONS:
-        return f"{ALGO_SECTIONS[algo]}.{item.strip()}"
+    if "." in key or section is None:
+        return item.strip()
+    own = {f.name for f in dataclasses.fields(signal_spec(section).config)}
+    general = key in _PPO_KNOBS or key in RUN_KNOBS
+    if (signal_first and key in own) or not general:
+        return f"{section}.{item.strip()}"
     return item.strip()
 
 
-def _split_top_level(text: str) -> list[str]:
-    """Split on commas that are not inside brackets."""
+def _split_top_level(text: str, sep: str = ",", what: str = "--algos") -> list[str]:
+    """Split on `sep` where it is not inside brackets."""
     parts, depth, current = [], 0, []
     for ch in text:
         if ch == "[":
@@ -60,36 +97,56 @@ def _split_top_level(text: str) -> list[str]:
         elif ch == "]":
             depth -= 1
             if depth < 0:
-                raise UserError(f"--algos '{text}': unbalanced ']'")
-        if ch == "," and depth == 0:
+                raise UserError(f"{what} '{text}': unbalanced ']'")
+        if ch == sep and depth == 0:
             parts.append("".join(current))
             current = []
         else:
             current.append(ch)
     if depth:
-        raise UserError(f"--algos '{text}': unbalanced '['")
+        raise UserError(f"{what} '{text}': unbalanced '['")
     parts.append("".join(current))
-    return [p.strip() for p in parts if p.strip()]
+    return [p.strip() for p in parts]
+
+
+def _bracket_items(item: str, part: str, inner: str | None) -> list[str]:
+    out = []
+    for kv in (inner or "").split(";"):
+        kv = kv.strip()
+        if not kv:
+            continue
+        if "=" not in kv:
+            raise UserError(f"--algos entry '{item}': '{kv}' is not key=value")
+        out.append(kv)
+    return out
+
+
+def parse_entry(item: str) -> AlgoEntry:
+    """One --algos entry: `refgrpo[alpha=0]`, `ppo+calibration[alpha=0.01]+gear[temperature=4]`."""
+    names, overrides = [], []
+    parts = _split_top_level(item, "+", "--algos entry")
+    for i, part in enumerate(parts):
+        m = re.fullmatch(r"([A-Za-z0-9_-]+)(?:\[(.*)\])?", part)
+        if not m:
+            raise UserError(f"--algos entry '{item}' is not ALGO[key=value;...] or TRAINER[...]+SIGNAL[...]...")
+        names.append(m.group(1))
+        items = _bracket_items(item, part, m.group(2))
+        if i == 0:
+            if m.group(1) not in aliases("control"):
+                raise UserError(f"unknown algo '{m.group(1)}' in --algos entry '{item}'; an entry starts with one "
+                                f"of: {', '.join(aliases('control'))}")
+            algo = parse_algo(m.group(1))  # an alias's bare keys go to its one signal
+            section = algo.signals[0] if len(algo.signals) == 1 and len(parts) == 1 else None
+            overrides += [_knob_of(section, kv, signal_first=False) for kv in items]
+        else:
+            overrides += [_knob_of(m.group(1), kv, signal_first=True) for kv in items]
+    algo = "+".join(names)
+    parse_algo(algo)  # unknown names, signals a trainer cannot run: one line, before anything starts
+    return AlgoEntry(label=item, algo=algo, overrides=tuple(overrides))
 
 
 def parse_algos(text: str) -> list[AlgoEntry]:
-    entries = []
-    for item in _split_top_level(text):
-        m = re.fullmatch(r"([A-Za-z0-9_-]+)(?:\[(.*)\])?", item)
-        if not m:
-            raise UserError(f"--algos entry '{item}' is not ALGO or ALGO[key=value;...]")
-        algo, inner = m.group(1), m.group(2)
-        if algo not in ALGOS:
-            raise UserError(f"unknown algo '{algo}' in --algos; available: {', '.join(ALGOS)}")
-        overrides = []
-        for kv in (inner or "").split(";"):
-            kv = kv.strip()
-            if not kv:
-                continue
-            if "=" not in kv:
-                raise UserError(f"--algos entry '{item}': '{kv}' is not key=value")
-            overrides.append(_section_key(algo, kv))
-        entries.append(AlgoEntry(label=item, algo=algo, overrides=tuple(overrides)))
+    entries = [parse_entry(item) for item in _split_top_level(text) if item]
     if not entries:
         raise UserError("--algos is empty; give e.g. --algos ppo,refgrpo")
     labels = [e.label for e in entries]
@@ -97,6 +154,19 @@ def parse_algos(text: str) -> list[AlgoEntry]:
     if dupes:
         raise UserError(f"--algos lists {', '.join(dupes)} more than once; each entry must be distinct")
     return entries
+
+
+def _set_target(item: str) -> tuple[str, str, str] | None:
+    """('algo' | 'signal', name, rest) for a --set ALGO.KEY / SIGNAL.KEY item; None for one that applies to all."""
+    key = item.split("=", 1)[0]
+    prefix, dot, rest = key.partition(".")
+    if not dot:
+        return None
+    if prefix in signals():
+        return "signal", prefix, item[len(prefix) + 1:]
+    if "+" in prefix or prefix in aliases("control"):
+        return "algo", prefix, item[len(prefix) + 1:]
+    return None
 
 
 def _slug(text: str) -> str:
@@ -129,11 +199,15 @@ class ExperimentSpec:
         if self.total_steps < 1:
             raise UserError(f"--total-steps {self.total_steps}: must be a positive integer")
         entries = self.entries()
-        algos = {e.algo for e in entries}
         for item in self.sets:
-            prefix = item.split("=", 1)[0].split(".", 1)[0]
-            if "." in item.split("=", 1)[0] and prefix in ALGOS and prefix not in algos:
-                raise UserError(f"--set {item}: algo '{prefix}' is not in --algos")
+            target = _set_target(item)
+            if target is None:
+                continue
+            kind, name, _ = target
+            if kind == "algo" and not any(name in (e.algo, e.canonical) for e in entries):
+                raise UserError(f"--set {item}: algo '{name}' is not in --algos")
+            if kind == "signal" and not any(name in e.signals for e in entries):
+                raise UserError(f"--set {item}: no entry of --algos runs the '{name}' signal")
         slugs = [(_slug(e.label)) for e in entries]
         if len(set(slugs)) != len(slugs):
             raise UserError("--algos has entries whose names differ only in punctuation; rename one")
@@ -144,23 +218,19 @@ class ExperimentSpec:
             for entry in self.entries():
                 sets = []
                 for item in self.sets:
-                    key = item.split("=", 1)[0]
-                    prefix, _, rest = key.partition(".")
-                    if rest and prefix in ALGOS:
-                        if prefix == entry.algo:
-                            sets.append(_section_key(entry.algo, item[len(prefix) + 1:]))
-                    else:
+                    target = _set_target(item)
+                    if target is None:
                         sets.append(item)
+                    elif target[0] == "signal" and target[1] in entry.signals:
+                        sets.append(item)
+                    elif target[0] == "algo" and target[1] in (entry.algo, entry.canonical):
+                        algo = parse_algo(target[1])
+                        section = algo.signals[0] if len(algo.signals) == 1 else None
+                        sets.append(_knob_of(section, target[2], signal_first=False))
                 sets += list(entry.overrides)  # the entry's own overrides win
                 for seed in range(1, self.seeds + 1):
                     path = root / "runs" / _slug(env_id) / _slug(entry.label) / f"seed{seed}"
-                    argv = ["--algo", entry.algo, "--env", env_id, "--seed", str(seed),
-                            "--total-steps", str(self.total_steps), "--out", str(path)]
-                    if self.wrapper:
-                        argv += ["--wrapper", self.wrapper]
-                    if sets:
-                        argv += ["--set", *sets]
-                    out.append(RunSpec(env_id, entry, seed, path, tuple(argv)))
+                    out.append(RunSpec(env_id, entry, seed, path, self.total_steps, self.wrapper, tuple(sets)))
         return out
 
 

@@ -22,6 +22,10 @@ from reflectrl.errors import UserError
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
+    from reflectrl.llm.config import LLMRunConfig
+    from reflectrl.registry import algo_names
+
+    d = LLMRunConfig()  # help shows the dataclass's defaults; the options pass "not given" through
     llm = subparsers.add_parser("llm", help="language-model agents: tiny model, SFT, GRPO / GEAR / refgrpo")
     sub = llm.add_subparsers(dest="llm_command", metavar="{init-tiny,sft,train,eval}", required=True)
 
@@ -44,12 +48,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     sft.add_argument("--seed", type=int, default=0)
     sft.add_argument("--no-progress", action="store_true")
 
-    train = sub.add_parser("train", help="RL on a task: grpo, gear (GEAR weights) or refgrpo (turn calibration bonus)")
-    train.add_argument("--algo", default=None, help="grpo, gear or refgrpo (default grpo)")
-    train.add_argument("--task", default=None, help="arith, rg:NAME, code or tools (default arith)")
+    train = sub.add_parser("train", help="RL on a task: grpo, grpo+gear (GEAR weights), grpo+calibration (turn calibration bonus)")
+    train.add_argument("--algo", default=None, help=f"TRAINER[+SIGNAL...]: {', '.join(algo_names('llm'))} "
+                       f"(default {d.algo})")
+    train.add_argument("--task", default=None, help=f"arith, rg:NAME, code or tools (default {d.task})")
     train.add_argument("--model", default=None, help="model directory or Hugging Face name")
-    train.add_argument("--steps", type=int, default=None, help="GRPO steps (default 100)")
-    train.add_argument("--seed", type=int, default=None, help="random seed (default 1)")
+    train.add_argument("--steps", type=int, default=None, help=f"GRPO steps (default {d.steps})")
+    train.add_argument("--seed", type=int, default=None, help=f"random seed (default {d.seed})")
     train.add_argument("--out", default=None, help="run directory to create")
     train.add_argument("--set", action="append", nargs="+", metavar="KEY=VALUE",
                        help="override a knob, e.g. --set group_size=8 loss_type=dapo gear.top_frac=0.5")
@@ -118,8 +123,8 @@ def _config(args):
     from reflectrl.llm.config import LLMRunConfig, apply_llm_overrides, validate_llm
     from reflectrl.llm.tasks import make_task
 
-    cfg = LLMRunConfig(algo=args.algo or "grpo", task=args.task or "arith", model=args.model or "",
-                       steps=100 if args.steps is None else args.steps, seed=1 if args.seed is None else args.seed)
+    given = dict(algo=args.algo, task=args.task, model=args.model, steps=args.steps, seed=args.seed)
+    cfg = LLMRunConfig(**{k: v for k, v in given.items() if v is not None})
     apply_llm_overrides(cfg, [item for group in (args.set or []) for item in group])
     validate_llm(cfg)
     make_task(cfg.task)  # a bad task spec fails here, before a run directory exists

@@ -15,11 +15,20 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from reflectrl.config import SECTION_TYPES, _dataclass_from_dict, _set_dataclass_field, check_seed
+from reflectrl.config import (_dataclass_from_dict, _set_dataclass_field, check_seed, sections_from_dict,
+                              validate_sections)
 from reflectrl.errors import UserError
+from reflectrl.registry import aliases, parse_algo, section_types, signal_spec
 
-LLM_ALGOS = ("grpo", "gear", "refgrpo")
-LLM_ALGO_SECTIONS = {"gear": "gear", "refgrpo": "calibration"}
+
+def __getattr__(name: str):
+    # the lists the project started with, now read from the registry
+    if name == "LLM_ALGOS":
+        return tuple(aliases("llm"))
+    if name == "LLM_ALGO_SECTIONS":
+        return {a: comp.split("+")[1] for a, comp in aliases("llm").items() if "+" in comp}
+    raise AttributeError(name)
+
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo")
 SCALE_REWARDS = ("group", "batch", "none")
 
@@ -100,12 +109,7 @@ class LLMRunConfig:
             raise UserError(f"config has unknown keys {sorted(unknown)}; is it a language-model run written by "
                             "this reflectrl?")
         grpo = _dataclass_from_dict(GRPOConfig, d.pop("grpo", {}))
-        sections = {}
-        for name, values in d.pop("sections", {}).items():
-            if name not in SECTION_TYPES:
-                raise UserError(f"config has an unknown section '{name}'; was it written by a newer reflectrl?")
-            sections[name] = _dataclass_from_dict(SECTION_TYPES[name], values)
-        return cls(**d, grpo=grpo, sections=sections)
+        return cls(**d, grpo=grpo, sections=sections_from_dict(d.pop("sections", {})))
 
 
 RUN_KNOBS = ("checkpoint_every", "torch_threads")
@@ -118,10 +122,10 @@ def apply_llm_overrides(cfg: LLMRunConfig, overrides: list[str]) -> LLMRunConfig
         key, raw = (part.strip() for part in item.split("=", 1))
         if "." in key:
             section, name = key.split(".", 1)
-            if section not in LLM_ALGO_SECTIONS.values():
-                known = ", ".join(sorted(set(LLM_ALGO_SECTIONS.values())))
-                raise UserError(f"unknown --set section '{section}' in '{key}'; known sections: {known}")
-            obj = cfg.sections.setdefault(section, SECTION_TYPES[section]())
+            types = section_types()
+            if section not in types:
+                raise UserError(f"unknown --set section '{section}' in '{key}'; known sections: {', '.join(types)}")
+            obj = cfg.sections.setdefault(section, types[section]())
             _set_dataclass_field(obj, key, name, raw, f"section '{section}'")
         elif key in RUN_KNOBS:
             _set_dataclass_field(cfg, key, key, raw, "the run")
@@ -137,10 +141,7 @@ def apply_llm_overrides(cfg: LLMRunConfig, overrides: list[str]) -> LLMRunConfig
 
 def validate_llm(cfg: LLMRunConfig) -> None:
     g = cfg.grpo
-    if cfg.algo not in LLM_ALGOS:
-        close = difflib.get_close_matches(cfg.algo, LLM_ALGOS, n=1)
-        hint = f" (did you mean {close[0]}?)" if close else ""
-        raise UserError(f"unknown --algo '{cfg.algo}'{hint}; llm algos: {', '.join(LLM_ALGOS)}")
+    algo = parse_algo(cfg.algo, "llm")
     if not cfg.model:
         raise UserError("llm train needs --model DIR (make a tiny one with 'reflectrl llm init-tiny --out DIR')")
     if cfg.steps < 1:
@@ -179,17 +180,6 @@ def validate_llm(cfg: LLMRunConfig) -> None:
     for name, allowed in (("loss_type", LOSS_TYPES), ("scale_rewards", SCALE_REWARDS)):
         if getattr(g, name) not in allowed:
             raise UserError(f"{name}='{getattr(g, name)}': use one of {', '.join(allowed)}")
-    wanted = LLM_ALGO_SECTIONS.get(cfg.algo)
-    for name, section in cfg.sections.items():
-        if name != wanted:
-            users = [a for a, s in LLM_ALGO_SECTIONS.items() if s == name]
-            raise UserError(f"--set {name}.* knobs apply to --algo {' or '.join(users)}, not --algo {cfg.algo}")
-        section.validate()
-    if wanted is not None and wanted not in cfg.sections:
-        cfg.sections[wanted] = SECTION_TYPES[wanted]()
-    if cfg.algo == "refgrpo" and cfg.sections["calibration"].inputs != "obs_action":
-        raise UserError("calibration.inputs: an LLM turn's input is its hidden state; leave inputs=obs_action")
-    if cfg.algo == "refgrpo" and cfg.sections["calibration"].shared_trunk:
-        raise UserError("calibration.shared_trunk is not supported for LLM runs; set calibration.shared_trunk=false")
-    if cfg.algo == "gear" and cfg.sections["gear"].inputs != "features":
-        raise UserError("gear.inputs: the LLM value head reads the hidden states; leave inputs=features")
+    validate_sections(cfg.algo, algo, cfg.sections)
+    for name in algo.signals:
+        cfg.sections.setdefault(name, signal_spec(name).config())

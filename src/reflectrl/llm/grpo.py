@@ -33,16 +33,15 @@ import torch
 
 from reflectrl.control.gae import compute_gae
 from reflectrl.errors import NonFiniteError
-from reflectrl.llm.config import LLM_ALGO_SECTIONS, LLMRunConfig
+from reflectrl.llm.config import LLMRunConfig
 from reflectrl.llm.model import hidden_size
 from reflectrl.llm.tasks import make_task
 from reflectrl.llm.tasks.base import Problem, Task
 from reflectrl.runs import MetricsLogger, RunDir
 from reflectrl.runs.health import RunMonitor
 from reflectrl.runs.session import Terminated, stop_requested
-from reflectrl.signals import Batch, Signal, SignalContext
-from reflectrl.signals.calibration import CalibrationBonus
-from reflectrl.signals.reweighting import GEARReweighting
+from reflectrl.registry import step_kind
+from reflectrl.signals import Batch, Signal, SignalContext, make_signal
 
 CHECKPOINT_FORMAT = 1
 EVAL_SEED = 20261129  # one held-out problem set for every run, so curves compare across seeds and algos
@@ -234,10 +233,7 @@ def turn_batch(episodes: Episodes, rewards: torch.Tensor, baseline: torch.Tensor
 
 
 def make_llm_signal(cfg: LLMRunConfig) -> Signal | None:
-    section = LLM_ALGO_SECTIONS.get(cfg.algo)
-    if section is None:
-        return None
-    return {"gear": GEARReweighting, "calibration": CalibrationBonus}[section](cfg.sections[section])
+    return make_signal(cfg, family="llm")
 
 
 # ---------------------------------------------------------------------------- trainer
@@ -258,6 +254,9 @@ class GRPOTrainer:
         if g.beta > 0 or g.log_kl:
             self.reference = copy.deepcopy(model).eval().requires_grad_(False)
         self.signal = signal if signal is not None else make_llm_signal(cfg)
+        # each signal works on the step kind it declares: agent turns or tokens
+        self.members = [] if self.signal is None else list(getattr(self.signal, "members", [self.signal]))
+        self.kinds = [step_kind(m.name, "grpo") for m in self.members]
         if self.signal is not None:
             width = hidden_size(model)
             self.signal.bind(SignalContext(
@@ -275,30 +274,54 @@ class GRPOTrainer:
     # ------------------------------------------------------------------ one step
 
     def _signal_output(self, episodes: Episodes, rewards, baseline, scale, advantages, logp_hidden):
-        """Per-token advantages (N, L-1) after the signal, and the signal's batch (for after_update)."""
+        """Per-token advantages (N, L-1) after the signals, and each signal's batch (for after_update).
+
+        Turn-level signals (the calibration bonus) act first: their reward terms are credited
+        over turns by GAE and their advantage terms add, per turn; every agent token carries
+        its turn's advantage. Token-level signals (GEAR) then act on those per-token
+        advantages: weights multiply, advantage terms add."""
         g = self.cfg.grpo
-        signal = self.signal
         token_adv = advantages[:, None] * episodes.agent[:, 1:]
-        if signal is None:
-            return token_adv, None
+        if not self.members:
+            return token_adv, []
         hidden = logp_hidden.detach().float()
-        if isinstance(signal, CalibrationBonus):
-            batch = turn_batch(episodes, rewards, baseline, scale, hidden, g.group_size, g.gamma, g.gae_lambda)
-            out = signal.after_advantages(batch)
-            turn_adv = batch.advantages
-            if out is not None and out.reward is not None and out.recompute:
-                turn_adv, _ = batch.estimate(batch.rewards + out.reward)
-            elif out is not None and out.advantage is not None:
-                turn_adv = turn_adv + out.advantage
-            # every agent token carries its turn's advantage
-            turn = episodes.turn[:, 1:]
-            gathered = turn_adv.T.gather(1, turn.clamp(min=0))
-            return gathered * episodes.agent[:, 1:], batch
-        batch = token_batch(episodes.agent, rewards, baseline, advantages, hidden, episodes.ids, g.group_size)
-        out = signal.after_advantages(batch)
-        if out is not None and out.weights is not None:
-            token_adv = token_adv * out.weights.T
-        return token_adv, batch
+        batches = []
+        turns = None
+        if "turn" in self.kinds:
+            turns = turn_batch(episodes, rewards, baseline, scale, hidden, g.group_size, g.gamma, g.gae_lambda)
+            turn_adv, turn_rewards, turn_term = turns.advantages, turns.rewards, None
+            for member, kind in zip(self.members, self.kinds):
+                if kind != "turn":
+                    continue
+                out = member.after_advantages(turns)
+                if out is not None and out.reward is not None:
+                    turn_rewards = turn_rewards + out.reward
+                    if out.recompute:
+                        turn_adv, _ = turns.estimate(turn_rewards)
+                        turn_adv = turn_adv if turn_term is None else turn_adv + turn_term
+                if out is not None and out.advantage is not None:
+                    turn_term = out.advantage if turn_term is None else turn_term + out.advantage
+                    turn_adv = turn_adv + out.advantage
+            gathered = turn_adv.T.gather(1, episodes.turn[:, 1:].clamp(min=0))
+            token_adv = gathered * episodes.agent[:, 1:]
+        tokens = None
+        if "token" in self.kinds:
+            tokens = token_batch(episodes.agent, rewards, baseline, advantages, hidden, episodes.ids, g.group_size)
+            if turns is not None:
+                tokens.advantages = token_adv.T
+            for member, kind in zip(self.members, self.kinds):
+                if kind != "token":
+                    continue
+                out = member.after_advantages(tokens)
+                if out is not None and out.reward is not None:
+                    raise NotImplementedError(f"signal '{member.name}' returns a per-token reward term; "
+                                              "GRPO takes per-token weights or advantage terms")
+                if out is not None and out.weights is not None:
+                    token_adv = token_adv * out.weights.T
+                if out is not None and out.advantage is not None:
+                    token_adv = token_adv + out.advantage.T
+        batches = [turns if kind == "turn" else tokens for kind in self.kinds]
+        return token_adv, batches
 
     def train_step(self) -> dict:
         g = self.cfg.grpo
@@ -363,9 +386,10 @@ class GRPOTrainer:
                 losses.append(loss.item())
                 grad_norms.append(grad_norm.item())
                 clipfracs.append((was_clipped & mask[idx]).sum().item() / max(mask[idx].sum().item(), 1))
-        if self.signal is not None:
+        if self.members:
             t0 = time.perf_counter()
-            self.signal.after_update(signal_batch)
+            for member, batch in zip(self.members, signal_batch):
+                member.after_update(batch)
             signal_seconds += time.perf_counter() - t0
         self.step += 1
         seconds = time.perf_counter() - start

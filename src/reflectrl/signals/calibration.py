@@ -34,6 +34,7 @@ import torch
 from torch.nn import functional as F
 
 from reflectrl.errors import UserError
+from reflectrl.registry import SignalSpec, register_signal
 from reflectrl.nets import flatten_parameters, relu_mlp
 from reflectrl.signals.base import Batch, Signal, SignalContext, SignalOutput
 
@@ -247,3 +248,17 @@ class CalibrationBonus(Signal):
         self.optimizer.load_state_dict(state["optimizer"])
         self.previous = state["previous"]
         self.snapshots = state["snapshots"]
+
+
+def _check_on_grpo(cfg: CalibrationConfig) -> None:
+    if cfg.inputs != "obs_action":
+        raise UserError("calibration.inputs: an LLM turn's input is its hidden state; leave inputs=obs_action")
+
+
+register_signal(SignalSpec(
+    name="calibration", config=CalibrationConfig, factory=CalibrationBonus, step_kinds=("env_step", "turn"),
+    summary="RefGRPO's calibration bonus: a reflection head fit to the advantages; its miscalibration is a reward",
+    wants=lambda cfg: ({"features"} if cfg.inputs != "obs_action" else set()) | ({"feature_grad"} if cfg.shared_trunk else set()),
+    aliases={"ppo": "refgrpo", "grpo": "refgrpo"}, neutral="alpha=0", trainer_checks={"grpo": _check_on_grpo},
+    on_finish="reflectrl.report.calibration_plot:plot_calibration",
+))

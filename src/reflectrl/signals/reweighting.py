@@ -38,6 +38,7 @@ import torch
 from torch.nn import functional as F
 
 from reflectrl.errors import UserError
+from reflectrl.registry import SignalSpec, register_signal
 from reflectrl.nets import flatten_parameters, relu_mlp
 from reflectrl.signals.base import Batch, Signal, SignalContext, SignalOutput
 
@@ -275,3 +276,16 @@ class GEARReweighting(Signal):
         self.frozen.load_state_dict(state["frozen"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.distilled = state["distilled"]
+
+
+def _check_on_grpo(cfg: GEARConfig) -> None:
+    if cfg.inputs != "features":
+        raise UserError("gear.inputs: the LLM value head reads the hidden states; leave inputs=features")
+
+
+register_signal(SignalSpec(
+    name="gear", config=GEARConfig, factory=GEARReweighting, step_kinds=("env_step", "token"),
+    summary="GEAR: a value head distilled from the best trajectories reweights each step's advantage",
+    wants=lambda cfg: {"features"} if cfg.inputs == "features" else set(),
+    aliases={"ppo": "gear", "grpo": "gear"}, neutral="temperature=inf", trainer_checks={"grpo": _check_on_grpo},
+))

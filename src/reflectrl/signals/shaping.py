@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import importlib
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +34,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from reflectrl.errors import UserError
+from reflectrl.registry import SignalSpec, register_signal
 from reflectrl.nets import flatten_parameters, relu_mlp
 from reflectrl.signals.base import Batch, Signal, SignalContext
 
@@ -206,6 +208,10 @@ class SelfDistilledShaping(Signal):
         }
         if prior_loss is not None:
             self._last["prior_loss"] = prior_loss
+        if self._last["shaping_warning"] and not self.warned:
+            self.warned = True
+            warnings.warn(f"mean |shaping| is {ratio:.0%} of mean |reward| at step {batch.global_step} (above "
+                          "shaping.warn_ratio): the shaping may dominate the task")
         return shaping
 
     def after_update(self, batch: Batch) -> None:
@@ -278,3 +284,10 @@ class SelfDistilledShaping(Signal):
         self.optimizer.load_state_dict(state["optimizer"])
         self.buffer, self.updates, self.prior_fitted = state["buffer"], state["updates"], state["prior_fitted"]
         self.snapshots = state["snapshots"]
+
+
+register_signal(SignalSpec(
+    name="shaping", config=ShapingConfig, factory=SelfDistilledShaping, step_kinds=("env_step",),
+    summary="SDRS: a shaper (or potential) distilled from the agent's own advantages adds a dense reward",
+    wants=frozenset({"next_obs"}), aliases={"ppo": "sdrs"}, neutral="mode=off",
+))

@@ -1,0 +1,245 @@
+"""The registry: which trainers and signals exist, what each needs and supports, and how an
+`--algo` is read. Everything that lists or checks algos (config validation, building the
+signals, the CLI's help, `compare`'s entries, `reflectrl knobs`, the README's table) reads
+it; nothing else keeps a list of them.
+
+A signal registers itself at the bottom of its own module with `register_signal(SignalSpec(...))`;
+every module of the `reflectrl.signals` package is imported on the first look-up, so a new
+signal is one new file there (or, outside this package, a module named by an entry point in
+the group `reflectrl.signals`). Trainers are listed in `TRAINERS` below: a new trainer is its
+package plus one entry.
+
+`--algo` is TRAINER[+SIGNAL...]: `ppo`, `ppo+gear`, `ppo+calibration+gear`, `grpo+gear`.
+Signals apply in the order written (see signals/base.py for how their outputs combine).
+The names the project started with stay as aliases: `refgrpo` = `ppo+calibration` (under
+`llm train`: `grpo+calibration`), `sdrs` = `ppo+shaping`, `gear` = `ppo+gear` (`grpo+gear`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import pkgutil
+from dataclasses import dataclass, field
+from typing import Callable
+
+from reflectrl.errors import UserError
+
+# What one step of a signal's batch is: an env step, a generated token, an agent turn.
+STEP_KINDS = ("env_step", "token", "turn")
+# What a signal may ask of its trainer.
+WANTS = ("features", "feature_grad", "next_obs")
+
+
+@dataclass(frozen=True)
+class SignalSpec:
+    name: str                          # its name in --algo (ppo+NAME) and its --set section (NAME.KNOB)
+    config: type                       # the knob dataclass: every default lives there
+    factory: Callable                  # factory(config) -> Signal
+    step_kinds: tuple[str, ...]        # the step kinds it can work on, in order of preference
+    summary: str                       # one line: what it does
+    wants: frozenset | Callable = frozenset()  # what it needs from the trainer (WANTS), or config -> that set
+    aliases: dict = field(default_factory=dict)  # {trainer: the legacy algo name of trainer+NAME}
+    neutral: str = ""                  # the knob setting under which it changes nothing, e.g. "alpha=0"
+    trainer_checks: dict = field(default_factory=dict)  # {trainer: check(config) raising UserError}
+    on_finish: str = ""                # "module:function(run_dir)" run when a run with this signal finishes
+
+    def __hash__(self):
+        return hash(self.name)
+
+    def wants_for(self, config) -> set:
+        return set(self.wants(config) if callable(self.wants) else self.wants)
+
+    def check(self, config, trainer: str, text: str) -> None:
+        """One line naming what this signal, so configured, needs and the trainer lacks."""
+        missing = self.wants_for(config) - set(TRAINERS[trainer].provides)
+        if missing:
+            raise UserError(f"--algo {text}: the {self.name} signal, as configured, needs {', '.join(sorted(missing))}, "
+                            f"which trainer '{trainer}' does not provide")
+        if trainer in self.trainer_checks:
+            self.trainer_checks[trainer](config)
+
+
+@dataclass(frozen=True)
+class TrainerSpec:
+    name: str
+    family: str                        # "control" (reflectrl train) or "llm" (reflectrl llm train)
+    step_kinds: tuple[str, ...]        # what it can give a signal as a step
+    provides: frozenset                # what signals may ask of it (WANTS)
+    summary: str
+
+
+TRAINERS: dict[str, TrainerSpec] = {
+    "ppo": TrainerSpec("ppo", "control", ("env_step",), frozenset({"features", "feature_grad", "next_obs"}),
+                       "PPO on Gymnasium envs (CleanRL's details)"),
+    "grpo": TrainerSpec("grpo", "llm", ("token", "turn"), frozenset({"features"}),
+                        "GRPO on language models (group-normalised advantages, clipped token objective)"),
+}
+FAMILY_COMMANDS = {"control": "reflectrl train", "llm": "reflectrl llm train"}
+
+_SIGNALS: dict[str, SignalSpec] = {}
+_loaded = False
+
+
+def register_signal(spec: SignalSpec) -> SignalSpec:
+    """Called at import time by a signal's module."""
+    if spec.name in TRAINERS or "+" in spec.name or "[" in spec.name:
+        raise ValueError(f"signal name '{spec.name}' clashes with a trainer or the --algo syntax")
+    static_wants = () if callable(spec.wants) else spec.wants
+    bad = [k for k in spec.step_kinds if k not in STEP_KINDS] + [w for w in static_wants if w not in WANTS]
+    if bad:
+        raise ValueError(f"signal '{spec.name}' declares unknown step kinds or wants: {bad}")
+    old = _SIGNALS.get(spec.name)
+    if old is not None and old.factory is not spec.factory:
+        raise ValueError(f"two signals are named '{spec.name}'")
+    _SIGNALS[spec.name] = spec
+    return spec
+
+
+def _load() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    import reflectrl.signals as package
+
+    for info in pkgutil.iter_modules(package.__path__):
+        if info.name not in ("base", "fit", "compose") and not info.name.startswith("_"):
+            importlib.import_module(f"{package.__name__}.{info.name}")
+    try:
+        from importlib.metadata import entry_points
+
+        for ep in entry_points(group="reflectrl.signals"):
+            ep.load()
+    except Exception as err:  # a broken plug-in must not take the built-in signals down
+        import warnings
+
+        warnings.warn(f"a reflectrl.signals entry point failed to load: {type(err).__name__}: {err}")
+
+
+def signals() -> dict[str, SignalSpec]:
+    """Every registered signal by name, in a stable order."""
+    _load()
+    return dict(sorted(_SIGNALS.items()))
+
+
+def signal_spec(name: str) -> SignalSpec:
+    table = signals()
+    if name not in table:
+        close = difflib.get_close_matches(name, list(table), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise UserError(f"unknown signal '{name}'{hint}; signals: {', '.join(table)}")
+    return table[name]
+
+
+def section_types() -> dict[str, type]:
+    """{--set section: its dataclass} of every signal."""
+    return {name: spec.config for name, spec in signals().items()}
+
+
+def aliases(family: str) -> dict[str, str]:
+    """{legacy algo name: the composition it stands for} under a family's command."""
+    out = {}
+    for trainer in (t for t in TRAINERS.values() if t.family == family):
+        out[trainer.name] = trainer.name
+        for spec in signals().values():
+            if trainer.name in spec.aliases:
+                out[spec.aliases[trainer.name]] = f"{trainer.name}+{spec.name}"
+    return out
+
+
+@dataclass(frozen=True)
+class Algo:
+    """A parsed --algo: a trainer and the signals it runs, in order."""
+
+    trainer: str
+    signals: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return "+".join((self.trainer, *self.signals))
+
+    @property
+    def sections(self) -> tuple[str, ...]:
+        return self.signals
+
+
+def algo_names(family: str) -> list[str]:
+    """What --algo accepts under a family's command: the trainers, every trainer+signal, the aliases."""
+    names = list(aliases(family))
+    for trainer in (t for t in TRAINERS.values() if t.family == family):
+        names += [f"{trainer.name}+{s}" for s, spec in signals().items() if _step_kind(spec, trainer)]
+    return list(dict.fromkeys(names))
+
+
+def _step_kind(spec: SignalSpec, trainer: TrainerSpec) -> str | None:
+    return next((k for k in spec.step_kinds if k in trainer.step_kinds), None)
+
+
+def step_kind(signal: str, trainer: str) -> str:
+    """The kind of step a signal works on under a trainer (e.g. calibration under grpo: turn)."""
+    kind = _step_kind(signal_spec(signal), TRAINERS[trainer])
+    assert kind is not None, (signal, trainer)
+    return kind
+
+
+def parse_algo(text: str, family: str = "control") -> Algo:
+    """Read an --algo for a family's command; one line naming what is wrong otherwise."""
+    command = FAMILY_COMMANDS[family]
+    raw = text.strip()
+    names = aliases(family)
+    if raw in names:
+        raw = names[raw]
+    parts = [p.strip() for p in raw.split("+")]
+    if not raw or any(not p for p in parts):
+        raise UserError(f"--algo '{text}' is not TRAINER[+SIGNAL...] (e.g. ppo+gear)")
+    trainer_name, signal_names = parts[0], tuple(parts[1:])
+    trainer = TRAINERS.get(trainer_name)
+    if trainer is None or trainer.family != family:
+        other = next((f for f in FAMILY_COMMANDS if f != family and trainer_name in aliases(f)), None)
+        if other is not None and not signal_names:
+            raise UserError(f"unknown --algo '{text}' for '{command}': it is an algo of '{FAMILY_COMMANDS[other]}'; "
+                            f"{command} takes: {', '.join(algo_names(family))}")
+        choices = algo_names(family)
+        close = difflib.get_close_matches(trainer_name, choices, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise UserError(f"unknown --algo '{text}'{hint}; {command} takes: {', '.join(choices)}")
+    seen = set()
+    for name in signal_names:
+        spec = signal_spec(name)
+        if name in seen:
+            raise UserError(f"--algo {text} names signal '{name}' twice")
+        seen.add(name)
+        if _step_kind(spec, trainer) is None:
+            raise UserError(f"signal '{name}' cannot run on trainer '{trainer.name}': it works on "
+                            f"{' or '.join(spec.step_kinds)} steps and {trainer.name} gives "
+                            f"{' or '.join(trainer.step_kinds)}")
+        missing = (set() if callable(spec.wants) else set(spec.wants)) - set(trainer.provides)
+        if missing:
+            raise UserError(f"signal '{name}' cannot run on trainer '{trainer.name}': it needs "
+                            f"{', '.join(sorted(missing))}, which {trainer.name} does not provide")
+    return Algo(trainer.name, signal_names)
+
+
+def check_sections(algo: Algo, sections: dict, text: str) -> None:
+    """Knob sections given for signals the algo does not run are a mistake: say which algo reads them."""
+    for name in sections:
+        if name not in algo.signals:
+            users = [a for a, comp in aliases(TRAINERS[algo.trainer].family).items() if comp.split("+")[1:] == [name]]
+            users.append(f"{algo.trainer}+{name}")
+            raise UserError(f"--set {name}.* knobs apply to --algo {' or '.join(users)} (any algo with the {name} "
+                            f"signal), not --algo {text}")
+
+
+def finish_signals(algo_text: str, family: str, run_dir) -> None:
+    """Run each signal's end-of-run step (e.g. the calibration picture) for a finished run."""
+    for name in parse_algo(algo_text, family).signals:
+        target = signal_spec(name).on_finish
+        if target:
+            module, _, function = target.partition(":")
+            try:
+                getattr(importlib.import_module(module), function)(run_dir)
+            except (UserError, OSError, ValueError) as err:  # a picture must not fail a finished run
+                import warnings
+
+                warnings.warn(f"the {name} signal's end-of-run step ({target}) failed: {err}")

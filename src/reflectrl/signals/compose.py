@@ -1,0 +1,121 @@
+"""Several signals as one: `--algo ppo+calibration+gear`.
+
+The members apply in the order written, each with its own random generator (seeded from the
+run's seed and its own name), and the stack combines their outputs in one way:
+
+- reward terms (from `shape_rewards`, and from `after_advantages` with `recompute`) add, and
+  the advantages are estimated once on the sum (GAE is linear in the rewards, so this is the
+  same as re-estimating after each member);
+- advantage terms add;
+- per-step weights multiply;
+- auxiliary losses add.
+
+Each member sees the batch as the members before it left it: its rewards include their
+reward terms, its advantages their advantage terms (weights apply in the loss, not to the
+advantages a member sees). A stack whose members are all neutral (alpha=0, mode=off,
+temperature=inf) leaves the trainer bit-identical to the plain one: a zero reward term
+re-estimates the same advantages, a weight of 1 multiplies exactly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from reflectrl.signals.base import Batch, Signal, SignalContext, SignalOutput
+
+
+class SignalStack(Signal):
+    name = "stack"
+
+    def __init__(self, members: list[Signal]):
+        self.members = list(members)
+        self.name = "+".join(m.name for m in self.members)
+
+    # the trainer fills what any member asks for
+    @property
+    def wants_features(self) -> bool:
+        return any(m.wants_features for m in self.members)
+
+    @property
+    def wants_feature_grad(self) -> bool:
+        return any(m.wants_feature_grad for m in self.members)
+
+    @property
+    def wants_next_obs(self) -> bool:
+        return any(m.wants_next_obs for m in self.members)
+
+    def bind(self, ctx: SignalContext) -> None:
+        self.ctx = ctx
+        for m in self.members:
+            m.bind(ctx)
+
+    def shape_rewards(self, batch: Batch) -> torch.Tensor | None:
+        total = None
+        base = batch.rewards
+        for m in self.members:
+            term = m.shape_rewards(batch)
+            if term is not None:
+                total = term if total is None else total + term
+                batch.rewards = base + total  # the next member sees the shaped rewards
+        batch.rewards = base
+        return total
+
+    def after_advantages(self, batch: Batch) -> SignalOutput | None:
+        # members see what the ones before them did; after_update sees the batch as a lone
+        # signal would (the trainer's rewards and advantages before this hook)
+        saved = batch.rewards, batch.advantages, batch.returns
+        try:
+            return self._combine(batch)
+        finally:
+            batch.rewards, batch.advantages, batch.returns = saved
+
+    def _combine(self, batch: Batch) -> SignalOutput | None:
+        combined = SignalOutput(recompute=False)
+        for m in self.members:
+            out = m.after_advantages(batch)
+            if out is None:
+                continue
+            if out.reward is not None:
+                combined.reward = out.reward if combined.reward is None else combined.reward + out.reward
+                batch.rewards = batch.rewards + out.reward
+                if out.recompute:
+                    combined.recompute = True
+                    batch.advantages, batch.returns = batch.estimate(batch.rewards)
+                    if combined.advantage is not None:  # advantage terms of earlier members still apply
+                        batch.advantages = batch.advantages + combined.advantage
+            if out.advantage is not None:
+                combined.advantage = out.advantage if combined.advantage is None else combined.advantage + out.advantage
+                batch.advantages = batch.advantages + out.advantage
+            if out.weights is not None:
+                combined.weights = out.weights if combined.weights is None else combined.weights * out.weights
+            combined.metrics.update(out.metrics)
+        if combined.reward is None and combined.advantage is None and combined.weights is None:
+            return None
+        return combined
+
+    def auxiliary_loss(self, features: torch.Tensor, index: torch.Tensor) -> torch.Tensor | None:
+        total = None
+        for m in self.members:
+            if m.wants_feature_grad:
+                term = m.auxiliary_loss(features, index)
+                if term is not None:
+                    total = term if total is None else total + term
+        return total
+
+    def after_update(self, batch: Batch) -> None:
+        for m in self.members:
+            m.after_update(batch)
+
+    def metrics(self) -> dict:
+        out: dict = {}
+        for m in self.members:
+            for key, value in m.metrics().items():
+                out[key if key not in out else f"{m.name}/{key}"] = value
+        return out
+
+    def state_dict(self) -> dict:
+        return {"members": {m.name: m.state_dict() for m in self.members}}
+
+    def load_state_dict(self, state: dict) -> None:
+        for m in self.members:
+            m.load_state_dict(state["members"][m.name])

@@ -1,0 +1,210 @@
+"""The registry and composed algos (issue 14): TRAINER[+SIGNAL...], the old names as aliases,
+one way of combining signal outputs, neutral compositions bit-identical to the plain trainer."""
+
+import pytest
+import torch
+
+from reflectrl.errors import UserError
+from reflectrl.registry import Algo, aliases, algo_names, parse_algo, signals, step_kind
+from reflectrl.signals import Signal, SignalOutput
+
+
+def test_every_signal_declares_itself():
+    table = signals()
+    assert {"calibration", "shaping", "gear"} <= set(table)
+    for name, spec in table.items():
+        assert spec.name == name and spec.summary and spec.step_kinds
+        assert spec.neutral, f"{name} has no neutral setting to test bit-identity with"
+
+
+@pytest.mark.parametrize("text, family, expected", [
+    ("ppo", "control", Algo("ppo")),
+    ("refgrpo", "control", Algo("ppo", ("calibration",))),
+    ("sdrs", "control", Algo("ppo", ("shaping",))),
+    ("gear", "control", Algo("ppo", ("gear",))),
+    ("ppo+calibration+gear", "control", Algo("ppo", ("calibration", "gear"))),
+    ("ppo + gear + shaping", "control", Algo("ppo", ("gear", "shaping"))),
+    ("grpo", "llm", Algo("grpo")),
+    ("gear", "llm", Algo("grpo", ("gear",))),
+    ("refgrpo", "llm", Algo("grpo", ("calibration",))),
+    ("grpo+calibration+gear", "llm", Algo("grpo", ("calibration", "gear"))),
+])
+def test_parse_algo(text, family, expected):
+    assert parse_algo(text, family) == expected
+
+
+@pytest.mark.parametrize("text, family, needle", [
+    ("ppo+nosuch", "control", "unknown signal 'nosuch'"),
+    ("ppo+gear+gear", "control", "twice"),
+    ("grpo+shaping", "llm", "signal 'shaping' cannot run on trainer 'grpo'"),
+    ("grpo", "control", "algo of 'reflectrl llm train'"),
+    ("sdrs", "llm", "algo of 'reflectrl train'"),
+    ("ppo+", "control", "not TRAINER[+SIGNAL...]"),
+    ("pppo", "control", "did you mean ppo"),
+])
+def test_parse_algo_errors(text, family, needle):
+    with pytest.raises(UserError, match=needle.replace("[", r"\[").replace("+", r"\+")):
+        parse_algo(text, family)
+
+
+def test_aliases_and_names_come_from_the_registry():
+    assert aliases("control") == {"ppo": "ppo", "refgrpo": "ppo+calibration", "gear": "ppo+gear",
+                                  "sdrs": "ppo+shaping"}
+    assert "ppo+shaping" in algo_names("control") and "grpo+shaping" not in algo_names("llm")
+    assert step_kind("calibration", "grpo") == "turn" and step_kind("gear", "grpo") == "token"
+    assert step_kind("calibration", "ppo") == "env_step"
+
+
+def test_signal_knob_that_needs_what_a_trainer_lacks(cli, tmp_path):
+    from reflectrl.llm.config import LLMRunConfig, apply_llm_overrides, validate_llm
+
+    cfg = LLMRunConfig(algo="grpo+calibration", model="m")
+    apply_llm_overrides(cfg, ["calibration.shared_trunk=true", "calibration.inputs=features_action"])
+    with pytest.raises(UserError, match="needs feature_grad, which trainer 'grpo' does not provide"):
+        validate_llm(cfg)
+
+
+def test_sections_of_signals_not_run_are_refused(cli, tmp_path):
+    code, _, err = cli("train", "--algo", "ppo+gear", "--env", "CartPole-v1", "--out", tmp_path / "r",
+                       "--set", "calibration.alpha=0.1")
+    assert code == 2 and "calibration.* knobs apply to --algo refgrpo or ppo+calibration" in err
+
+
+# ---------------------------------------------------------------------------- combining outputs
+
+class _Fixed(Signal):
+    """A signal with fixed outputs, to check how the trainer combines them."""
+
+    def __init__(self, name, reward=None, advantage=None, weights=None, shaping=None):
+        self.name, self._reward, self._adv, self._w, self._shaping = name, reward, advantage, weights, shaping
+        self.seen_advantages = None
+
+    def shape_rewards(self, batch):
+        return None if self._shaping is None else torch.full_like(batch.rewards, self._shaping)
+
+    def after_advantages(self, batch):
+        self.seen_advantages = batch.advantages.clone()
+        full = lambda v: None if v is None else torch.full_like(batch.rewards, v)  # noqa: E731
+        return SignalOutput(reward=full(self._reward), advantage=full(self._adv), weights=full(self._w))
+
+
+def _ppo(signal, seed=1):
+    from reflectrl.config import PPOConfig, RunConfig
+    from reflectrl.control.ppo import PPOTrainer, resolve_config
+
+    cfg = resolve_config(RunConfig(algo="ppo", env_id="CartPole-v1", seed=seed, total_steps=256,
+                                   ppo=PPOConfig(num_envs=2, num_steps=16, num_minibatches=2, update_epochs=1)))
+    return PPOTrainer(cfg, signal=signal)
+
+
+def test_stack_combines_reward_terms_advantage_terms_and_weights():
+    from reflectrl.signals.compose import SignalStack
+
+    a = _Fixed("a", reward=0.5, advantage=0.25, weights=2.0, shaping=0.1)
+    b = _Fixed("b", reward=-0.2, advantage=1.0, weights=0.5)
+    c = _Fixed("c", weights=3.0)
+    trainer = _ppo(SignalStack([a, b, c]))
+    rollout, _ = trainer.collect()
+    trainer.apply_signal(rollout)
+
+    reference = _ppo(None)
+    ref_rollout, _ = reference.collect()
+    assert torch.equal(ref_rollout.rewards, rollout.rewards)
+    # reward terms (shaping before advantages, then a's and b's) add, and advantages are estimated on the sum
+    expected, _ = reference._gae(ref_rollout, ref_rollout.rewards + 0.1 + 0.5 - 0.2)
+    expected = expected + 0.25 + 1.0  # advantage terms add
+    assert torch.allclose(rollout.advantages, expected, atol=1e-6)
+    assert torch.allclose(rollout.weights, torch.full_like(rollout.rewards, 2.0 * 0.5 * 3.0))  # weights multiply
+    # b saw a's work: advantages re-estimated with a's reward term, plus a's advantage term
+    seen_by_b, _ = reference._gae(ref_rollout, ref_rollout.rewards + 0.1 + 0.5)
+    assert torch.allclose(b.seen_advantages, seen_by_b + 0.25, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------- neutral = plain, bit for bit
+
+NEUTRAL = ["calibration.alpha=0", "shaping.mode=off", "gear.temperature=inf"]
+
+
+def test_neutral_composition_is_ppo_bit_for_bit(cli, tmp_path):
+    import json
+
+    fast = ["--env", "CartPole-v1", "--total-steps", 1024, "--no-progress", "--set", "num_envs=2", "num_steps=64",
+            "num_minibatches=2", "update_epochs=2"]
+    assert cli("train", "--algo", "ppo", *fast, "--out", tmp_path / "ppo")[0] == 0
+    code, _, err = cli("train", "--algo", "ppo+calibration+shaping+gear", *fast, *NEUTRAL, "--out", tmp_path / "all")
+    assert code == 0, err
+    sha = [json.loads((tmp_path / d / "run.json").read_text())["params_sha256"] for d in ("ppo", "all")]
+    assert sha[0] == sha[1]
+    # and not by accident: the same composition at its defaults learns something else
+    code, _, err = cli("train", "--algo", "ppo+calibration+gear", *fast, "--out", tmp_path / "live")
+    assert code == 0, err
+    assert json.loads((tmp_path / "live" / "run.json").read_text())["params_sha256"] != sha[0]
+
+
+def test_composed_run_resumes_bit_identically(tmp_path, monkeypatch):
+    from reflectrl.control import ppo as ppo_module
+    from reflectrl.control.ppo import PPOTrainer, new_run_config
+    from reflectrl.control.policies import params_sha256
+    from reflectrl.runs import RunDir
+    from reflectrl.runs.session import Terminated
+
+    cfg = lambda: new_run_config(algo="ppo+calibration+gear", env_id="CartPole-v1", total_steps=512,  # noqa: E731
+                                 overrides=["num_envs=2", "num_steps=32", "num_minibatches=2", "update_epochs=1"])
+    full = PPOTrainer(cfg())
+    full.train(progress=False)
+    run = RunDir.create(tmp_path / "run", cfg().to_dict())
+    first = PPOTrainer(cfg(), run)
+    # stop as SIGTERM does: at the end of iteration 3, with a checkpoint written there
+    monkeypatch.setattr(ppo_module, "stop_requested", lambda: first.iteration >= 3)
+    with pytest.raises(Terminated):
+        first.train(progress=False)
+    monkeypatch.undo()
+    assert run.load_checkpoint()["iteration"] == 3
+    second = PPOTrainer(cfg(), run)
+    second.load_state_dict(run.load_checkpoint())
+    second.train(progress=False)
+    assert params_sha256(second.agent) == params_sha256(full.agent)
+    assert set(run.load_checkpoint()["signal"]["members"]) == {"calibration", "gear"}
+
+
+def test_neutral_llm_composition_is_grpo_bit_for_bit(tiny_model_dir):
+    from test_llm import _params, _trainer
+
+    plain = _trainer(tiny_model_dir)
+    both = _trainer(tiny_model_dir, algo="grpo+calibration+gear", **{"calibration.alpha": 0, "gear.temperature": "inf"})
+    for _ in range(2):
+        plain.train_step()
+        row = both.train_step()
+    assert torch.equal(_params(plain), _params(both))
+    assert "calibration_loss" in row and "weights_mean" in row  # both signals ran (on turns and tokens) and logged
+    assert [type(m).__name__ for m in both.members] == ["CalibrationBonus", "GEARReweighting"]
+    assert both.kinds == ["turn", "token"]
+
+
+# ---------------------------------------------------------------------------- compare entries
+
+def test_compare_entries_with_per_signal_brackets():
+    from reflectrl.experiments.spec import ExperimentSpec, parse_algos
+
+    entries = parse_algos("ppo+calibration[alpha=0.01]+gear[temperature=4;hidden_sizes=32],refgrpo[alpha=0],"
+                          "ppo[ent_coef=0]")
+    assert entries[0].algo == "ppo+calibration+gear" and entries[0].canonical == "ppo+calibration+gear"
+    # in a signal's brackets its own knob wins (gear has hidden_sizes, as PPO does)
+    assert entries[0].overrides == ("calibration.alpha=0.01", "gear.temperature=4", "gear.hidden_sizes=32")
+    assert entries[1].algo == "refgrpo" and entries[1].canonical == "ppo+calibration"
+    assert entries[1].overrides == ("calibration.alpha=0",)
+    assert entries[2].overrides == ("ent_coef=0",)
+
+    spec = ExperimentSpec(envs=["CartPole-v1"], algos=[e.label for e in entries], seeds=1, total_steps=512,
+                          sets=["gear.w_max=3", "refgrpo.clip_k=2", "num_envs=2"])
+    spec.validate()
+    from pathlib import Path
+
+    by_label = {r.entry.label: r.overrides for r in spec.runs(Path("/tmp/x"))}
+    assert "gear.w_max=3" in by_label[entries[0].label] and "gear.w_max=3" not in by_label["refgrpo[alpha=0]"]
+    assert "calibration.clip_k=2" in by_label["refgrpo[alpha=0]"]
+    assert "calibration.clip_k=2" not in by_label[entries[0].label]  # refgrpo.* is for refgrpo entries only
+    assert all("num_envs=2" in o for o in by_label.values())
+    with pytest.raises(UserError, match="no entry of --algos runs the 'shaping' signal"):
+        ExperimentSpec(envs=["CartPole-v1"], algos=["ppo"], seeds=1, total_steps=512,
+                       sets=["shaping.eta=1"]).validate()
