@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -57,7 +58,12 @@ def test_compare_runs_reports_and_skips_finished(cli, tmp_path):
     out = tmp_path / "exp"
     code, stdout, err = cli("compare", "--algos", "ppo,ppo[ent_coef=0]", "--out", out, "--no-progress", *TINY)
     assert code == 0, err
-    assert "4 trained" in stdout and "report:" in stdout and "GEAR beats the baseline" in stdout
+    assert "4 trained" in stdout and "report:" in stdout
+    # no signal entry: every claim needs one, so none is tabled and each is named once as untestable
+    claims = stdout[stdout.index("summary:"):].splitlines()[1:]
+    assert claims[0] == "no claim can be tested by this experiment"
+    assert claims[1].startswith("not testable here (entries missing): ") and claims[1].endswith(
+        "GEAR beats the baseline (needs gear)") and "not tested" not in stdout
     runs = sorted(p.relative_to(out).as_posix() for p in out.glob("runs/*/*/seed*") if p.is_dir())
     assert runs == ["runs/reflectrl_GridWorld-v0/ppo/seed1", "runs/reflectrl_GridWorld-v0/ppo/seed2",
                     "runs/reflectrl_GridWorld-v0/ppo_ent_coef=0/seed1", "runs/reflectrl_GridWorld-v0/ppo_ent_coef=0/seed2"]
@@ -81,6 +87,31 @@ def test_compare_runs_reports_and_skips_finished(cli, tmp_path):
 
     code, stdout, _ = cli("report", out, "--reps", "200")
     assert code == 0 and "report:" in stdout
+
+
+@pytest.mark.parametrize("gear, ppo, verdict", [
+    ([10.0, 9.0, 9.5, 9.8, 9.2], [0.0, 1.0, 0.5, 0.2, 0.8], "supported"),
+    ([0.0, 1.0, 0.5, 0.2, 0.8], [10.0, 9.0, 9.5, 9.8, 9.2], "not supported"),
+    ([0.0, 10.0, 0.0, 10.0, 5.0], [10.0, 0.0, 10.0, 0.0, 5.0], "inconclusive"),
+])
+def test_report_prints_the_verdict_the_data_gives(cli, tmp_path, gear, ppo, verdict):
+    """`reflectrl report` on a fake ppo-vs-gear experiment (5 seeds each, final returns as given):
+    the GEAR claim's verdict, printed and in report.md, is the one its numbers give."""
+    from test_report_claims import make_experiment
+
+    root = make_experiment(tmp_path / "exp", {"ppo": ppo, "gear": gear})
+    code, stdout, err = cli("report", root, "--reps", "200")
+    assert code == 0, err
+    claims = stdout[stdout.index("summary:"):].splitlines()[1:]
+    assert claims[0].split() == ["claim", "verdict"]
+    assert claims[1].startswith("GEAR beats the baseline  ") and claims[1].split("  ")[-1].strip() == verdict
+    assert len(claims) == 3 and claims[2].startswith("not testable here (entries missing): RefGRPO")
+    md = (root / "report/report.md").read_text()
+    (row,) = [x for x in md.splitlines() if x.startswith("| GEAR beats the baseline |")]
+    assert row.split(" | ")[1] == f"**{verdict}**"
+    diff, lo, hi = (float(x) for x in re.search(r"gear - ppo: (\S+) \[(\S+), (\S+)\]", row).groups())
+    assert {"supported": lo > 0, "not supported": hi <= 0, "inconclusive": lo <= 0 < hi}[verdict]
+    assert (diff > 0.5) if verdict == "supported" else (diff < -0.5) if verdict == "not supported" else abs(diff) < 0.5
 
 
 def test_compare_extends_an_experiment_with_algos_and_seeds(cli, tmp_path):

@@ -24,6 +24,10 @@ from reflectrl.report import stats
 
 GRID = 50
 BASELINE = "ppo"
+# With fewer seeds than this, a stratified bootstrap over the seeds can only resample the
+# same 2-4 values: its "95% CI" is about the range of the seeds, not a reliable interval.
+MIN_SEEDS_FOR_CI = 5
+NO_SPARSE_ENV = "a sparse-reward env"  # what a claim about sparse rewards lacks in an experiment without one
 SPARSE_ENV_PREFIXES = ("reflectrl/GridWorld", "MiniGrid", "BabyAI")
 # Metrics every PPO run logs; anything else in metrics.jsonl is a signal's diagnostic.
 STANDARD_METRICS = {
@@ -179,6 +183,11 @@ def summary_table(exp: Experiment, reps: int = 2000) -> list[dict]:
     return rows
 
 
+def few_seed_rows(table: list[dict]) -> list[dict]:
+    """The summary rows whose intervals rest on fewer than MIN_SEEDS_FOR_CI seeds."""
+    return [r for r in table if 0 < r.get("seeds", 0) < MIN_SEEDS_FOR_CI]
+
+
 def _threshold(exp: Experiment, env_id: str) -> float:
     """Default threshold: 80% of the way from the worst to the best return seen in the env."""
     lo, hi = env_range(exp, env_id)
@@ -192,6 +201,13 @@ class Claim:
     statement: str
     verdict: str  # supported | not supported | inconclusive | not tested
     evidence: str
+    # what the experiment lacks to test the claim at all ("gear", "a sparse-reward env");
+    # "" for a claim it can test (a "not tested" claim with "" lacks data, e.g. finished seeds)
+    missing: str = ""
+
+    @property
+    def testable(self) -> bool:
+        return not self.missing
 
 
 def _method_label(exp: Experiment, algo: str) -> str | None:
@@ -219,6 +235,26 @@ def _verdict_greater(ci) -> str:
     return "supported" if lo > 0 else "not supported" if hi <= 0 else "inconclusive"
 
 
+def _verdict_non_inferior(ci, margin: float) -> str:
+    """"X's score >= the baseline's, within `margin`": the "beats" rule with the zero line
+    moved down to -margin. Supported when the whole CI is above -margin (a CI inside
+    (-margin, 0) is non-inferior too); not supported when none of it is; inconclusive otherwise."""
+    _, lo, hi = ci
+    return "supported" if lo > -margin else "not supported" if hi <= -margin else "inconclusive"
+
+
+def _verdict_falls(ci) -> str:
+    """"The loss falls", on the ratio late / early: supported when the whole CI is below 1;
+    not supported when none of it is (a ratio pinned at 1: no change); inconclusive otherwise."""
+    _, lo, hi = ci
+    return "supported" if hi < 1 else "not supported" if lo >= 1 else "inconclusive"
+
+
+def _few_seeds_note(n: int) -> str:
+    return (f"; fewer than {MIN_SEEDS_FOR_CI} seeds: the interval is the range of the seeds' bootstrap, "
+            "not a reliable 95% CI" if n < MIN_SEEDS_FOR_CI else "")
+
+
 def _fmt(ci) -> str:
     return f"{ci[0]:+.3f} [{ci[1]:+.3f}, {ci[2]:+.3f}]"
 
@@ -228,46 +264,46 @@ def evaluate_claims(exp: Experiment, reps: int = 2000, margin: float = 0.05) -> 
     has_base = BASELINE in exp.spec.algos
     envs = exp.spec.envs
 
-    def untested(statement, why):
-        claims.append(Claim(statement, "not tested", why))
+    def untested(statement, why, missing=""):
+        claims.append(Claim(statement, "not tested", why, missing))
 
     def compare(statement, algo, key, envs_, decide, what):
         label = _method_label(exp, algo)
         if label is None or not has_base:
-            return untested(statement, f"needs '{algo}' and '{BASELINE}' in --algos")
+            needs = [a for a, ok in ((algo, label is not None), (BASELINE, has_base)) if not ok]
+            return untested(statement, f"needs '{algo}' and '{BASELINE}' in --algos", ", ".join(needs))
         if not envs_:
-            return untested(statement, "no env of the kind this claim is about in the experiment")
+            return untested(statement, "no sparse-reward env in the experiment (GridWorld, MiniGrid, BabyAI, "
+                            "or any env with --wrapper sparse/delayed)", NO_SPARSE_ENV)
         res = _diff_interval(exp, label, key, envs_, reps)
         if res is None:
             return untested(statement, "needs at least 2 finished seeds of each")
         ci, n_a, n_b = res
         claims.append(Claim(statement, decide(ci), f"IQM difference in normalised {what}, {label} - {BASELINE}: "
-                            f"{_fmt(ci)} (95% stratified bootstrap CI; {n_a} vs {n_b} seeds x {len(envs_)} env(s))"))
+                            f"{_fmt(ci)} (95% stratified bootstrap CI; {n_a} vs {n_b} seeds x {len(envs_)} env(s)"
+                            f"{_few_seeds_note(min(n_a, n_b))})"))
 
     compare("RefGRPO learns faster early than PPO", "refgrpo", "early_auc", envs, _verdict_greater,
             "area under the first 25% of the learning curve")
-
-    def non_inferior(ci):
-        _, lo, hi = ci
-        return "not supported" if hi < 0 else "supported" if lo > -margin else "inconclusive"
-
     compare(f"RefGRPO's final return >= PPO's (margin {margin:.0%} of each env's range)", "refgrpo", "final", envs,
-            non_inferior, "final return")
+            lambda ci: _verdict_non_inferior(ci, margin), "final return")
 
+    statement = "RefGRPO's calibration loss falls and settles"
     label = _method_label(exp, "refgrpo")
     runs = [r for r in exp.runs if label and r.spec.entry.label == label]
     losses = [[row["calibration_loss"] for row in r.rows if row.get("calibration_loss") is not None] for r in runs]
     losses = [x for x in losses if len(x) >= 10]
-    if not losses:
-        untested("RefGRPO's calibration loss falls and settles", "no refgrpo run logged calibration_loss")
+    if label is None:
+        untested(statement, "needs 'refgrpo' in --algos", "refgrpo")
+    elif not losses:
+        untested(statement, "no refgrpo run logged calibration_loss over 10 or more iterations")
     else:
         ratios = np.array([[np.mean(x[-max(1, len(x) // 10):]) / max(np.mean(x[:max(1, len(x) // 10)]), 1e-12)]
                            for x in losses])
         ci = stats.interval([ratios], stats.iqm, reps)
-        verdict = "supported" if ci[2] < 1 else "not supported" if ci[1] >= 1 else "inconclusive"
-        claims.append(Claim("RefGRPO's calibration loss falls and settles", verdict,
+        claims.append(Claim(statement, _verdict_falls(ci),
                             f"IQM ratio of calibration loss, last 10% / first 10% of training: {ci[0]:.3f} "
-                            f"[{ci[1]:.3f}, {ci[2]:.3f}] over {len(losses)} runs"))
+                            f"[{ci[1]:.3f}, {ci[2]:.3f}] over {len(losses)} runs{_few_seeds_note(len(losses))}"))
 
     sparse = [e for e in envs if e.startswith(SPARSE_ENV_PREFIXES) or (exp.spec.wrapper or "").startswith(("sparse", "delayed"))]
     compare("Shaping (SDRS) helps on sparse-reward tasks", "sdrs", "auc", sparse, _verdict_greater,

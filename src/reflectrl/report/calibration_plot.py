@@ -4,6 +4,8 @@ batch, previous batch)."""
 
 from __future__ import annotations
 
+import io
+import math
 from pathlib import Path
 
 import matplotlib
@@ -30,6 +32,27 @@ def plot_calibration(run_path: str | Path, out: str | Path | None = None) -> Pat
     if out.suffix.lower() != ".png":
         raise UserError(f"--out {out}: give a file name ending in .png")
 
+    fig = calibration_figure(run.config()["env_id"], snapshots, rows)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    atomic_write_bytes(out, buf.getvalue())
+    return out
+
+
+LOSS_SERIES = (("calibration_loss", "train (after fit)"), ("calibration_loss_heldout", "fresh batch (before fit)"),
+               ("calibration_loss_prev_batch", "previous batch"))
+
+
+def _finite_points(rows: list[dict], key: str) -> list[tuple[float, float]]:
+    return [(r["global_step"], r[key]) for r in rows
+            if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+
+
+def calibration_figure(env_id: str, snapshots: list[dict], rows: list[dict]):
+    """The laid-out Figure: one scatter per snapshot, then the losses over training. A loss
+    series is drawn (and in the legend) only where it has a finite value; a series of one
+    point gets a marker, since a line through one point draws nothing."""
     n = max(1, len(snapshots))
     fig, axes = plt.subplots(1, n + 1, figsize=(3.2 * (n + 1), 3.4), squeeze=False)
     axes = axes[0]
@@ -46,22 +69,14 @@ def plot_calibration(run_path: str | Path, out: str | Path | None = None) -> Pat
         axes[0].text(0.5, 0.5, "no snapshots saved", ha="center", va="center")
         axes[0].axis("off")
     ax = axes[-1]
-    steps = [r["global_step"] for r in rows]
-    ax.plot(steps, [r["calibration_loss"] for r in rows], label="train (after fit)")
-    ax.plot(steps, [r["calibration_loss_heldout"] for r in rows], label="fresh batch (before fit)")
-    prev = [(r["global_step"], r["calibration_loss_prev_batch"]) for r in rows if r.get("calibration_loss_prev_batch") is not None]
-    if prev:
-        ax.plot(*zip(*prev), label="previous batch")
+    for key, label in LOSS_SERIES:
+        points = _finite_points(rows, key)
+        if points:
+            ax.plot(*zip(*points), marker="o" if len(points) == 1 else None, label=label)
     ax.axhline(1.0, color="k", lw=0.8, ls=":", label="knows nothing (=1)")
     ax.set(title="calibration loss L_cal", xlabel="env steps", ylabel="MSE vs normalised advantage")
     ax.title.set_fontsize(9)
     ax.legend(fontsize=7)
-    fig.suptitle(f"{run.config()['env_id']}: reflection calibration", fontsize=10)
+    fig.suptitle(f"{env_id}: reflection calibration", fontsize=10)
     fig.tight_layout()
-    import io
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
-    atomic_write_bytes(out, buf.getvalue())
-    return out
+    return fig

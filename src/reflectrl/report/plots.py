@@ -1,5 +1,6 @@
 """Matplotlib figures of an experiment: learning curves with CI bands, interval plots of
-final scores, and the signals' diagnostics over training. Each returns PNG bytes."""
+final scores, and the signals' diagnostics over training. Each `X_figure` function returns
+the matplotlib Figure (what the tests measure); `X` returns its PNG bytes."""
 
 from __future__ import annotations
 
@@ -15,12 +16,15 @@ from reflectrl.report import stats  # noqa: E402
 from reflectrl.report.analysis import STANDARD_METRICS, Experiment, _fill  # noqa: E402
 
 COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+DPI = 100
+TICK_SIZE = 9  # points: readable at the PNG's 100 dpi
+ROW_INCHES = 0.5  # per entry of the final-return interval plot
 
 
 def _png(fig) -> bytes:
+    """The figure's PNG bytes; closes it."""
     buf = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buf, format="png", dpi=100)
+    fig.savefig(buf, format="png", dpi=DPI)
     plt.close(fig)
     return buf.getvalue()
 
@@ -42,7 +46,11 @@ def _band(curves: np.ndarray, reps: int = 300) -> tuple[np.ndarray, np.ndarray, 
 
 
 def learning_curves(exp: Experiment, env_id: str) -> bytes:
-    fig, ax = plt.subplots(figsize=(6.4, 4))
+    return _png(learning_curves_figure(exp, env_id))
+
+
+def learning_curves_figure(exp: Experiment, env_id: str):
+    fig, ax = plt.subplots(figsize=(6.4, 4), dpi=DPI)
     for i, label in enumerate(exp.spec.algos):
         runs = exp.select(env_id, label)
         if not runs:
@@ -55,22 +63,34 @@ def learning_curves(exp: Experiment, env_id: str) -> bytes:
     ax.set(title=f"{env_id}: true episodic return (IQM, 95% CI)", xlabel="env steps", ylabel="return")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    return _png(fig)
+    ax.tick_params(labelsize=TICK_SIZE)
+    fig.tight_layout()
+    return fig
 
 
 def final_intervals(table: list[dict], env_id: str) -> bytes:
+    return _png(final_intervals_figure(table, env_id))
+
+
+def final_intervals_figure(table: list[dict], env_id: str):
+    """One bar (the 95% CI) and tick (the IQM) per algo entry; ROW_INCHES of height per entry,
+    half a row of room above the first and below the last, and a margin on either side."""
     rows = [r for r in table if r["env"] == env_id and r.get("seeds")]
-    fig, ax = plt.subplots(figsize=(6.4, 0.5 + 0.45 * max(1, len(rows))))
+    n = max(1, len(rows))
+    fig, ax = plt.subplots(figsize=(6.4, 1.5 + ROW_INCHES * n), dpi=DPI)
     for i, row in enumerate(rows):
         lo, hi = row["final_ci"]
         color = COLORS[i % len(COLORS)]
         ax.plot([lo, hi], [i, i], color=color, lw=8, alpha=0.5, solid_capstyle="butt")
         ax.plot([row["final_iqm"]], [i], "|", color="k", ms=14)
     ax.set_yticks(range(len(rows)), [r["algo"] for r in rows])
-    ax.invert_yaxis()
+    ax.set_ylim(n - 0.5, -0.5)  # first entry on top
+    ax.margins(x=0.08)
     ax.set(title=f"{env_id}: final return, IQM and 95% CI", xlabel="return")
     ax.grid(axis="x", alpha=0.3)
-    return _png(fig)
+    ax.tick_params(labelsize=TICK_SIZE)
+    fig.tight_layout()
+    return fig
 
 
 def diagnostic_keys(exp: Experiment) -> list[str]:
@@ -84,31 +104,44 @@ def diagnostic_keys(exp: Experiment) -> list[str]:
 
 
 def diagnostics(exp: Experiment, env_id: str, keys: list[str]) -> bytes:
-    """One panel per signal metric (and the policy entropy), mean over seeds per algo entry."""
+    return _png(diagnostics_figure(exp, env_id, keys))
+
+
+def diagnostics_figure(exp: Experiment, env_id: str, keys: list[str]):
+    """One panel per signal metric (and the policy entropy), mean over seeds per algo entry;
+    one legend below the panels with every entry drawn in any of them."""
     keys = keys + ["entropy"]
     cols = min(3, len(keys))
     nrows = -(-len(keys) // cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3 * nrows), squeeze=False)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.2 * nrows + 0.8), squeeze=False, dpi=DPI,
+                             layout="constrained")
     for ax, key in zip(axes.flat, keys):
         for i, label in enumerate(exp.spec.algos):
             series = []
             for run in exp.select(env_id, label):
-                pts = [(row["global_step"], row[key]) for row in run.rows if isinstance(row.get(key), (int, float))]
+                pts = [(row["global_step"], row[key]) for row in run.rows
+                       if isinstance(row.get(key), (int, float)) and np.isfinite(row[key])]
                 if pts:
                     series.append(np.interp(exp.grid, *zip(*pts)))
             if series:
                 ax.plot(exp.grid, np.mean(series, axis=0), color=COLORS[i % len(COLORS)], label=label)
-        ax.set_title(key, fontsize=9)
+        ax.set_title(key, fontsize=10)
+        ax.set_xlabel("env steps", fontsize=TICK_SIZE)
         ax.grid(alpha=0.3)
-        ax.tick_params(labelsize=7)
+        ax.tick_params(labelsize=TICK_SIZE)
+        ax.xaxis.get_offset_text().set_fontsize(TICK_SIZE)
+        ax.yaxis.get_offset_text().set_fontsize(TICK_SIZE)
     for ax in list(axes.flat)[len(keys):]:
         ax.axis("off")
-    # one legend for the figure: panels only show the entries that log their metric
-    handles = [plt.Line2D([], [], color=COLORS[i % len(COLORS)], label=label) for i, label in enumerate(exp.spec.algos)]
-    fig.legend(handles=handles, loc="upper center", ncol=min(6, len(handles)), fontsize=8, bbox_to_anchor=(0.5, 1.0))
-    fig.suptitle(f"{env_id}: diagnostics over training (mean over seeds)", fontsize=10, y=1.0 - 0.35 / fig.get_figheight())
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.7 / fig.get_figheight()))
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
-    return buf.getvalue()
+    # one legend for the figure, made of the lines drawn: panels only show the entries that
+    # log their metric, and an entry drawn in any panel is in it
+    drawn = {}
+    for ax in axes.flat:
+        for line in ax.get_lines():
+            drawn.setdefault(line.get_label(), line)
+    labels = [label for label in exp.spec.algos if label in drawn]
+    fig.suptitle(f"{env_id}: diagnostics over training (mean over seeds)", fontsize=11)
+    if labels:
+        fig.legend([drawn[label] for label in labels], labels, loc="outside lower center",
+                   ncol=min(4, len(labels)), fontsize=TICK_SIZE)
+    return fig  # laid out (constrained) when drawn or saved

@@ -9,11 +9,13 @@ import html
 import json
 import math
 import re
+import warnings
 from pathlib import Path
 
 from reflectrl.errors import UserError
 from reflectrl.report import plots
-from reflectrl.report.analysis import Claim, evaluate_claims, load_experiment, summary_table
+from reflectrl.report.analysis import (BASELINE, MIN_SEEDS_FOR_CI, NO_SPARSE_ENV, Claim, evaluate_claims,
+                                       few_seed_rows, load_experiment, summary_table)
 from reflectrl.runs import atomic_write_bytes
 
 
@@ -29,15 +31,25 @@ def _ci(pair) -> str:
     return "–" if not pair else f"[{_num(pair[0])}, {_num(pair[1])}]"
 
 
+FEW_SEEDS_MARK = "†"
+FEW_SEEDS_NOTE = (f"{FEW_SEEDS_MARK} With fewer than {MIN_SEEDS_FOR_CI} seeds the interval is the range of the seeds' "
+                  "bootstrap, not a reliable 95% CI: a bootstrap over 2-4 values can only resample those values.")
+
+
 def _table_rows(table: list[dict]) -> list[list[str]]:
+    base_seeds = {r["env"]: r["seeds"] for r in table if r["algo"] == BASELINE}
     out = []
     for r in table:
         if not r.get("seeds"):
             out.append([r["env"], r["algo"], "0", "–", "–", "–", "–", "–", "–"])
             continue
-        out.append([r["env"], r["algo"], str(r["seeds"]), _num(r["final_iqm"]), _ci(r["final_ci"]),
-                    _num(r["auc_iqm"]), _ci(r["auc_ci"]),
-                    "–" if r["p_improve_over_ppo"] is None else f"{_num(r['p_improve_over_ppo'])} {_ci(r['p_improve_ci'])}",
+        mark = f" {FEW_SEEDS_MARK}" if r["seeds"] < MIN_SEEDS_FOR_CI else ""
+        # P(improve) resamples this entry's seeds and the baseline's
+        p_mark = f" {FEW_SEEDS_MARK}" if min(r["seeds"], base_seeds.get(r["env"], 0)) < MIN_SEEDS_FOR_CI else ""
+        out.append([r["env"], r["algo"], str(r["seeds"]), _num(r["final_iqm"]), _ci(r["final_ci"]) + mark,
+                    _num(r["auc_iqm"]), _ci(r["auc_ci"]) + mark,
+                    "–" if r["p_improve_over_ppo"] is None
+                    else f"{_num(r['p_improve_over_ppo'])} {_ci(r['p_improve_ci'])}{p_mark}",
                     f"{_num(r['steps_to_threshold_median'])} ({r['reached']}/{r['seeds']} reach {_num(r['threshold'])})"])
     return out
 
@@ -46,12 +58,41 @@ HEADERS = ["env", "algo", "seeds", "final return IQM", "95% CI", "norm. AUC IQM"
            "P(improve over ppo)", "steps to threshold (median)"]
 
 
+def few_seeds_warning(table: list[dict]) -> str | None:
+    """One line naming the (env, algo entry) rows with fewer than MIN_SEEDS_FOR_CI seeds, or None."""
+    rows = few_seed_rows(table)
+    if not rows:
+        return None
+    if len(rows) == sum(1 for r in table if r.get("seeds")):  # all of them: say so, not list them
+        lo, hi = min(r["seeds"] for r in rows), max(r["seeds"] for r in rows)
+        which = f"every env and algo entry: {lo if lo == hi else f'{lo}-{hi}'}"
+    else:
+        which = "; ".join(f"{r['algo']} on {r['env']}: {r['seeds']}" for r in rows)
+    return (f"fewer than {MIN_SEEDS_FOR_CI} seeds ({which}): their 95% CIs are the range of the seeds' bootstrap, "
+            f"not reliable intervals; run --seeds {MIN_SEEDS_FOR_CI} or more")
+
+
+def not_testable_text(claims: list[Claim]) -> str | None:
+    """One line naming the claims the experiment cannot test (entries or envs missing), or None."""
+    missing = [c for c in claims if not c.testable]
+    if not missing:
+        return None
+    what = "entries or envs missing" if any(c.missing == NO_SPARSE_ENV for c in missing) else "entries missing"
+    return f"not testable here ({what}): " + "; ".join(f"{c.statement} (needs {c.missing})" for c in missing)
+
+
 def claims_text(claims: list[Claim]) -> str:
-    width = max(len(c.statement) for c in claims)
-    lines = [f"{'claim':<{width}}  verdict"]
-    for c in claims:
-        lines.append(f"{c.statement:<{width}}  {c.verdict}")
-    return "\n".join(lines)
+    """The claims the experiment can test, as a table of verdicts, then one line naming the others."""
+    tested = [c for c in claims if c.testable]
+    lines = []
+    if tested:
+        width = max(len(c.statement) for c in tested)
+        lines.append(f"{'claim':<{width}}  verdict")
+        lines += [f"{c.statement:<{width}}  {c.verdict}" for c in tested]
+    else:
+        lines.append("no claim can be tested by this experiment")
+    line = not_testable_text(claims)
+    return "\n".join(lines + ([line] if line else []))
 
 
 def _slug(text: str) -> str:
@@ -70,13 +111,19 @@ def _strict_json(x):
 
 
 def write_report(root: Path, reps: int = 2000) -> tuple[Path, list[Claim]]:
-    """Write the report; returns the HTML page's path and the claims."""
+    """Write the report; returns the HTML page's path and the claims (all of them, testable or
+    not). Warns (UserWarning) when an (env, algo entry) has fewer than MIN_SEEDS_FOR_CI seeds."""
     root = Path(root)
     exp = load_experiment(root)
     if not exp.runs:
         raise UserError(f"no run in {root} has logged anything yet; run 'reflectrl compare' first")
     table = summary_table(exp, reps)
     claims = evaluate_claims(exp, reps)
+    tested = [c for c in claims if c.testable]
+    untestable = not_testable_text(claims)
+    few_seeds = few_seeds_warning(table)
+    if few_seeds:
+        warnings.warn(few_seeds, UserWarning, stacklevel=2)
     out = root / "report"
     out.mkdir(exist_ok=True)
 
@@ -103,13 +150,21 @@ def write_report(root: Path, reps: int = 2000) -> tuple[Path, list[Claim]]:
              "stratified-bootstrap CIs over seeds. P(improve): probability that a run of the algo ends above a run "
              "of ppo. Steps to threshold: the first step from which the return, averaged over the next 10% of "
              "training, reaches 80% of the way from the worst to the best return seen in the env.")
+    if few_seeds:
+        notes += " " + FEW_SEEDS_NOTE
 
     # ---- Markdown
-    md = [f"# reflectrl experiment report: {root.name}", "", intro, "", "## Results", "",
-          "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
+    md = [f"# reflectrl experiment report: {root.name}", "", intro, "", "## Results", ""]
+    md += [f"> **Warning:** {few_seeds}", ""] if few_seeds else []
+    md += ["| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
     md += ["| " + " | ".join(r) + " |" for r in rows]
-    md += ["", notes, "", "## Claims", "", "| claim | verdict | evidence |", "|---|---|---|"]
-    md += [f"| {c.statement} | **{c.verdict}** | {c.evidence} |" for c in claims]
+    md += ["", notes, "", "## Claims", ""]
+    if tested:
+        md += ["| claim | verdict | evidence |", "|---|---|---|"]
+        md += [f"| {c.statement} | **{c.verdict}** | {c.evidence} |" for c in tested]
+    else:
+        md += ["No claim can be tested by this experiment."]
+    md += ["", untestable] if untestable else []
     md += ["", "## Plots", ""] + [f"### {title}\n\n![{title}]({name})\n" for title, name, _ in figures]
     md += ["## Runs", "", "| env | algo | seed | status | command |", "|---|---|---|---|---|"]
     md += [f"| {r.spec.env_id} | {r.spec.entry.label} | {r.spec.seed} | {r.status} | `{' '.join(r.command)}` |"
@@ -123,15 +178,26 @@ def write_report(root: Path, reps: int = 2000) -> tuple[Path, list[Claim]]:
              "table{border-collapse:collapse;margin:1em 0;font-size:14px}td,th{border:1px solid #ccc;padding:4px 8px}"
              "th{background:#f3f3f3}.supported{color:#0a7a22;font-weight:bold}.not{color:#b00020;font-weight:bold}"
              ".inconclusive{color:#8a6d00;font-weight:bold}.untested{color:#777}img{max-width:100%}"
+             ".warning{background:#fff4d6;border-left:4px solid #d9a400;padding:6px 10px}"
              "pre{background:#f7f7f7;padding:8px;overflow-x:auto;font-size:12px}</style></head><body>",
-             f"<h1>reflectrl experiment report: {e(root.name)}</h1><p>{e(intro)}</p><h2>Results</h2><table><tr>"]
+             f"<h1>reflectrl experiment report: {e(root.name)}</h1><p>{e(intro)}</p><h2>Results</h2>"]
+    if few_seeds:
+        parts.append(f"<p class='warning'><b>Warning:</b> {e(few_seeds)}</p>")
+    parts.append("<table><tr>")
     parts += [f"<th>{e(h)}</th>" for h in HEADERS] + ["</tr>"]
     parts += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows]
-    parts += [f"</table><p><small>{e(notes)}</small></p><h2>Claims</h2><table><tr><th>claim</th><th>verdict</th><th>evidence</th></tr>"]
+    parts += [f"</table><p><small>{e(notes)}</small></p><h2>Claims</h2>"]
     css = {"supported": "supported", "not supported": "not", "inconclusive": "inconclusive", "not tested": "untested"}
-    parts += [f"<tr><td>{e(c.statement)}</td><td class='{css[c.verdict]}'>{e(c.verdict)}</td><td>{e(c.evidence)}</td></tr>"
-              for c in claims]
-    parts += ["</table><h2>Plots</h2>"]
+    if tested:
+        parts += ["<table><tr><th>claim</th><th>verdict</th><th>evidence</th></tr>"]
+        parts += [f"<tr><td>{e(c.statement)}</td><td class='{css[c.verdict]}'>{e(c.verdict)}</td>"
+                  f"<td>{e(c.evidence)}</td></tr>" for c in tested]
+        parts += ["</table>"]
+    else:
+        parts += ["<p>No claim can be tested by this experiment.</p>"]
+    if untestable:
+        parts += [f"<p class='untested'>{e(untestable)}</p>"]
+    parts += ["<h2>Plots</h2>"]
     for title, name, png in figures:
         data = base64.b64encode(png).decode()
         parts.append(f"<h3>{e(title)}</h3><img class='plot' alt='{e(title)}' src='data:image/png;base64,{data}'>")
@@ -143,6 +209,7 @@ def write_report(root: Path, reps: int = 2000) -> tuple[Path, list[Claim]]:
     parts.append("</body></html>")
     atomic_write_bytes(out / "index.html", "".join(parts).encode())
 
-    data = {"spec": spec.to_dict(), "table": table, "claims": [c.__dict__ for c in claims]}
+    data = {"spec": spec.to_dict(), "table": table, "claims": [c.__dict__ for c in claims],
+            "warnings": [few_seeds] if few_seeds else []}
     atomic_write_bytes(out / "stats.json", (json.dumps(_strict_json(data), indent=2) + "\n").encode())
     return out / "index.html", claims

@@ -1,0 +1,276 @@
+"""The claims of a report: each rule on hand-made intervals (boundaries included), each claim
+on small fake experiments with known verdicts, the claims an experiment cannot test, and the
+warning about intervals over fewer than 5 seeds."""
+
+import html
+import json
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+from reflectrl.experiments.spec import SPEC_FILE, ExperimentSpec
+from reflectrl.report.analysis import (MIN_SEEDS_FOR_CI, _verdict_falls, _verdict_greater, _verdict_non_inferior,
+                                       evaluate_claims, load_experiment, summary_table)
+from reflectrl.report.render import claims_text, write_report
+
+ENV = "reflectrl/GridWorld-v0"
+REPS = 200
+
+
+def make_experiment(root, curves, envs=(ENV,), total_steps=1000, wrapper=None, extra=None):
+    """Write a finished experiment without training anything.
+
+    curves: {algo entry: [one curve per seed]}, the same for every env; a curve is a number
+    (a flat return) or a list of returns logged at evenly spaced steps. An entry with fewer
+    curves than the experiment has seeds misses the last seeds' runs.
+    extra: {algo entry: [per seed, a list of dicts merged into that run's rows in order]}."""
+    seeds = max(len(c) for c in curves.values())
+    spec = ExperimentSpec(envs=list(envs), algos=list(curves), seeds=seeds, total_steps=total_steps, wrapper=wrapper)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / SPEC_FILE).write_text(json.dumps(spec.to_dict()))
+    for run in spec.runs(root):
+        per_seed = curves[run.entry.label]
+        if run.seed > len(per_seed):
+            continue
+        curve = per_seed[run.seed - 1]
+        curve = [curve] * 20 if isinstance(curve, (int, float)) else list(curve)
+        more = (extra or {}).get(run.entry.label, [[]] * seeds)[run.seed - 1]
+        rows = []
+        for i, value in enumerate(curve):
+            row = {"global_step": (i + 1) * total_steps // len(curve), "iteration": i + 1,
+                   "episodic_return": float(value), "episodes": 1, "entropy": 1.0 - i / len(curve)}
+            if i < len(more):
+                row.update(more[i])
+            rows.append(row)
+        run.path.mkdir(parents=True)
+        (run.path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        command = ["reflectrl", "train", *run.argv]
+        (run.path / "run.json").write_text(json.dumps({"status": "finished", "command": command}))
+        (run.path / "config.json").write_text(json.dumps({"algo": run.entry.algo, "env_id": run.env_id,
+                                                          "seed": run.seed}))
+    return root
+
+
+def claims_of(root) -> dict:
+    return {c.statement: c for c in evaluate_claims(load_experiment(root), reps=REPS)}
+
+
+def claim(root, prefix):
+    (match,) = [c for s, c in claims_of(root).items() if s.startswith(prefix)]
+    return match
+
+
+# ---------------------------------------------------------------------------- the rules
+
+@pytest.mark.parametrize("ci, verdict", [
+    ((0.2, 0.05, 0.3), "supported"),
+    ((0.1, 1e-9, 0.2), "supported"),
+    ((0.1, 0.0, 0.2), "inconclusive"),       # lower end on 0: not shown to be above
+    ((0.0, 0.0, 0.0), "not supported"),      # every seed tied
+    ((-0.1, -0.2, 0.0), "not supported"),    # upper end on 0: no improvement in the interval
+    ((-0.1, -0.2, 1e-9), "inconclusive"),
+    ((-0.2, -0.3, -0.05), "not supported"),
+])
+def test_verdict_greater_boundaries(ci, verdict):
+    assert _verdict_greater(ci) == verdict
+
+
+@pytest.mark.parametrize("ci, verdict", [
+    ((0.0, 0.0, 0.0), "supported"),            # tied: within any margin
+    ((0.1, 0.05, 0.2), "supported"),
+    ((-0.02, -0.03, -0.01), "supported"),      # worse, but by less than the margin: non-inferior
+    ((-0.04, -0.049, 0.01), "supported"),
+    ((-0.02, -0.05, 0.01), "inconclusive"),    # lower end on -margin: not shown to be above it
+    ((-0.05, -0.2, 0.1), "inconclusive"),
+    ((-0.1, -0.2, -0.05), "not supported"),    # upper end on -margin
+    ((-0.163, -0.254, -0.081), "not supported"),
+])
+def test_verdict_non_inferior_boundaries(ci, verdict):
+    assert _verdict_non_inferior(ci, 0.05) == verdict
+
+
+def test_verdict_non_inferior_with_zero_margin_is_greater_or_equal():
+    assert _verdict_non_inferior((0.1, 1e-9, 0.2), 0.0) == "supported"
+    assert _verdict_non_inferior((0.0, 0.0, 0.0), 0.0) == "not supported"
+
+
+@pytest.mark.parametrize("ci, verdict", [
+    ((0.5, 0.4, 0.6), "supported"),
+    ((0.9, 0.8, 1.0 - 1e-9), "supported"),
+    ((0.9, 0.8, 1.0), "inconclusive"),     # upper end on 1: no fall shown
+    ((1.0, 1.0, 1.0), "not supported"),    # no change at all
+    ((1.1, 1.0, 1.2), "not supported"),
+    ((1.0, 0.95, 1.05), "inconclusive"),
+    ((1.3, 1.2, 1.4), "not supported"),
+])
+def test_verdict_falls_boundaries(ci, verdict):
+    assert _verdict_falls(ci) == verdict
+
+
+# ----------------------------------------------------------- each claim on fake experiments
+
+LOW, HIGH = [0.0, 1.0, 0.5, 0.2, 0.8], [10.0, 9.0, 9.5, 9.8, 9.2]
+MIXED_A, MIXED_B = [0.0, 10.0, 0.0, 10.0, 5.0], [10.0, 0.0, 10.0, 0.0, 5.0]
+
+
+@pytest.mark.parametrize("gear, ppo, verdict", [
+    (HIGH, LOW, "supported"),
+    (LOW, HIGH, "not supported"),
+    ([5.0] * 5, [5.0] * 5, "not supported"),  # tied
+    (MIXED_A, MIXED_B, "inconclusive"),
+])
+def test_gear_claim_verdicts(tmp_path, gear, ppo, verdict):
+    root = make_experiment(tmp_path / "exp", {"ppo": ppo, "gear": gear})
+    c = claim(root, "GEAR beats the baseline")
+    assert c.verdict == verdict and c.testable
+    assert "5 vs 5 seeds" in c.evidence and "fewer than" not in c.evidence
+
+
+def test_refgrpo_early_and_final_claims(tmp_path):
+    # refgrpo reaches 10 at once, ppo only in the second half: same final, faster early
+    fast = [[10.0] * 20 for _ in range(5)]
+    slow = [[0.0] * 10 + [10.0] * 10 for _ in range(5)]
+    root = make_experiment(tmp_path / "a", {"ppo": slow, "refgrpo": fast})
+    assert claim(root, "RefGRPO learns faster early").verdict == "supported"
+    assert claim(root, "RefGRPO's final return >= PPO's").verdict == "supported"  # tied finals
+
+    root = make_experiment(tmp_path / "b", {"ppo": fast, "refgrpo": slow})
+    assert claim(root, "RefGRPO learns faster early").verdict == "not supported"
+    assert claim(root, "RefGRPO's final return >= PPO's").verdict == "supported"
+
+    root = make_experiment(tmp_path / "c", {"ppo": HIGH, "refgrpo": LOW})
+    assert claim(root, "RefGRPO's final return >= PPO's").verdict == "not supported"
+
+
+def _losses(start, end, n=20):
+    return [{"calibration_loss": start + (end - start) * i / (n - 1)} for i in range(n)]
+
+
+@pytest.mark.parametrize("start, end, verdict", [(1.0, 0.2, "supported"), (0.5, 1.0, "not supported"),
+                                                 (1.0, 1.0, "not supported")])
+def test_calibration_claim_verdicts(tmp_path, start, end, verdict):
+    root = make_experiment(tmp_path / "exp", {"ppo": [1.0] * 5, "refgrpo": [1.0] * 5},
+                           extra={"refgrpo": [_losses(start, end)] * 5})
+    c = claim(root, "RefGRPO's calibration loss falls")
+    assert c.verdict == verdict and "over 5 runs" in c.evidence
+
+
+def test_calibration_claim_without_enough_logged_iterations_is_not_tested_but_testable(tmp_path):
+    root = make_experiment(tmp_path / "exp", {"ppo": [1.0] * 5, "refgrpo": [1.0] * 5},
+                           extra={"refgrpo": [_losses(1.0, 0.2, n=5)] * 5})
+    c = claim(root, "RefGRPO's calibration loss falls")
+    assert c.verdict == "not tested" and c.testable  # the entry is there; its runs lack the data
+
+
+def test_sdrs_claim_needs_a_sparse_env(tmp_path):
+    curves = {"ppo": [[0.0] * 10 + [10.0] * 10] * 5, "sdrs": [[10.0] * 20] * 5}  # sdrs learns sooner: larger AUC
+    assert claim(make_experiment(tmp_path / "grid", curves), "Shaping (SDRS)").verdict == "supported"
+    dense = claim(make_experiment(tmp_path / "dense", curves, envs=("CartPole-v1",)), "Shaping (SDRS)")
+    assert dense.verdict == "not tested" and dense.missing == "a sparse-reward env" and not dense.testable
+    dense_claims = evaluate_claims(load_experiment(tmp_path / "dense"), reps=REPS)
+    assert claims_text(dense_claims).splitlines()[-1] == (
+        "not testable here (entries or envs missing): RefGRPO learns faster early than PPO (needs refgrpo); "
+        "RefGRPO's final return >= PPO's (margin 5% of each env's range) (needs refgrpo); "
+        "RefGRPO's calibration loss falls and settles (needs refgrpo); "
+        "Shaping (SDRS) helps on sparse-reward tasks (needs a sparse-reward env); GEAR beats the baseline (needs gear)")
+    wrapped = make_experiment(tmp_path / "wrapped", curves, envs=("CartPole-v1",), wrapper="delayed:20")
+    assert claim(wrapped, "Shaping (SDRS)").verdict == "supported"
+    curves = {"ppo": [[10.0] * 20] * 5, "sdrs": [[0.0] * 10 + [10.0] * 10] * 5}
+    assert claim(make_experiment(tmp_path / "worse", curves), "Shaping (SDRS)").verdict == "not supported"
+
+
+def test_claim_with_one_seed_of_an_entry_is_not_tested(tmp_path):
+    root = make_experiment(tmp_path / "exp", {"ppo": LOW, "gear": HIGH[:1]})
+    c = claim(root, "GEAR beats the baseline")
+    assert c.verdict == "not tested" and c.testable and "2 finished seeds" in c.evidence
+
+
+# --------------------------------------------------------------- claims it cannot test
+
+def test_only_testable_claims_are_listed(tmp_path):
+    root = make_experiment(tmp_path / "exp", {"ppo": LOW, "gear": HIGH})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # 5 seeds: no warning
+        _, claims = write_report(root, reps=REPS)
+    assert [c.statement for c in claims if c.testable] == ["GEAR beats the baseline"]
+    text = claims_text(claims)
+    lines = text.splitlines()
+    assert lines[0].split() == ["claim", "verdict"]
+    assert lines[1].split("  ")[0] == "GEAR beats the baseline" and lines[1].endswith("  supported")
+    assert lines[2] == ("not testable here (entries missing): RefGRPO learns faster early than PPO (needs refgrpo); "
+                        "RefGRPO's final return >= PPO's (margin 5% of each env's range) (needs refgrpo); "
+                        "RefGRPO's calibration loss falls and settles (needs refgrpo); "
+                        "Shaping (SDRS) helps on sparse-reward tasks (needs sdrs)")
+    assert len(lines) == 3 and "not tested" not in text
+
+    md = (root / "report/report.md").read_text()
+    claims_md = md[md.index("## Claims"):md.index("## Plots")]
+    rows = [x for x in claims_md.splitlines() if x.startswith("| ") and not x.startswith("| claim")]
+    assert rows == [x for x in rows if x.startswith("| GEAR beats the baseline | **supported** |")] and len(rows) == 1
+    assert lines[2] in claims_md
+    page = (root / "report/index.html").read_text()
+    claims_html = page[page.index("<h2>Claims</h2>"):page.index("<h2>Plots</h2>")]
+    assert claims_html.count("<tr><td>") == 1 and "GEAR beats the baseline" in claims_html
+    assert "not testable here (entries missing): RefGRPO learns faster early" in claims_html
+    assert "not tested" not in claims_html
+    saved = json.loads((root / "report/stats.json").read_text())["claims"]
+    assert len(saved) == 5 and [c["missing"] for c in saved].count("") == 1  # stats.json keeps every claim
+
+
+def test_missing_baseline_is_named(tmp_path):
+    root = make_experiment(tmp_path / "exp", {"gear": HIGH, "sdrs": LOW}, envs=("CartPole-v1",))
+    claims = evaluate_claims(load_experiment(root), reps=REPS)
+    assert all(not c.testable for c in claims)
+    text = claims_text(claims)
+    assert text.splitlines()[0] == "no claim can be tested by this experiment"
+    assert text.splitlines()[1].startswith("not testable here (entries missing): ") and len(text.splitlines()) == 2
+    assert "GEAR beats the baseline (needs ppo)" in text
+    assert "RefGRPO learns faster early than PPO (needs refgrpo, ppo)" in text
+    assert "Shaping (SDRS) helps on sparse-reward tasks (needs ppo)" in text  # the baseline is checked first
+
+
+# ------------------------------------------------------------------ fewer than 5 seeds
+
+def test_few_seeds_are_flagged_in_tables_claims_and_a_warning(tmp_path):
+    root = make_experiment(tmp_path / "exp", {"ppo": LOW[:3], "gear": HIGH})  # ppo: 3 seeds, gear: 5
+    with pytest.warns(UserWarning, match=r"fewer than 5 seeds \(ppo on reflectrl/GridWorld-v0: 3\)") as caught:
+        write_report(root, reps=REPS)
+    assert len(caught) == 1 and "gear on" not in str(caught[0].message)
+
+    note = "With fewer than 5 seeds the interval is the range of the seeds' bootstrap, not a reliable 95% CI"
+    md = (root / "report/report.md").read_text()
+    assert "> **Warning:** fewer than 5 seeds (ppo on reflectrl/GridWorld-v0: 3)" in md and note in md
+    table = [x for x in md.splitlines() if x.startswith(f"| {ENV} |")]
+    ppo_row, gear_row = (next(x for x in table if x.startswith(f"| {ENV} | {a} |")) for a in ("ppo", "gear"))
+    assert ppo_row.count("] †") == 2  # both CIs of the 3-seed row are marked
+    cells = gear_row.split(" | ")  # gear has 5 seeds; only its P(improve over the 3-seed ppo) is marked
+    assert "†" not in cells[4] and "†" not in cells[6] and cells[7].endswith("] †")
+    page = html.unescape((root / "report/index.html").read_text())
+    assert "<b>Warning:</b> fewer than 5 seeds (ppo on reflectrl/GridWorld-v0: 3)" in page and note in page
+    assert json.loads((root / "report/stats.json").read_text())["warnings"][0].startswith("fewer than 5 seeds")
+    gear = claim(root, "GEAR beats the baseline")
+    assert "5 vs 3 seeds" in gear.evidence and "not a reliable 95% CI" in gear.evidence
+
+
+def test_enough_seeds_give_no_warning_or_note(tmp_path):
+    root = make_experiment(tmp_path / "exp", {"ppo": LOW, "gear": HIGH})
+    assert all(r["seeds"] == MIN_SEEDS_FOR_CI for r in summary_table(load_experiment(root), reps=REPS))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        write_report(root, reps=REPS)
+    md = (root / "report/report.md").read_text()
+    assert "Warning" not in md and "†" not in md and "not a reliable" not in md
+    assert json.loads((root / "report/stats.json").read_text())["warnings"] == []
+
+
+def test_report_command_prints_the_few_seeds_warning(tmp_path):
+    root = make_experiment(tmp_path / "exp", {"ppo": LOW[:2], "gear": HIGH[:2]})
+    done = subprocess.run([sys.executable, "-m", "reflectrl", "report", str(root), "--reps", "100"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert ("reflectrl: warning: fewer than 5 seeds (every env and algo entry: 2): "
+            "their 95% CIs are the range of the seeds' bootstrap, not reliable intervals") in done.stderr
+    (row,) = [x for x in done.stdout.splitlines() if x.startswith("GEAR beats the baseline")]
+    assert row.split()[-1] == "supported"

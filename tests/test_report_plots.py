@@ -1,0 +1,171 @@
+"""The report's figures, measured: sizes in pixels, room around the bars, axis labels, tick
+label sizes, and legends that name every line drawn and nothing that is not drawn."""
+
+import math
+import struct
+
+import matplotlib
+import numpy as np
+import pytest
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from reflectrl.report import plots  # noqa: E402
+from reflectrl.report.analysis import load_experiment  # noqa: E402
+from reflectrl.report.calibration_plot import calibration_figure  # noqa: E402
+from test_report_claims import ENV, make_experiment  # noqa: E402
+
+MIN_TICK_POINTS = 8
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    plt.close("all")
+
+
+def png_size(png: bytes) -> tuple[int, int]:
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", png[16:24])  # IHDR: width, height
+
+
+def fake_table(n: int) -> list[dict]:
+    return [{"env": ENV, "algo": f"algo{i}", "seeds": 5, "final_iqm": float(i), "final_ci": [i - 1.0, i + 1.0]}
+            for i in range(n)]
+
+
+def visible_axes(fig):
+    return [ax for ax in fig.axes if ax.axison]
+
+
+def drawn(line) -> bool:
+    """A line shows something: a finite point with a marker, or two finite points joined."""
+    x, y = (np.asarray(v, dtype=float) for v in line.get_data())
+    finite = int(np.sum(np.isfinite(x) & np.isfinite(y)))
+    has_marker = line.get_marker() not in (None, "None", "", " ")
+    has_line = line.get_linestyle() not in ("None", "", " ") and line.get_linewidth() > 0
+    return (finite >= 1 and has_marker) or (finite >= 2 and has_line)
+
+
+def legend_entries(legend) -> dict:
+    return {text.get_text(): handle for text, handle in zip(legend.get_texts(), legend.legend_handles)}
+
+
+def assert_readable_ticks(fig):
+    fig.canvas.draw()
+    for ax in visible_axes(fig):
+        for label in ax.get_xticklabels() + ax.get_yticklabels():
+            if label.get_text():
+                assert label.get_fontsize() >= MIN_TICK_POINTS, (ax.get_title(), label.get_text())
+
+
+# ----------------------------------------------------------------- final-return intervals
+
+@pytest.mark.parametrize("n", [1, 3, 8])
+def test_final_intervals_grow_with_entries_and_bars_clear_the_frame(n):
+    fig = plots.final_intervals_figure(fake_table(n), ENV)
+    fig.canvas.draw()
+    (ax,) = fig.axes
+    box = ax.get_window_extent()
+    assert box.height >= max(90, 40 * n), box.height  # was about 45 px for one entry
+    assert_readable_ticks(fig)
+    bars = [line for line in ax.get_lines() if line.get_linewidth() >= 8]
+    assert len(bars) == n
+    for bar in bars:
+        half = bar.get_linewidth() * fig.dpi / 72 / 2  # the bar's half thickness in pixels
+        (x0, y), (x1, _) = ax.transData.transform(np.column_stack(bar.get_data()))
+        assert box.y0 + half + 5 <= y <= box.y1 - half - 5, (y, box)  # room above and below
+        assert box.x0 + 5 <= x0 and x1 <= box.x1 - 5, (x0, x1, box)  # and at either end
+
+
+def test_final_intervals_height_is_per_entry_and_the_png_matches():
+    heights = [plots.final_intervals_figure(fake_table(n), ENV).get_size_inches()[1] for n in (1, 2, 6)]
+    assert heights[1] - heights[0] == pytest.approx(plots.ROW_INCHES)
+    assert heights[2] - heights[1] == pytest.approx(4 * plots.ROW_INCHES)
+    width, height = png_size(plots.final_intervals(fake_table(6), ENV))
+    assert (width, height) == (round(6.4 * plots.DPI), round(heights[2] * plots.DPI))
+
+
+# --------------------------------------------------------------------------- diagnostics
+
+DEMO_ALGOS = ["ppo", "refgrpo", "refgrpo[bonus_target=seed]", "sdrs", "sdrs[mode=potential]", "gear",
+              "gear[temperature=inf]"]  # the demo's entries
+
+
+@pytest.fixture
+def experiment(tmp_path):
+    """Every entry logs entropy (ppo nothing else); the others also log their own diagnostics."""
+    curves = {label: [[float(i) for i in range(20)]] * 2 for label in DEMO_ALGOS}
+    own = {"refgrpo": {"calibration_loss": lambda i: 1 - i / 40}, "sdrs": {"shaping_to_reward": lambda i: 0.1 * i},
+           "gear": {"weights_mean": lambda i: 1.0, "weights_std": lambda i: 0.1 * i}}
+    extra = {label: [[{k: f(i) for k, f in own[label.split("[")[0]].items()} for i in range(20)]] * 2
+             for label in DEMO_ALGOS[1:]}
+    return load_experiment(make_experiment(tmp_path / "exp", curves, total_steps=1_000_000, extra=extra))
+
+
+def test_diagnostics_panels_are_labelled_and_readable(experiment):
+    keys = plots.diagnostic_keys(experiment)
+    assert set(keys) == {"calibration_loss", "shaping_to_reward", "weights_mean", "weights_std"}
+    fig = plots.diagnostics_figure(experiment, ENV, keys)
+    panels = visible_axes(fig)
+    assert [ax.get_title() for ax in panels] == keys + ["entropy"]
+    assert all(ax.get_xlabel() == "env steps" for ax in panels)
+    assert_readable_ticks(fig)
+
+
+def test_diagnostics_legend_names_every_line_drawn(experiment):
+    fig = plots.diagnostics_figure(experiment, ENV, plots.diagnostic_keys(experiment))
+    fig.canvas.draw()
+    (legend,) = fig.legends
+    entries = legend_entries(legend)
+    lines = [line for ax in fig.axes for line in ax.get_lines()]
+    entropy = next(ax for ax in fig.axes if ax.get_title() == "entropy")
+    assert {line.get_label() for line in entropy.get_lines()} == set(DEMO_ALGOS)  # ppo is drawn only here
+    for line in lines:
+        assert line.get_label() in entries, line.get_label()
+        assert entries[line.get_label()].get_color() == line.get_color()
+    assert sorted(entries) == sorted(DEMO_ALGOS)  # and nothing else
+    assert all(text.get_fontsize() >= MIN_TICK_POINTS for text in legend.get_texts())
+
+    # the legend is on the figure and hides neither the title nor any panel
+    renderer = fig.canvas.get_renderer()
+    box = legend.get_window_extent(renderer)
+    assert fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1 and fig.bbox.y0 <= box.y0 and box.y1 <= fig.bbox.y1
+    assert not box.overlaps(fig._suptitle.get_window_extent(renderer))
+    for ax in visible_axes(fig):
+        assert not box.overlaps(ax.get_tightbbox(renderer)), ax.get_title()
+
+
+def test_learning_curves_legend_and_labels(experiment):
+    fig = plots.learning_curves_figure(experiment, ENV)
+    (ax,) = fig.axes
+    assert ax.get_xlabel() == "env steps"
+    entries = legend_entries(ax.get_legend())
+    assert sorted(entries) == sorted(line.get_label() for line in ax.get_lines())
+    assert_readable_ticks(fig)
+
+
+# ---------------------------------------------------------------------- calibration plot
+
+def _rows(n, heldout=lambda i: 0.9, prev=lambda i: 0.8 if i else None):
+    return [{"global_step": 100 * (i + 1), "calibration_loss": 1 - 0.01 * i, "calibration_loss_heldout": heldout(i),
+             "calibration_loss_prev_batch": prev(i)} for i in range(n)]
+
+
+@pytest.mark.parametrize("rows, shown", [
+    (_rows(1), {"train (after fit)", "fresh batch (before fit)"}),  # no previous batch yet
+    (_rows(2), {"train (after fit)", "fresh batch (before fit)", "previous batch"}),  # previous batch: one point
+    (_rows(5, heldout=lambda i: math.nan), {"train (after fit)", "previous batch"}),  # nothing finite to draw
+    (_rows(5), {"train (after fit)", "fresh batch (before fit)", "previous batch"}),
+])
+def test_calibration_legend_has_no_entry_without_a_drawn_line(rows, shown):
+    snapshots = [{"iteration": 1, "target": [-1.0, 0.0, 1.0], "prediction": [-0.5, 0.1, 0.4]}]
+    fig = calibration_figure("reflectrl/GridWorld-v0", snapshots, rows)
+    ax = fig.axes[-1]
+    entries = legend_entries(ax.get_legend())
+    assert set(entries) == shown | {"knows nothing (=1)"}
+    by_label = {line.get_label(): line for line in ax.get_lines()}
+    for label in entries:
+        assert label in by_label and drawn(by_label[label]), label
+    assert ax.get_xlabel() == "env steps"
