@@ -15,7 +15,8 @@ import subprocess
 import sys
 import time
 
-from reflectrl.llm.sandbox import _python_layout, run_batch, run_code
+from reflectrl.sandbox import run_batch, run_code
+from reflectrl.sandbox.isolation import python_layout
 
 CODE = "def solve(a, b):\n    return a + b\n"
 TESTS = {"entry_point": "solve", "cases": [
@@ -36,7 +37,7 @@ def main() -> None:
         result = run_code(CODE, TESTS, **kw)
         assert result.status == "ok", result
 
-    exe = _python_layout(args.python).exe
+    exe = python_layout(args.python).exe
     t = time.perf_counter()
     for _ in range(args.runs):
         subprocess.run([exe, "-S", "-B", "-c", "pass"], check=True, env={})

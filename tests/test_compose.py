@@ -142,7 +142,7 @@ def test_neutral_composition_is_ppo_bit_for_bit(cli, tmp_path):
 
 
 def test_composed_run_resumes_bit_identically(tmp_path, monkeypatch):
-    from reflectrl.control import ppo as ppo_module
+    from reflectrl.runs import loop as loop_module
     from reflectrl.control.ppo import PPOTrainer, new_run_config
     from reflectrl.control.policies import params_sha256
     from reflectrl.runs import RunDir
@@ -155,7 +155,7 @@ def test_composed_run_resumes_bit_identically(tmp_path, monkeypatch):
     run = RunDir.create(tmp_path / "run", cfg().to_dict())
     first = PPOTrainer(cfg(), run)
     # stop as SIGTERM does: at the end of iteration 3, with a checkpoint written there
-    monkeypatch.setattr(ppo_module, "stop_requested", lambda: first.iteration >= 3)
+    monkeypatch.setattr(loop_module, "stop_requested", lambda: first.iteration >= 3)
     with pytest.raises(Terminated):
         first.train(progress=False)
     monkeypatch.undo()

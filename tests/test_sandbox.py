@@ -13,10 +13,10 @@ import time
 import pytest
 
 from reflectrl.errors import UserError
-from reflectrl.llm import sandbox
-from reflectrl.llm.sandbox import (
+from reflectrl.sandbox import (
     InvalidTests, SandboxResult, SandboxUnavailable, bwrap_available, code_reward, load_tests, run_batch, run_code,
 )
+from reflectrl.sandbox import isolation
 
 needs_bwrap = pytest.mark.skipif(not bwrap_available(), reason="bubblewrap not installed (scripts/install_system_deps.sh)")
 
@@ -442,10 +442,10 @@ def test_code_reward():
 
 
 def test_missing_bwrap_is_a_clear_error_not_an_unconfined_run(monkeypatch):
-    monkeypatch.setattr(sandbox, "_bwrap_path", lambda: None)
+    monkeypatch.setattr(isolation, "_bwrap_path", lambda: None)
     with pytest.raises(SandboxUnavailable, match="apt-get install bubblewrap"):
         run_code(GOOD, ADD)
-    assert not sandbox.bwrap_available()
+    assert not bwrap_available()
 
 
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -492,6 +492,44 @@ def test_invalid_tests_are_user_errors(tests, message):
     assert issubclass(InvalidTests, UserError)
 
 
+# --------------------------------------------------------------------------- package and old paths
+
+
+def test_old_import_paths_still_work():
+    """reflectrl.llm.sandbox / sandbox_cli are aliases: the same objects, and a run through them works."""
+    import reflectrl.sandbox as new
+    from reflectrl.llm import sandbox as old
+    from reflectrl.llm import sandbox_cli as old_cli
+    from reflectrl.llm.sandbox import SandboxResult as OldResult, code_reward as old_reward, load_tests as old_load
+    from reflectrl.sandbox import cli as new_cli
+
+    assert sorted(new.__all__) == sorted(old.__all__) == sorted(new._WHERE)
+    for name in new.__all__:
+        assert getattr(old, name) is getattr(new, name), name
+    assert old._python_layout is isolation.python_layout and old._bwrap_path is isolation._bwrap_path
+    assert (old_cli.add_parser, old_cli.run) == (new_cli.add_parser, new_cli.run)
+    assert old_reward(OldResult(passed=1, total=2, status="failed", duration_s=0.1)) == 0.5
+    with pytest.raises(InvalidTests, match="no 'cases'"):
+        old_load({"entry_point": "solve"})
+    if bwrap_available():
+        result = old.run_code(GOOD, ADD, timeout=10)
+        assert isinstance(result, SandboxResult) and (result.status, result.passed) == ("ok", 3), result
+
+
+def test_importing_the_cli_does_not_import_the_sandbox():
+    import subprocess
+
+    probe = ("import sys, reflectrl.llm.sandbox_cli, reflectrl.sandbox.cli\n"
+             "print(sorted(m for m in sys.modules if m.startswith('reflectrl.sandbox.')))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['reflectrl.sandbox.cli']", out
+    import reflectrl.sandbox as pkg
+
+    assert set(pkg.__all__) <= set(dir(pkg))
+    with pytest.raises(AttributeError):
+        pkg.no_such_name
+
+
 # --------------------------------------------------------------------------- CLI
 
 
@@ -499,7 +537,7 @@ def _cli(capsys, *argv):
     """`reflectrl sandbox ...` through the real CLI when it is wired, else through the same
     parser class and error handling on a parser built here."""
     from reflectrl import cli
-    from reflectrl.llm import sandbox_cli
+    from reflectrl.sandbox import cli as sandbox_cli
 
     argv = [str(a) for a in argv]
     try:

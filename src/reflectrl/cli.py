@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import re
-import shutil
 import sys
 import warnings
 
@@ -84,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     rmap.add_argument("--out", default=None, help="folder for the PNGs and the GIF (default DIR/reward_map)")
 
     from reflectrl.llm import cli as llm_cli
-    from reflectrl.llm import sandbox_cli
+    from reflectrl.sandbox import cli as sandbox_cli
 
     sandbox_cli.add_parser(sub)
     llm_cli.add_parser(sub)
@@ -124,63 +123,32 @@ def config_from_train_argv(argv: list[str]):
 
 def _train_new(args) -> int:
     from reflectrl.control.ppo import PPOTrainer
-    from reflectrl.runs import RunDir
+    from reflectrl.runs.session import train_new_run
 
     if args.out is None:
         raise UserError("train needs --out DIR (a new run directory), or --resume DIR to continue a run")
     cfg = config_from_args(args)  # every check that needs no run directory happens before we make one
-
-    created = not os.path.exists(args.out)
-    run = RunDir.create(args.out, cfg.to_dict(), command=["reflectrl", *sys.argv[1:]])
-    try:
-        try:
-            trainer = PPOTrainer(cfg, run)
-        except BaseException:
-            if created:
-                shutil.rmtree(run.path, ignore_errors=True)
-            else:  # the directory was empty before: leave it so
-                for child in run.path.iterdir():
-                    shutil.rmtree(child) if child.is_dir() else child.unlink()
-            raise
-        return _run_training(trainer, run, progress=not args.no_progress)
-    finally:
-        run.unlock()
+    return train_new_run(args.out, cfg.to_dict(), lambda run: PPOTrainer(cfg, run), _finish,
+                         progress=not args.no_progress, resume_command="reflectrl train")
 
 
 def _train_resume(args) -> int:
     from reflectrl.config import RunConfig
     from reflectrl.control.ppo import PPOTrainer
-    from reflectrl.runs.session import open_to_resume
+    from reflectrl.runs.session import resume_run
 
-    run = open_to_resume(args.resume, [("--algo", args.algo), ("--env", args.env), ("--seed", args.seed),
-                                       ("--total-steps", args.total_steps), ("--out", args.out),
-                                       ("--wrapper", args.wrapper), ("--set", args.set)])
-    if run is None:
-        return 0
-    try:
-        cfg = RunConfig.from_dict(run.config())
-        state = run.load_checkpoint()
-        trainer = PPOTrainer(cfg, run)
-        trainer.load_state_dict(state)
-        run.set_status("running")
-        return _run_training(trainer, run, progress=not args.no_progress)
-    finally:
-        run.unlock()
+    given = [("--algo", args.algo), ("--env", args.env), ("--seed", args.seed), ("--total-steps", args.total_steps),
+             ("--out", args.out), ("--wrapper", args.wrapper), ("--set", args.set)]
+    return resume_run(args.resume, given, "control", lambda run: PPOTrainer(RunConfig.from_dict(run.config()), run),
+                      _finish, progress=not args.no_progress, resume_command="reflectrl train")
 
 
-def _run_training(trainer, run, progress: bool) -> int:
+def _finish(trainer, run) -> None:
     import numpy as np
 
     from reflectrl.control.policies import params_sha256
     from reflectrl.registry import finish_signals
-    from reflectrl.runs.session import train_guarded
 
-    try:
-        code = train_guarded(trainer, run, progress, "reflectrl train")
-    finally:
-        trainer.close()
-    if code is not None:
-        return code
     run.set_status("finished", global_step=trainer.global_step, params_sha256=params_sha256(trainer.agent))
     finish_signals(trainer.cfg.algo, "control", run.path)
     if trainer.recent_returns:
@@ -189,7 +157,6 @@ def _run_training(trainer, run, progress: bool) -> int:
     else:
         outcome = "no episode ended in training (an env without a time limit?)"
     print(f"finished {trainer.cfg.algo} on {trainer.cfg.env_id}: {trainer.global_step} steps, {outcome}; run: {run.path}")
-    return 0
 
 
 def _eval(args) -> int:
@@ -297,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return llm_cli.run(args)
         if args.command == "sandbox":
-            from reflectrl.llm import sandbox_cli
+            from reflectrl.sandbox import cli as sandbox_cli
 
             return sandbox_cli.run(args)
         raise UserError(f"unknown command {args.command}")

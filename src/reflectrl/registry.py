@@ -42,7 +42,7 @@ class SignalSpec:
     aliases: dict = field(default_factory=dict)  # {trainer: the legacy algo name of trainer+NAME}
     neutral: str = ""                  # the knob setting under which it changes nothing, e.g. "alpha=0"
     trainer_checks: dict = field(default_factory=dict)  # {trainer: check(config) raising UserError}
-    on_finish: str = ""                # "module:function(run_dir)" run when a run with this signal finishes
+    on_finish: dict | str = field(default_factory=dict)  # {trainer: "module:function(run_dir)"} (or one for all)
 
     def __hash__(self):
         return hash(self.name)
@@ -233,8 +233,10 @@ def check_sections(algo: Algo, sections: dict, text: str) -> None:
 
 def finish_signals(algo_text: str, family: str, run_dir) -> None:
     """Run each signal's end-of-run step (e.g. the calibration picture) for a finished run."""
-    for name in parse_algo(algo_text, family).signals:
-        target = signal_spec(name).on_finish
+    algo = parse_algo(algo_text, family)
+    for name in algo.signals:
+        on_finish = signal_spec(name).on_finish
+        target = on_finish.get(algo.trainer) if isinstance(on_finish, dict) else on_finish
         if target:
             module, _, function = target.partition(":")
             try:

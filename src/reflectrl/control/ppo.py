@@ -31,8 +31,7 @@ from reflectrl.nets import flatten_parameters
 from reflectrl.envs import find_wrapper, is_continuous, make_env, make_vector_env, snapshot
 from reflectrl.errors import NonFiniteError
 from reflectrl.runs import MetricsLogger, RunDir
-from reflectrl.runs.health import RunMonitor
-from reflectrl.runs.session import Terminated, stop_requested
+from reflectrl.runs.loop import Stopwatch, crossed, train_loop
 from reflectrl.signals import Batch, Signal, SignalContext, make_signal
 
 CHECKPOINT_FORMAT = 1
@@ -315,78 +314,66 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------ loop
 
+    def run_iteration(self) -> dict:
+        """One iteration: collect, estimate (with the signal's hooks), update; its metrics row."""
+        p = self.cfg.ppo
+        self.iteration += 1
+        if p.anneal_lr:
+            frac = 1.0 - (self.iteration - 1.0) / self.num_iterations
+            self.optimizer.param_groups[0]["lr"] = frac * p.learning_rate
+        start = time.perf_counter()
+        rollout, episodes = self.collect()
+        if self.signal is None:
+            self.estimate(rollout)
+            stats = self.update(rollout)
+        else:
+            watch = Stopwatch()
+            with watch:
+                batch = self.apply_signal(rollout)
+            stats = self.update(rollout)
+            with watch:
+                self.signal.after_update(batch)
+            stats.update(self.signal.metrics())
+            # the signal's share of the iteration's time (its hooks, GAE included)
+            stats["signal_time_fraction"] = watch.seconds / (time.perf_counter() - start)
+        elapsed = time.perf_counter() - start
+        returns = [r for r, _ in episodes]
+        self.recent_returns.extend(returns)
+        return {
+            "global_step": self.global_step,
+            "iteration": self.iteration,
+            "episodic_return": float(np.mean(returns)) if returns else None,
+            "episodic_length": float(np.mean([n for _, n in episodes])) if episodes else None,
+            "episodes": len(episodes),
+            "learning_rate": self.optimizer.param_groups[0]["lr"],
+            **stats,
+            "steps_per_second": p.batch_size / elapsed,
+        }
+
+    # what the shared loop (runs/loop.py) needs
+    unit = "env steps"
+
+    @property
+    def discrete_entropy(self) -> bool:
+        return not self.continuous
+
+    def total_units(self) -> int:
+        return self.num_iterations * self.cfg.ppo.batch_size
+
+    def units_done(self) -> int:
+        return self.global_step
+
+    def finished(self) -> bool:
+        return self.iteration >= self.num_iterations
+
+    def checkpoint_due(self, before: int) -> bool:
+        return crossed(before, self.global_step, self.cfg.checkpoint_every)
+
+    def postfix(self, row: dict) -> str:
+        return f"return={np.mean(self.recent_returns):.3g}" if self.recent_returns else ""
+
     def train(self, progress: bool = True) -> None:
-        cfg, p = self.cfg, self.cfg.ppo
-        from tqdm import tqdm
-
-        if self.run is not None and self.logger is None:
-            self.logger = MetricsLogger(self.run, resume_step=self.global_step if self.iteration else None)
-            if self.iteration == 0:
-                self.save_checkpoint()  # a good checkpoint exists before the first update
-        total = self.num_iterations * p.batch_size
-        bar = tqdm(total=total, initial=self.global_step, unit="step", unit_scale=True,
-                   disable=not progress, dynamic_ncols=True, smoothing=0.1, mininterval=0.5)
-        monitor = RunMonitor(total, "env steps", discrete_entropy=not self.continuous)
-        session_start, session_first_step = time.perf_counter(), self.global_step
-        try:
-            while self.iteration < self.num_iterations:
-                self.iteration += 1
-                if p.anneal_lr:
-                    frac = 1.0 - (self.iteration - 1.0) / self.num_iterations
-                    self.optimizer.param_groups[0]["lr"] = frac * p.learning_rate
-                start = time.perf_counter()
-                rollout, episodes = self.collect()
-                if self.signal is None:
-                    self.estimate(rollout)
-                    stats = self.update(rollout)
-                else:
-                    signal_start = time.perf_counter()
-                    batch = self.apply_signal(rollout)
-                    signal_seconds = time.perf_counter() - signal_start
-                    stats = self.update(rollout)
-                    signal_start = time.perf_counter()
-                    self.signal.after_update(batch)
-                    signal_seconds += time.perf_counter() - signal_start
-                    stats.update(self.signal.metrics())
-                    # the signal's share of the iteration's time (its hooks, GAE included)
-                    stats["signal_time_fraction"] = signal_seconds / (time.perf_counter() - start)
-                elapsed = time.perf_counter() - start
-
-                returns = [r for r, _ in episodes]
-                self.recent_returns.extend(returns)
-                row = {
-                    "global_step": self.global_step,
-                    "iteration": self.iteration,
-                    "episodic_return": float(np.mean(returns)) if returns else None,
-                    "episodic_length": float(np.mean([n for _, n in episodes])) if episodes else None,
-                    "episodes": len(episodes),
-                    "learning_rate": self.optimizer.param_groups[0]["lr"],
-                    **stats,
-                    "steps_per_second": p.batch_size / elapsed,
-                }
-                if self.logger is not None:
-                    self.logger.log(row)
-                bar.update(p.batch_size)
-                monitor.after_iteration(row, self.global_step, self.global_step - session_first_step,
-                                        time.perf_counter() - session_start)
-                postfix = f"return={np.mean(self.recent_returns):.3g}" if self.recent_returns else ""
-                bar.set_postfix_str(postfix, refresh=False)
-                previous = self.global_step - p.batch_size
-                saved = self.run is not None and (
-                    self.global_step // cfg.checkpoint_every > previous // cfg.checkpoint_every
-                    or self.iteration == self.num_iterations
-                )
-                if saved:
-                    self.save_checkpoint()
-                if stop_requested() and self.iteration < self.num_iterations:
-                    if self.run is not None and not saved:
-                        self.save_checkpoint()  # the state is whole here: nothing of this iteration is lost
-                    raise Terminated
-        finally:
-            bar.close()
-            if self.logger is not None:
-                self.logger.close()
-                self.logger = None
+        train_loop(self, progress)
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -1,6 +1,6 @@
 """LLM-side pieces of reflectrl.
 
-`reflectrl.llm.sandbox` runs model-generated code against unit tests in a contained
+`reflectrl.sandbox` runs model-generated code against unit tests in a contained
 process and turns the outcome into a reward (`code_reward`); the LLM trainer and its
 tasks build on it.
 """

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 
 from reflectrl.errors import UserError
@@ -134,67 +133,46 @@ def _config(args):
 def _train_new(args) -> int:
     from reflectrl.llm.grpo import GRPOTrainer
     from reflectrl.llm.model import load_model
-    from reflectrl.runs import RunDir
+    from reflectrl.runs.session import train_new_run
 
     if args.out is None:
         raise UserError("llm train needs --out DIR (a new run directory), or --resume DIR to continue a run")
     cfg = _config(args)
     model, tokenizer = load_model(cfg.model)
-    created = not os.path.exists(args.out)
-    run = RunDir.create(args.out, cfg.to_dict(), command=["reflectrl", *sys.argv[1:]])
-    try:
-        try:
-            trainer = GRPOTrainer(cfg, model, tokenizer, run)
-        except BaseException:
-            if created:
-                shutil.rmtree(run.path, ignore_errors=True)
-            raise
-        return _run(trainer, run, progress=not args.no_progress)
-    finally:
-        run.unlock()
+    return train_new_run(args.out, cfg.to_dict(), lambda run: GRPOTrainer(cfg, model, tokenizer, run), _finish,
+                         progress=not args.no_progress, resume_command="reflectrl llm train")
 
 
 def _train_resume(args) -> int:
     from reflectrl.llm.config import LLMRunConfig
     from reflectrl.llm.grpo import GRPOTrainer
     from reflectrl.llm.model import load_model
-    from reflectrl.runs.session import open_to_resume
+    from reflectrl.runs.session import resume_run
 
-    run = open_to_resume(args.resume, [("--algo", args.algo), ("--task", args.task), ("--model", args.model),
-                                       ("--steps", args.steps), ("--seed", args.seed), ("--out", args.out),
-                                       ("--set", args.set)], kind="llm")
-    if run is None:
-        return 0
-    try:
+    def build(run):
         cfg = LLMRunConfig.from_dict(run.config())
-        state = run.load_checkpoint()
         model, tokenizer = load_model(cfg.model)  # the reference policy is the starting model
-        trainer = GRPOTrainer(cfg, model, tokenizer, run)
-        trainer.load_state_dict(state)
-        run.set_status("running")
-        return _run(trainer, run, progress=not args.no_progress)
-    finally:
-        run.unlock()
+        return GRPOTrainer(cfg, model, tokenizer, run)
+
+    given = [("--algo", args.algo), ("--task", args.task), ("--model", args.model), ("--steps", args.steps),
+             ("--seed", args.seed), ("--out", args.out), ("--set", args.set)]
+    return resume_run(args.resume, given, "llm", build, _finish, progress=not args.no_progress,
+                      resume_command="reflectrl llm train")
 
 
-def _run(trainer, run, progress: bool) -> int:
-    from reflectrl.runs.session import train_guarded
+def _finish(trainer, run) -> None:
+    from reflectrl.registry import finish_signals
+    from reflectrl.runs.rundir import atomic_dir
 
-    code = train_guarded(trainer, run, progress, "reflectrl llm train")
-    if code is not None:
-        return code
     model_dir = run.path / "model"
-    tmp = run.path / "model.partial"
-    shutil.rmtree(tmp, ignore_errors=True)
-    trainer.save_model(tmp)
-    shutil.rmtree(model_dir, ignore_errors=True)
-    tmp.rename(model_dir)
+    with atomic_dir(model_dir) as tmp:
+        trainer.save_model(tmp)
     result = trainer.evaluate() if trainer.eval_set else {}
     run.set_status("finished", step=trainer.step, **result)
+    finish_signals(trainer.cfg.algo, "llm", run.path)
     acc = f", held-out greedy accuracy {result['eval_accuracy']:.3f}" if result else ""
     print(f"finished {trainer.cfg.algo} on {trainer.cfg.task}: {trainer.step} steps{acc}; run: {run.path} "
           f"(policy: {model_dir})")
-    return 0
 
 
 def _eval(args) -> int:

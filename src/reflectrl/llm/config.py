@@ -18,6 +18,7 @@ from typing import Any
 from reflectrl.config import (_dataclass_from_dict, _set_dataclass_field, check_seed, sections_from_dict,
                               validate_sections)
 from reflectrl.errors import UserError
+from reflectrl.llm.losses import LOSS_AGGREGATIONS
 from reflectrl.registry import aliases, parse_algo, section_types, signal_spec
 
 
@@ -29,7 +30,7 @@ def __getattr__(name: str):
         return {a: comp.split("+")[1] for a, comp in aliases("llm").items() if "+" in comp}
     raise AttributeError(name)
 
-LOSS_TYPES = ("grpo", "dr_grpo", "dapo")
+LOSS_TYPES = tuple(LOSS_AGGREGATIONS)  # llm/losses.py
 SCALE_REWARDS = ("group", "batch", "none")
 
 

@@ -34,12 +34,12 @@ import torch
 from reflectrl.control.gae import compute_gae
 from reflectrl.errors import NonFiniteError
 from reflectrl.llm.config import LLMRunConfig
+from reflectrl.llm.losses import aggregate
 from reflectrl.llm.model import hidden_size
 from reflectrl.llm.tasks import make_task
 from reflectrl.llm.tasks.base import Problem, Task
 from reflectrl.runs import MetricsLogger, RunDir
-from reflectrl.runs.health import RunMonitor
-from reflectrl.runs.session import Terminated, stop_requested
+from reflectrl.runs.loop import Stopwatch, crossed, train_loop
 from reflectrl.registry import step_kind
 from reflectrl.signals import Batch, Signal, SignalContext, make_signal
 
@@ -127,6 +127,16 @@ def rollout(model, tokenizer, task: Task, problems: list[Problem], *, max_new_to
     return Episodes(ids, attention, agent_t, turn_t, turn_ends, turns, problems)
 
 
+@dataclass
+class Scored:
+    """The verifier's rewards of a batch of episodes and GRPO's advantages, each (N,)."""
+
+    rewards: torch.Tensor
+    advantages: torch.Tensor
+    baseline: torch.Tensor  # the group's mean reward
+    scale: torch.Tensor     # what the advantages were divided by
+
+
 # ---------------------------------------------------------------------------- advantages
 
 def group_advantages(rewards: torch.Tensor, group_size: int, scale_rewards: str = "group",
@@ -154,16 +164,6 @@ def token_logprobs(model, ids: torch.Tensor, attention: torch.Tensor, *, tempera
     logits = out.logits[:, :-1].float() / temperature
     logp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
     return logp, out.hidden_states[-1]
-
-
-def aggregate(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str) -> torch.Tensor:
-    """Reduce a (N, L) per-token loss over the mask's tokens."""
-    m = mask.to(per_token.dtype)
-    if loss_type == "grpo":
-        return ((per_token * m).sum(1) / m.sum(1).clamp(min=1)).mean()
-    if loss_type == "dr_grpo":
-        return (per_token * m).sum() / (per_token.shape[0] * max(int(mask.sum(1).max()), 1))
-    return (per_token * m).sum() / m.sum().clamp(min=1)
 
 
 def clipped_objective(logp, old_logp, advantages, clip_eps: float, clip_eps_high: float):
@@ -273,7 +273,7 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ one step
 
-    def _signal_output(self, episodes: Episodes, rewards, baseline, scale, advantages, logp_hidden):
+    def _signal_output(self, episodes: Episodes, scored: Scored, logp_hidden):
         """Per-token advantages (N, L-1) after the signals, and each signal's batch (for after_update).
 
         Turn-level signals (the calibration bonus) act first: their reward terms are credited
@@ -281,6 +281,7 @@ class GRPOTrainer:
         its turn's advantage. Token-level signals (GEAR) then act on those per-token
         advantages: weights multiply, advantage terms add."""
         g = self.cfg.grpo
+        rewards, advantages, baseline, scale = scored.rewards, scored.advantages, scored.baseline, scored.scale
         token_adv = advantages[:, None] * episodes.agent[:, 1:]
         if not self.members:
             return token_adv, []
@@ -324,38 +325,58 @@ class GRPOTrainer:
         return token_adv, batches
 
     def train_step(self) -> dict:
-        g = self.cfg.grpo
+        """One GRPO step in named phases: generate, score, update (the signals' batches are built
+        inside it, from the update's own forward where that is the old policy), metrics."""
         start = time.perf_counter()
+        watch = Stopwatch()  # the signals' share of the step
+        episodes = self.generate()
+        generation_seconds = time.perf_counter() - start
+        scored = self.score(episodes)
+        stats = self.update(episodes, scored, watch)
+        self.step += 1
+        return self.metrics(episodes, scored, stats, watch, time.perf_counter() - start, generation_seconds)
+
+    # ------------------------------------------------------------------ phases
+
+    def generate(self) -> Episodes:
+        """`prompts_per_step` problems, `group_size` episodes each, laid out group after group."""
+        g = self.cfg.grpo
         problems = [self.task.sample(self.rng) for _ in range(g.prompts_per_step)]
-        problems = [p for p in problems for _ in range(g.group_size)]  # group after group
+        problems = [p for p in problems for _ in range(g.group_size)]
         self.model.eval()
         try:
-            episodes = rollout(self.model, self.tokenizer, self.task, problems, max_new_tokens=self.max_new_tokens,
-                               temperature=g.temperature, top_p=g.top_p)
+            return rollout(self.model, self.tokenizer, self.task, problems, max_new_tokens=self.max_new_tokens,
+                           temperature=g.temperature, top_p=g.top_p)
         except RuntimeError as err:  # torch.multinomial on a NaN distribution: the weights are broken
             if "inf" in str(err) or "nan" in str(err):
                 raise NonFiniteError("sampling probabilities", self.step) from None
             raise
-        generation_seconds = time.perf_counter() - start
-        rewards = torch.tensor(self.task.score_batch(problems, episodes.turns), dtype=torch.float32)
-        advantages, baseline, scale = group_advantages(rewards, g.group_size, g.scale_rewards)
-        ids, attention, mask = episodes.ids, episodes.attention, episodes.agent[:, 1:]
 
+    def score(self, episodes: Episodes) -> Scored:
+        """The verifier's rewards and GRPO's group-normalised advantages."""
+        g = self.cfg.grpo
+        rewards = torch.tensor(self.task.score_batch(episodes.problems, episodes.turns), dtype=torch.float32)
+        advantages, baseline, scale = group_advantages(rewards, g.group_size, g.scale_rewards)
+        return Scored(rewards, advantages, baseline, scale)
+
+    def update(self, episodes: Episodes, scored: Scored, watch: Stopwatch) -> dict:
+        """`num_iterations` passes of `minibatches` clipped-objective steps; the signals act on
+        the first forward's features and fit after the update."""
+        g = self.cfg.grpo
+        ids, attention, mask = episodes.ids, episodes.attention, episodes.agent[:, 1:]
         self.model.train()
         n = ids.shape[0]
         ref_logp = None
         if self.reference is not None:
             with torch.no_grad():
                 ref_logp, _ = token_logprobs(self.reference, ids, attention, temperature=g.temperature)
-        signal_seconds = 0.0
         prepass = g.num_iterations > 1 or g.minibatches > 1
-        old_logp = token_adv = signal_batch = None
-        if prepass:  # old log-probabilities (and the signal's features) before any update
+        old_logp = token_adv = signal_batches = None
+        if prepass:  # old log-probabilities (and the signals' features) before any update
             with torch.no_grad():
                 old_logp, hidden = token_logprobs(self.model, ids, attention, temperature=g.temperature)
-            t0 = time.perf_counter()
-            token_adv, signal_batch = self._signal_output(episodes, rewards, baseline, scale, advantages, hidden)
-            signal_seconds += time.perf_counter() - t0
+            with watch:
+                token_adv, signal_batches = self._signal_output(episodes, scored, hidden)
         eps_high = g.clip_eps if g.clip_eps_high is None else g.clip_eps_high
         size = n // g.minibatches
         losses, clipfracs, grad_norms = [], [], []
@@ -366,10 +387,8 @@ class GRPOTrainer:
                 logp, hidden = token_logprobs(self.model, ids[idx], attention[idx], temperature=g.temperature)
                 if not prepass:  # the update's own forward is the old policy: features come free
                     old_logp = logp.detach()
-                    t0 = time.perf_counter()
-                    token_adv, signal_batch = self._signal_output(episodes, rewards, baseline, scale, advantages,
-                                                                  hidden)
-                    signal_seconds += time.perf_counter() - t0
+                    with watch:
+                        token_adv, signal_batches = self._signal_output(episodes, scored, hidden)
                 per_token, was_clipped = clipped_objective(logp, old_logp[idx], token_adv[idx], g.clip_eps, eps_high)
                 if g.beta > 0:
                     delta = ref_logp[idx] - logp
@@ -387,12 +406,21 @@ class GRPOTrainer:
                 grad_norms.append(grad_norm.item())
                 clipfracs.append((was_clipped & mask[idx]).sum().item() / max(mask[idx].sum().item(), 1))
         if self.members:
-            t0 = time.perf_counter()
-            for member, batch in zip(self.members, signal_batch):
-                member.after_update(batch)
-            signal_seconds += time.perf_counter() - t0
-        self.step += 1
-        seconds = time.perf_counter() - start
+            with watch:
+                for member, batch in zip(self.members, signal_batches):
+                    member.after_update(batch)
+        stats = {"loss": float(np.mean(losses)), "clipfrac": float(np.mean(clipfracs)),
+                 "grad_norm": float(np.mean(grad_norms))}
+        if ref_logp is not None:
+            with torch.no_grad():  # k3 estimate of KL(policy || reference) on the batch's agent tokens, before the update
+                delta = ref_logp - (old_logp if old_logp is not None else ref_logp)
+                stats["kl"] = aggregate(torch.exp(delta) - delta - 1, mask, "dapo").item()
+        return stats
+
+    def metrics(self, episodes: Episodes, scored: Scored, stats: dict, watch: Stopwatch, seconds: float,
+                generation_seconds: float) -> dict:
+        g = self.cfg.grpo
+        rewards = scored.rewards
         lengths = episodes.completion_lengths.float()
         row = {
             "step": self.step,
@@ -400,19 +428,18 @@ class GRPOTrainer:
             "accuracy": (rewards >= 1.0).float().mean().item(),
             "reward_std": rewards.std().item(),
             "solved_groups": (rewards.view(-1, g.group_size) >= 1).any(1).float().mean().item(),
-            "loss": float(np.mean(losses)),
-            "clip_ratio": float(np.mean(clipfracs)),
-            "grad_norm": float(np.mean(grad_norms)),
+            "loss": stats["loss"],
+            "clipfrac": stats["clipfrac"],
+            "clip_ratio": stats["clipfrac"],  # deprecated name of clipfrac (the PPO trainer's), kept for old scripts
+            "grad_norm": stats["grad_norm"],
             "completion_length": lengths.mean().item(),
             "turns": float(np.mean([len(t) for t in episodes.turns])),
         }
-        if ref_logp is not None:
-            with torch.no_grad():  # k3 estimate of KL(policy || reference) on the batch's agent tokens, before the update
-                delta = ref_logp - (old_logp if old_logp is not None else ref_logp)
-                row["kl"] = aggregate(torch.exp(delta) - delta - 1, mask, "dapo").item()
+        if "kl" in stats:
+            row["kl"] = stats["kl"]
         if self.signal is not None:
             row.update(self.signal.metrics())
-            row["signal_time_fraction"] = signal_seconds / seconds
+            row["signal_time_fraction"] = watch.seconds / seconds
         row["step_seconds"] = seconds
         row["generation_seconds"] = generation_seconds
         row["tokens_per_second"] = lengths.sum().item() / seconds
@@ -431,46 +458,41 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ loop
 
-    def train(self, progress: bool = True) -> None:
-        from tqdm import tqdm
+    # what the shared loop (runs/loop.py) needs
+    unit = "steps"
+    discrete_entropy = False
 
-        cfg, g = self.cfg, self.cfg.grpo
-        if self.run is not None and self.logger is None:
-            self.logger = MetricsLogger(self.run, resume_step=self.step if self.step else None)
-            if self.step == 0:
-                self.save_checkpoint()
-        bar = tqdm(total=cfg.steps, initial=self.step, unit="step", disable=not progress, dynamic_ncols=True)
-        monitor = RunMonitor(cfg.steps, "steps", discrete_entropy=False)
-        session_start, session_first_step = time.perf_counter(), self.step
-        try:
-            if self.step == 0 and g.eval_every and self.logger is not None:
-                self.logger.log({"global_step": 0, "step": 0, **self.evaluate()})
-            while self.step < cfg.steps:
-                row = self.train_step()
-                if g.eval_every and (self.step % g.eval_every == 0 or self.step == cfg.steps):
-                    row.update(self.evaluate())
-                row = {"global_step": self.step, **row}
-                if self.logger is not None:
-                    self.logger.log(row)
-                bar.update(1)
-                monitor.after_iteration(row, self.step, self.step - session_first_step,
-                                        time.perf_counter() - session_start)
-                post = f"reward={row['reward']:.3f}"
-                if "eval_accuracy" in row:
-                    post += f" eval_acc={row['eval_accuracy']:.3f}"
-                bar.set_postfix_str(post, refresh=False)
-                saved = self.run is not None and (self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps)
-                if saved:
-                    self.save_checkpoint()
-                if stop_requested() and self.step < cfg.steps:
-                    if self.run is not None and not saved:
-                        self.save_checkpoint()  # between steps the state is whole
-                    raise Terminated
-        finally:
-            bar.close()
-            if self.logger is not None:
-                self.logger.close()
-                self.logger = None
+    def total_units(self) -> int:
+        return self.cfg.steps
+
+    def units_done(self) -> int:
+        return self.step
+
+    def finished(self) -> bool:
+        return self.step >= self.cfg.steps
+
+    def checkpoint_due(self, before: int) -> bool:
+        return crossed(before, self.step, self.cfg.checkpoint_every)
+
+    def on_start(self, logger) -> None:
+        if self.step == 0 and self.cfg.grpo.eval_every and logger is not None:
+            logger.log({"global_step": 0, "step": 0, **self.evaluate()})
+
+    def run_iteration(self) -> dict:
+        g = self.cfg.grpo
+        row = self.train_step()
+        if g.eval_every and (self.step % g.eval_every == 0 or self.step == self.cfg.steps):
+            row.update(self.evaluate())
+        return {"global_step": self.step, **row}
+
+    def postfix(self, row: dict) -> str:
+        post = f"reward={row['reward']:.3f}"
+        if "eval_accuracy" in row:
+            post += f" eval_acc={row['eval_accuracy']:.3f}"
+        return post
+
+    def train(self, progress: bool = True) -> None:
+        train_loop(self, progress)
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import os
 import random
-import shutil
 from pathlib import Path
 
 import torch
 
 from reflectrl.errors import UserError
+from reflectrl.runs.rundir import atomic_dir
 
 ARCHS = ("llama", "qwen2")
 EOS = "<|eos|>"
@@ -91,13 +91,9 @@ def init_tiny(out: str | os.PathLike, *, arch: str = "llama", hidden_size: int =
         model = transformers.AutoModelForCausalLM.from_config(config)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
-    tmp = out.with_name(out.name + ".partial")  # a crash leaves no half-written model at `out`
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    if out.exists():
-        out.rmdir()
-    tmp.rename(out)
+    with atomic_dir(out) as tmp:  # a crash leaves no half-written model at `out`
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
     return out
 
 

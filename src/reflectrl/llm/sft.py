@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 import time
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import torch
 
 from reflectrl.errors import NonFiniteError, UserError
 from reflectrl.llm.tasks.base import Task
+from reflectrl.runs.rundir import atomic_dir
 
 
 def demonstration_tokens(tokenizer, task: Task, problem) -> tuple[list[int], list[bool]]:
@@ -76,12 +76,8 @@ def sft(model, tokenizer, task: Task, *, steps: int, out: str | Path, batch_size
         log.append({"step": step + 1, "loss": loss.item()})
         bar.set_postfix_str(f"loss={loss.item():.3f}", refresh=False)
     bar.close()
-    tmp = out.with_name(out.name + ".partial")  # a crash leaves no half-written model at `out`
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    (tmp / "sft_log.jsonl").write_text("".join(json.dumps(row) + "\n" for row in log))
-    if out.exists():
-        out.rmdir()
-    tmp.rename(out)
+    with atomic_dir(out) as tmp:  # a crash leaves no half-written model at `out`
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "sft_log.jsonl").write_text("".join(json.dumps(row) + "\n" for row in log))
     return {"steps": steps, "final_loss": log[-1]["loss"], "seconds": time.perf_counter() - start}

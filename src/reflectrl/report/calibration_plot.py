@@ -15,16 +15,20 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from reflectrl.errors import UserError  # noqa: E402
+from reflectrl.registry import parse_algo  # noqa: E402
+from reflectrl.signals.compose import member_state  # noqa: E402
 from reflectrl.runs import RunDir, atomic_write_bytes  # noqa: E402
 from reflectrl.runs.rundir import read_metrics  # noqa: E402
 
 
 def plot_calibration(run_path: str | Path, out: str | Path | None = None) -> Path:
-    run = RunDir.open(run_path)
-    if run.config().get("algo") != "refgrpo":
-        raise UserError(f"{run.path} is a '{run.config().get('algo')}' run; the calibration picture needs --algo refgrpo")
+    run = RunDir.open(run_path, kind="control")
+    algo = run.config().get("algo", "")
+    if "calibration" not in parse_algo(algo).signals:
+        raise UserError(f"{run.path} is a '{algo}' run; the calibration picture needs --algo refgrpo "
+                        "(or any algo with the calibration signal, e.g. ppo+calibration+gear)")
     state = run.load_checkpoint()
-    snapshots = (state.get("signal") or {}).get("snapshots") or []
+    snapshots = member_state(state.get("signal"), "calibration").get("snapshots") or []
     rows = [r for r in read_metrics(run.path) if r.get("calibration_loss") is not None]
     if not rows:
         raise UserError(f"{run.path} has no calibration metrics yet; train it first")

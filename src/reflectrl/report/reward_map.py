@@ -45,17 +45,21 @@ def reward_maps(run_path) -> tuple[RunConfig, list[dict], list[np.ndarray], Layo
     """(config, snapshots, one (actions or 1, rows, cols) array per snapshot, layout)."""
     from reflectrl.signals.shaping import RewardShaper
 
-    run = RunDir.open(run_path)
+    from reflectrl.registry import parse_algo
+    from reflectrl.signals.compose import member_state
+
+    run = RunDir.open(run_path, kind="control")
     cfg = RunConfig.from_dict(run.config())
-    if cfg.algo != "sdrs":
-        raise UserError(f"{run.path} is a '{cfg.algo}' run; the reward map needs --algo sdrs")
+    if "shaping" not in parse_algo(cfg.algo).signals:
+        raise UserError(f"{run.path} is a '{cfg.algo}' run; the reward map needs --algo sdrs "
+                        "(or any algo with the shaping signal, e.g. ppo+shaping+gear)")
     minigrid = cfg.env_id.startswith(("MiniGrid", "BabyAI"))
     if not (cfg.env_id.startswith("reflectrl/GridWorld") or minigrid):
         raise UserError(f"the reward map is drawn for reflectrl/GridWorld-v0 and MiniGrid runs; {run.path} ran {cfg.env_id}")
     shaping = cfg.sections["shaping"]
     if shaping.mode == "off":
         raise UserError(f"{run.path} ran with shaping.mode=off: there is no reward to draw")
-    snapshots = (run.load_checkpoint().get("signal") or {}).get("snapshots") or []
+    snapshots = member_state(run.load_checkpoint().get("signal"), "shaping").get("snapshots") or []
     if not snapshots:
         raise UserError(f"{run.path} kept no reward-map snapshots (shaping.map_snapshots=0?)")
     # every (obs, action, next obs) the map needs, and where each value goes

@@ -14,10 +14,12 @@ and TensorBoard purges its events past the checkpoint's step.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import platform
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -47,6 +49,24 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+@contextlib.contextmanager
+def atomic_dir(path: Path):
+    """Write a directory whole or not at all: yields a sibling temporary path to fill; on
+    success it replaces `path`, on failure it is removed and `path` is left as it was."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        yield tmp
+        old = path.with_name(path.name + ".old")
+        if path.exists():
+            os.replace(path, old)
+        os.replace(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def make_dir(path: Path, flag: str = "--out") -> None:

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import os
+import shutil
 import signal
 import sys
 import threading
+from typing import Callable
 
 from reflectrl.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_TERMINATED, NonFiniteError, UserError
 from reflectrl.runs.rundir import RunDir
@@ -105,3 +108,55 @@ def train_guarded(trainer, run: RunDir, progress: bool, resume_command: str) -> 
 
 def _progress_of(trainer) -> int:
     return int(getattr(trainer, "global_step", getattr(trainer, "step", 0)))
+
+
+# ---------------------------------------------------------------------------- the flows of `train` and `llm train`
+
+def train_new_run(out: str, config: dict, build: Callable, finish: Callable, *, progress: bool,
+                  resume_command: str) -> int:
+    """Create the run directory `out` (locked), build the trainer with `build(run)`, train, and
+    `finish(trainer, run)`. If the trainer cannot be built, no run directory is left behind."""
+    created = not os.path.exists(out)
+    run = RunDir.create(out, config, command=["reflectrl", *sys.argv[1:]])
+    try:
+        try:
+            trainer = build(run)
+        except BaseException:
+            if created:
+                shutil.rmtree(run.path, ignore_errors=True)
+            else:  # the directory was empty before: leave it so
+                for child in run.path.iterdir():
+                    shutil.rmtree(child) if child.is_dir() else child.unlink()
+            raise
+        return _train_and_finish(trainer, run, finish, progress, resume_command)
+    finally:
+        run.unlock()
+
+
+def resume_run(path: str, given: list[tuple[str, object]], kind: str, build: Callable, finish: Callable, *,
+               progress: bool, resume_command: str) -> int:
+    """Reopen the run at `path` (locked), rebuild its trainer with `build(run)` from the saved
+    config, load the checkpoint, train to the end and `finish(trainer, run)`."""
+    run = open_to_resume(path, given, kind)
+    if run is None:
+        return 0
+    try:
+        state = run.load_checkpoint()
+        trainer = build(run)
+        trainer.load_state_dict(state)
+        run.set_status("running")
+        return _train_and_finish(trainer, run, finish, progress, resume_command)
+    finally:
+        run.unlock()
+
+
+def _train_and_finish(trainer, run: RunDir, finish: Callable, progress: bool, resume_command: str) -> int:
+    try:
+        code = train_guarded(trainer, run, progress, resume_command)
+    finally:
+        if hasattr(trainer, "close"):
+            trainer.close()
+    if code is not None:
+        return code
+    finish(trainer, run)
+    return 0

@@ -119,3 +119,12 @@ class SignalStack(Signal):
     def load_state_dict(self, state: dict) -> None:
         for m in self.members:
             m.load_state_dict(state["members"][m.name])
+
+
+def member_state(signal_state: dict | None, name: str) -> dict:
+    """The checkpointed state of signal `name`, whether the run had it alone or in a stack."""
+    if not signal_state:
+        return {}
+    if "members" in signal_state:
+        return signal_state["members"].get(name) or {}
+    return signal_state

@@ -16,9 +16,9 @@ first, sorted (list of ints xs). Options:
     cases     unit tests per problem (default 5)
     timeout   wall-clock seconds per sandbox run (default 5.0)
     isolation "bwrap" (default) or "rlimits-only": the weaker sandbox for machines
-              without bubblewrap (see reflectrl.llm.sandbox); only for code you would run anyway
+              without bubblewrap (see reflectrl.sandbox); only for code you would run anyway
 
-The code runs in `reflectrl.llm.sandbox`; `score_batch` runs a batch in parallel (one
+The code runs in `reflectrl.sandbox`; `score_batch` runs a batch in parallel (one
 process per core). Without bubblewrap, scoring raises `SandboxUnavailable` (a UserError).
 """
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 import random
 
 from reflectrl.errors import UserError
-from reflectrl.llm import sandbox
+from reflectrl import sandbox
 from reflectrl.llm.tasks.base import Problem, Task
 
 

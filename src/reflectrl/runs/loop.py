@@ -1,0 +1,90 @@
+"""The train-loop skeleton every trainer runs: metrics log and TensorBoard, progress bar,
+checkpoint cadence (and a checkpoint before the first update), the run's health warnings
+and time estimate, and the stop at an iteration boundary that SIGTERM asks for.
+
+A trainer plugs in by providing (see PPOTrainer and GRPOTrainer):
+
+    run                   RunDir or None (None: train without writing anything)
+    logger                MetricsLogger or None (the loop opens and closes it)
+    unit                  what progress counts ("env steps", "steps")
+    total_units()         progress at the end of training
+    units_done()          progress so far (0 before the first iteration)
+    finished()            True when no iteration is left
+    run_iteration()       one iteration; returns its metrics row (with "global_step")
+    checkpoint_due(before) whether to checkpoint after an iteration that started at `before`
+    save_checkpoint()
+    on_start(logger)      optional: log something before the first iteration
+    postfix(row)          optional: the progress bar's text
+    discrete_entropy      optional: whether `entropy` is a discrete policy's (for the collapse warning)
+
+`Stopwatch` times the share of an iteration a signal takes (`signal_time_fraction`).
+"""
+
+from __future__ import annotations
+
+import time
+
+from reflectrl.runs.health import RunMonitor
+from reflectrl.runs.rundir import MetricsLogger
+from reflectrl.runs.session import Terminated, stop_requested
+
+
+def train_loop(trainer, progress: bool = True) -> None:
+    from tqdm import tqdm
+
+    run = trainer.run
+    started = trainer.units_done() > 0
+    if run is not None and trainer.logger is None:
+        trainer.logger = MetricsLogger(run, resume_step=trainer.units_done() if started else None)
+        if not started:
+            trainer.save_checkpoint()  # a good checkpoint exists before the first update
+    total = trainer.total_units()
+    bar = tqdm(total=total, initial=trainer.units_done(), unit=trainer.unit.split()[-1].rstrip("s") or "step",
+               unit_scale=True, disable=not progress, dynamic_ncols=True, smoothing=0.1, mininterval=0.5)
+    monitor = RunMonitor(total, trainer.unit, discrete_entropy=getattr(trainer, "discrete_entropy", True))
+    session_start, session_first = time.perf_counter(), trainer.units_done()
+    try:
+        if hasattr(trainer, "on_start"):
+            trainer.on_start(trainer.logger)
+        while not trainer.finished():
+            before = trainer.units_done()
+            row = trainer.run_iteration()
+            if trainer.logger is not None:
+                trainer.logger.log(row)
+            done = trainer.units_done()
+            bar.update(done - before)
+            monitor.after_iteration(row, done, done - session_first, time.perf_counter() - session_start)
+            if hasattr(trainer, "postfix"):
+                bar.set_postfix_str(trainer.postfix(row), refresh=False)
+            saved = run is not None and (trainer.checkpoint_due(before) or trainer.finished())
+            if saved:
+                trainer.save_checkpoint()
+            if stop_requested() and not trainer.finished():
+                if run is not None and not saved:
+                    trainer.save_checkpoint()  # between iterations the state is whole: nothing is lost
+                raise Terminated
+    finally:
+        bar.close()
+        if trainer.logger is not None:
+            trainer.logger.close()
+            trainer.logger = None
+
+
+def crossed(before: int, after: int, every: int) -> bool:
+    """Whether progress from `before` to `after` passed a multiple of `every` (checkpoint cadence)."""
+    return after // every > before // every
+
+
+class Stopwatch:
+    """Accumulates the seconds spent inside `with watch:` blocks."""
+
+    def __init__(self):
+        self.seconds = 0.0
+
+    def __enter__(self):
+        self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.seconds += time.perf_counter() - self._start
+        return False
