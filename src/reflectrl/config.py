@@ -20,6 +20,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from reflectrl import overrides as overrides_mod
 from reflectrl.errors import UserError
 from reflectrl.registry import aliases, check_sections, parse_algo, section_types, signal_spec
 
@@ -131,7 +132,7 @@ class RunConfig:
     @classmethod
     def from_dict(cls, d: dict) -> "RunConfig":
         d = dict(d)
-        ppo = _dataclass_from_dict(PPOConfig, d.pop("ppo", {}))
+        ppo = overrides_mod.from_dict(PPOConfig, d.pop("ppo", {}))
         sections = sections_from_dict(d.pop("sections", {}))
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - known
@@ -147,22 +148,11 @@ def sections_from_dict(values: dict) -> dict:
     for name, knobs in values.items():
         if name not in types:
             raise UserError(f"config has an unknown section '{name}'; was it written by a newer reflectrl?")
-        sections[name] = _dataclass_from_dict(types[name], knobs)
+        sections[name] = overrides_mod.from_dict(types[name], knobs)
     return sections
 
 
-def _dataclass_from_dict(cls, values: dict):
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(values) - names
-    if unknown:
-        raise UserError(f"config has unknown {cls.__name__} keys {sorted(unknown)}; was it written by a newer reflectrl?")
-    kwargs = {}
-    for key, value in values.items():
-        if isinstance(value, list) and "tuple" in str(hints[key]):
-            value = tuple(value)
-        kwargs[key] = value
-    return cls(**kwargs)
+_dataclass_from_dict = overrides_mod.from_dict  # the name other modules used
 
 
 RUN_KNOBS = ("checkpoint_every", "torch_threads")
@@ -177,95 +167,14 @@ def resolve_defaults(ppo: PPOConfig, continuous: bool) -> PPOConfig:
     return dataclasses.replace(ppo, **values)
 
 
-# --------------------------------------------------------------------------- parsing
-
-def _parse_value(key: str, raw: str, annotation: Any) -> Any:
-    """Parse `raw` as the type a dataclass field is annotated with."""
-    args = typing.get_args(annotation)
-    origin = typing.get_origin(annotation)
-    optional = type(None) in args
-    if optional and raw.strip().lower() in ("none", "null"):
-        return None
-    base = annotation
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
-        non_none = [a for a in args if a is not type(None)]
-        base = non_none[0] if len(non_none) == 1 else str
-    text = raw.strip()
-    try:
-        if base is bool:
-            low = text.lower()
-            if low in ("true", "1", "yes", "on"):
-                return True
-            if low in ("false", "0", "no", "off"):
-                return False
-            raise ValueError
-        if base is int:
-            value = float(text)
-            if not value.is_integer():
-                raise ValueError
-            return int(value)
-        if base is float:
-            return float(text)
-        if typing.get_origin(base) is tuple or base is tuple:
-            return tuple(int(x) for x in text.replace("(", "").replace(")", "").split(",") if x.strip())
-        return text
-    except ValueError:
-        kind = {bool: "true or false", int: "an integer", float: "a number"}.get(base, "a comma-separated list of integers")
-        raise UserError(f"--set {key}={raw}: expected {kind}") from None
-
-
-def _parse_env_value(raw: str) -> Any:
-    """Env keywords are free-form: take JSON literals (numbers, true, lists), else the string."""
-    try:
-        return json.loads(raw)
-    except json.JSONDecodeError:
-        low = raw.lower()
-        if low in ("true", "false"):
-            return low == "true"
-        return raw
-
-
-def _set_dataclass_field(obj: Any, key: str, name: str, raw: str, where: str) -> None:
-    hints = typing.get_type_hints(type(obj))
-    names = [f.name for f in dataclasses.fields(obj)]
-    if name not in names:
-        close = difflib.get_close_matches(name, names, n=3)
-        hint = f" (did you mean {', '.join(close)}?)" if close else f"; known: {', '.join(names)}"
-        raise UserError(f"unknown --set key '{key}' for {where}{hint}")
-    setattr(obj, name, _parse_value(key, raw, hints[name]))
-
-
-
+# --------------------------------------------------------------------------- --set
 
 def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
-    """Apply `--set key=value` strings to a config, in order."""
-    for item in overrides:
-        if "=" not in item:
-            raise UserError(f"--set '{item}' is not key=value (example: --set num_envs=8)")
-        key, raw = item.split("=", 1)
-        key = key.strip()
-        if "." in key:
-            section, name = key.split(".", 1)
-            types = section_types()
-            if section == "env":
-                cfg.env[name] = _parse_env_value(raw)
-            elif section in types:
-                obj = cfg.sections.setdefault(section, types[section]())
-                _set_dataclass_field(obj, key, name, raw, f"section '{section}'")
-            elif section == "ppo":
-                _set_dataclass_field(cfg.ppo, key, name, raw, "PPO")
-            else:
-                known = ["env", "ppo", *types]
-                raise UserError(f"unknown --set section '{section}' in '{key}'; known sections: {', '.join(known)}")
-        elif key in RUN_KNOBS:
-            _set_dataclass_field(cfg, key, key, raw, "the run")
-        else:
-            ppo_names = [f.name for f in dataclasses.fields(PPOConfig)]
-            if key not in ppo_names:
-                close = difflib.get_close_matches(key, ppo_names + list(RUN_KNOBS), n=3)
-                hint = f" (did you mean {', '.join(close)}?)" if close else ""
-                raise UserError(f"unknown --set key '{key}'{hint}; PPO knobs: {', '.join(ppo_names)}; run knobs: {', '.join(RUN_KNOBS)} (all knobs: 'reflectrl knobs')")
-            _set_dataclass_field(cfg.ppo, key, key, raw, "PPO")
+    """Apply `--set key=value` strings to a config, in order (routing: overrides.py)."""
+    types = section_types()
+    sections = {name: (lambda name=name: cfg.sections.setdefault(name, types[name]())) for name in types}
+    overrides_mod.apply(overrides, bare=[("PPO", cfg.ppo, None), ("run", cfg, RUN_KNOBS)],
+                        prefixed={"env": cfg.env, "ppo": cfg.ppo, **sections})
     return cfg
 
 

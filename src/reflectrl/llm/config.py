@@ -15,8 +15,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from reflectrl.config import (_dataclass_from_dict, _set_dataclass_field, check_seed, sections_from_dict,
-                              validate_sections)
+from reflectrl import overrides
+from reflectrl.config import check_seed, sections_from_dict, validate_sections
 from reflectrl.errors import UserError
 from reflectrl.llm.losses import LOSS_AGGREGATIONS
 from reflectrl.registry import aliases, parse_algo, section_types, signal_spec
@@ -109,34 +109,19 @@ class LLMRunConfig:
         if unknown:
             raise UserError(f"config has unknown keys {sorted(unknown)}; is it a language-model run written by "
                             "this reflectrl?")
-        grpo = _dataclass_from_dict(GRPOConfig, d.pop("grpo", {}))
+        grpo = overrides.from_dict(GRPOConfig, d.pop("grpo", {}))
         return cls(**d, grpo=grpo, sections=sections_from_dict(d.pop("sections", {})))
 
 
 RUN_KNOBS = ("checkpoint_every", "torch_threads")
 
 
-def apply_llm_overrides(cfg: LLMRunConfig, overrides: list[str]) -> LLMRunConfig:
-    for item in overrides:
-        if "=" not in item:
-            raise UserError(f"--set '{item}' is not key=value (example: --set group_size=8)")
-        key, raw = (part.strip() for part in item.split("=", 1))
-        if "." in key:
-            section, name = key.split(".", 1)
-            types = section_types()
-            if section not in types:
-                raise UserError(f"unknown --set section '{section}' in '{key}'; known sections: {', '.join(types)}")
-            obj = cfg.sections.setdefault(section, types[section]())
-            _set_dataclass_field(obj, key, name, raw, f"section '{section}'")
-        elif key in RUN_KNOBS:
-            _set_dataclass_field(cfg, key, key, raw, "the run")
-        else:
-            names = [f.name for f in dataclasses.fields(GRPOConfig)]
-            if key not in names:
-                close = difflib.get_close_matches(key, names + list(RUN_KNOBS), n=3)
-                hint = f" (did you mean {', '.join(close)}?)" if close else ""
-                raise UserError(f"unknown --set key '{key}'{hint}; GRPO knobs: {', '.join(names)}")
-            _set_dataclass_field(cfg.grpo, key, key, raw, "GRPO")
+def apply_llm_overrides(cfg: LLMRunConfig, items: list[str]) -> LLMRunConfig:
+    """Apply `--set key=value` strings: bare GRPO and run knobs, SECTION.KNOB for a signal."""
+    types = section_types()
+    sections = {name: (lambda name=name: cfg.sections.setdefault(name, types[name]())) for name in types}
+    overrides.apply(items, bare=[("GRPO", cfg.grpo, None), ("run", cfg, RUN_KNOBS)], prefixed=sections,
+                    example="group_size=8")
     return cfg
 
 

@@ -23,6 +23,7 @@ import inspect
 import re
 
 from reflectrl.errors import UserError
+from reflectrl.overrides import parse_value
 from reflectrl.llm.tasks.arith import ArithTask
 from reflectrl.llm.tasks.base import Problem, Task
 from reflectrl.llm.tasks.code import CodeTask
@@ -61,36 +62,14 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
     return name, options
 
 
-def _auto(raw: str):
-    """A value whose default says nothing about its type (None): int, float, bool or str."""
-    for convert in (int, float):
-        try:
-            return convert(raw)
-        except ValueError:
-            pass
-    return {"true": True, "false": False}.get(raw.lower(), raw)
-
-
 def coerce(raw: str, default, key: str, where: str):
-    """Convert the raw text of option `key` to the type of its default."""
+    """Convert the raw text of option `key` to the type of its default (reflectrl/overrides.py)."""
     try:
-        if isinstance(default, bool):  # before int: bool is an int
-            value = {"true": True, "false": False, "1": True, "0": False}.get(raw.lower())
-            if value is None:
-                raise ValueError
-            return value
-        if isinstance(default, int):
-            return int(raw)
-        if isinstance(default, float):
-            return float(raw)
-        if isinstance(default, (list, tuple)):
-            return type(default)(_auto(x.strip()) for x in raw.split(",") if x.strip())
-        if isinstance(default, str):
-            return raw
-        return _auto(raw)
-    except ValueError:
-        kind = {bool: "true or false", int: "an integer", float: "a number"}.get(type(default), "valid")
-        raise UserError(f"{where}: option {key}={raw!r} must be {kind} (default: {default!r})") from None
+        if isinstance(default, bool) and raw.strip().lower() not in ("true", "false", "1", "0"):
+            raise ValueError("true or false")
+        return parse_value(key, raw.strip() if not isinstance(default, str) else raw, default, annotation=False)
+    except ValueError as err:
+        raise UserError(f"{where}: option {key}={raw!r} must be {err} (default: {default!r})") from None
 
 
 def coerce_all(raw: dict[str, str], defaults: dict, where: str) -> dict:
