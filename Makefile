@@ -6,7 +6,7 @@ DEMO_OUT ?= runs/demo-$(shell printf '%s' '$(DEMO_ALGOS)' | sha1sum | cut -c1-8)
 # Every method that has landed, on the built-in sparse maze; re-running resumes/skips.
 DEMO_ALGOS ?= ppo,refgrpo,refgrpo[bonus_target=seed],sdrs,sdrs[mode=potential],gear
 
-.PHONY: setup demo test bench
+.PHONY: setup demo test test-fast lint bench
 
 setup:
 	bash scripts/setup.sh all
@@ -17,6 +17,13 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest tests -q
+
+# the development subset: everything but the slow tests (learning, subprocesses, Chromium, TRL)
+test-fast: setup
+	$(PY) -m pytest tests -q -m "not slow"
+
+lint: setup
+	$(VENV)/bin/ruff check src tests bench
 
 bench: setup
 	$(PY) bench/throughput.py

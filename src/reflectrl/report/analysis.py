@@ -12,7 +12,6 @@ curves in the experiment (0 = the worst value seen in that env, 1 = the best).
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +20,7 @@ import numpy as np
 
 from reflectrl.experiments.spec import ExperimentSpec, RunSpec, read_spec
 from reflectrl.report import stats
+from reflectrl.runs.files import has_metrics, read_logged_rows, run_config, run_status
 
 GRID = 50
 BASELINE = "ppo"
@@ -29,7 +29,7 @@ BASELINE = "ppo"
 MIN_SEEDS_FOR_CI = 5
 NO_SPARSE_ENV = "a sparse-reward env"  # what a claim about sparse rewards lacks in an experiment without one
 SPARSE_ENV_PREFIXES = ("reflectrl/GridWorld", "MiniGrid", "BabyAI")
-# Metrics every PPO run logs; anything else in metrics.jsonl is a signal's diagnostic.
+# Metrics every PPO run logs; anything else in a run's metrics is a signal's diagnostic.
 STANDARD_METRICS = {
     "global_step", "iteration", "episodic_return", "episodic_length", "episodes", "learning_rate",
     "policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac",
@@ -86,18 +86,12 @@ def load_experiment(root: Path) -> Experiment:
     spec = read_spec(root)
     runs, missing = [], []
     for run in spec.runs(root):
-        metrics = run.path / "metrics.jsonl"
-        if not metrics.is_file():
+        if not has_metrics(run.path):
             missing.append(run)
             continue
-        rows = []
-        for line in metrics.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
-        status = json.loads((run.path / "run.json").read_text()) if (run.path / "run.json").is_file() else {}
-        config = json.loads((run.path / "config.json").read_text()) if (run.path / "config.json").is_file() else {}
+        rows = read_logged_rows(run.path)
+        status = run_status(run.path) or {}
+        config = run_config(run.path) or {}
         runs.append(RunData(run, rows, _curve(rows, spec.total_steps), config, status.get("command", []),
                             status.get("status", "unknown")))
     grid = np.linspace(0, spec.total_steps, GRID + 1)[1:]

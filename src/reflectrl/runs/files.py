@@ -1,0 +1,83 @@
+"""Reading run directories from outside the process that trains them.
+
+The experiment runner and the report look at many runs, some half-written, some killed in
+the middle of a write: these readers never raise on a missing or damaged file, they say
+"nothing there" (None, 0, False, the rows before the damage). The file names are those of
+runs/rundir.py; nothing outside runs/ spells them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from reflectrl.runs.rundir import CHECKPOINT, CONFIG, METRICS, STATUS
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):  # missing, unreadable, not UTF-8 or not JSON
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def run_status(path: str | os.PathLike) -> dict | None:
+    """The run's status file (status, command, versions), or None when missing or corrupt."""
+    return _read_json(Path(path) / STATUS)
+
+
+def run_config(path: str | os.PathLike) -> dict | None:
+    """The run's resolved config, or None when missing or corrupt."""
+    return _read_json(Path(path) / CONFIG)
+
+
+def has_config(path: str | os.PathLike) -> bool:
+    return (Path(path) / CONFIG).is_file()
+
+
+def has_checkpoint(path: str | os.PathLike) -> bool:
+    return (Path(path) / CHECKPOINT).is_file()
+
+
+def has_metrics(path: str | os.PathLike) -> bool:
+    return (Path(path) / METRICS).is_file()
+
+
+def last_logged_step(path: str | os.PathLike) -> int:
+    """global_step of the last complete line of the run's metrics (0 if none); reads only the
+    file's tail, so it is cheap to call every second on a run being trained."""
+    try:
+        with open(Path(path) / METRICS, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 4096))
+            lines = f.read().splitlines()
+    except OSError:
+        return 0
+    for line in reversed(lines):
+        try:
+            return int(json.loads(line)["global_step"])
+        except (ValueError, KeyError, TypeError):  # a line cut by a kill, or not a row
+            continue
+    return 0
+
+
+def read_logged_rows(path: str | os.PathLike) -> list[dict]:
+    """The run's metric rows up to the first damaged line (a line cut by a kill ends the
+    log); [] when there are none. `rundir.read_metrics` is the strict reader."""
+    try:
+        text = (Path(path) / METRICS).read_text()
+    except (OSError, ValueError):
+        return []
+    rows = []
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            break
+        if not isinstance(row, dict):
+            break
+        rows.append(row)
+    return rows
