@@ -137,3 +137,72 @@ def print_knobs(section: str | None = None, algo: str | None = None, as_json: bo
         print()
     print("set any of these with --set KEY=VALUE (signal knobs as SECTION.KEY=VALUE)")
     return 0
+
+
+def markdown_table(section: str) -> str:
+    """The README's table of a section's knobs (tests/test_readme.py keeps the README in step)."""
+    rows = sections()[section]["rows"]
+    prefix = f"{section}." if section not in ("run", "ppo", "env", "grpo") else ""
+    lines = ["| knob | default | meaning |", "|---|---|---|"]
+    for r in rows:
+        key = r["key"][len(prefix):] if prefix and r["key"].startswith(prefix) else r["key"]
+        lines.append(f"| `{key}` | {r['default'] or ''} | {r['help']} |")
+    return "\n".join(lines)
+
+
+def algos_table() -> str:
+    """The README's table of --algo names, read from the registry."""
+    from reflectrl.registry import TRAINERS, aliases, signals
+
+    lines = ["| `--algo` | command | what it runs |", "|---|---|---|"]
+    for trainer in TRAINERS.values():
+        command = "reflectrl train" if trainer.family == "control" else "reflectrl llm train"
+        lines.append(f"| `{trainer.name}` | {command} | {trainer.summary} |")
+    for name, spec in signals().items():
+        names = [f"`{t}+{name}`" for t in TRAINERS if any(k in TRAINERS[t].step_kinds for k in spec.step_kinds)]
+        legacy = sorted({a for fam in ("control", "llm") for a, comp in aliases(fam).items()
+                         if comp.split("+")[1:] == [name]})
+        alias = f" (alias: {', '.join(f'`{a}`' for a in legacy)})" if legacy else ""
+        lines.append(f"| {' / '.join(names)}{alias} | | {spec.summary}; neutral at `{name}.{spec.neutral}` |")
+    return "\n".join(lines)
+
+
+BLOCK = "<!-- generated: {name} -->"
+END = "<!-- end generated -->"
+
+
+def readme_blocks() -> dict[str, str]:
+    """{block name: its generated text}: the algos table and each signal's knob table."""
+    from reflectrl.registry import signals
+
+    blocks = {"algos": algos_table()}
+    for name in signals():
+        blocks[f"knobs:{name}"] = markdown_table(name)
+    return blocks
+
+
+def update_readme(path) -> list[str]:
+    """Rewrite the generated blocks of a README in place; returns the names of blocks that changed."""
+    from pathlib import Path
+
+    path = Path(path)
+    text = path.read_text()
+    changed = []
+    for name, body in readme_blocks().items():
+        start = BLOCK.format(name=name)
+        if start not in text:
+            continue
+        head, rest = text.split(start, 1)
+        old, tail = rest.split(END, 1)
+        new = f"\n{body}\n"
+        if old != new:
+            changed.append(name)
+        text = head + start + new + END + tail
+    path.write_text(text)
+    return changed
+
+
+if __name__ == "__main__":  # python -m reflectrl.knobs README.md: refresh the README's generated tables
+    import sys
+
+    print(", ".join(update_readme(sys.argv[1] if len(sys.argv) > 1 else "README.md")) or "README up to date")
