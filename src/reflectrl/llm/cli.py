@@ -22,29 +22,31 @@ from reflectrl.errors import UserError
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     from reflectrl.llm.config import LLMRunConfig
+    from reflectrl.llm.model import init_tiny
+    from reflectrl.llm.sft import sft as sft_fn
     from reflectrl.registry import algo_names
 
     d = LLMRunConfig()  # help shows the dataclass's defaults; the options pass "not given" through
     llm = subparsers.add_parser("llm", help="language-model agents: tiny model, SFT, GRPO / GEAR / refgrpo")
     sub = llm.add_subparsers(dest="llm_command", metavar="{init-tiny,sft,train,eval}", required=True)
 
+    tiny_defaults = _defaults(init_tiny)
     tiny = sub.add_parser("init-tiny", help="write a tiny random causal LM and its tokenizer (no download)")
     tiny.add_argument("--out", required=True, help="model directory to create")
-    tiny.add_argument("--arch", default="llama", help="llama or qwen2 (default llama)")
-    tiny.add_argument("--hidden-size", type=int, default=64)
-    tiny.add_argument("--layers", type=int, default=2)
-    tiny.add_argument("--heads", type=int, default=4)
-    tiny.add_argument("--vocab-size", type=int, default=512)
-    tiny.add_argument("--seed", type=int, default=0)
+    tiny.add_argument("--arch", default=None, help=f"llama or qwen2 (default {tiny_defaults['arch']})")
+    for flag, name in (("--hidden-size", "hidden_size"), ("--layers", "layers"), ("--heads", "heads"),
+                       ("--vocab-size", "vocab_size"), ("--seed", "seed")):
+        tiny.add_argument(flag, type=int, default=None, help=f"(default {tiny_defaults[name]})")
 
+    sft_defaults = _defaults(sft_fn)
     sft = sub.add_parser("sft", help="warm-start a model on a task's demonstrations")
     sft.add_argument("--model", required=True, help="model directory or Hugging Face name")
     sft.add_argument("--task", required=True, help="arith, rg:NAME, code or tools")
     sft.add_argument("--steps", type=int, required=True)
     sft.add_argument("--out", required=True, help="model directory to create")
-    sft.add_argument("--batch-size", type=int, default=32)
-    sft.add_argument("--lr", type=float, default=1e-3)
-    sft.add_argument("--seed", type=int, default=0)
+    sft.add_argument("--batch-size", type=int, default=None, help=f"(default {sft_defaults['batch_size']})")
+    sft.add_argument("--lr", type=float, default=None, help=f"(default {sft_defaults['learning_rate']})")
+    sft.add_argument("--seed", type=int, default=None, help=f"(default {sft_defaults['seed']})")
     sft.add_argument("--no-progress", action="store_true")
 
     train = sub.add_parser("train", help="RL on a task: grpo, grpo+gear (GEAR weights), grpo+calibration (turn calibration bonus)")
@@ -75,8 +77,8 @@ def run(args) -> int:
         from reflectrl.llm.model import init_tiny
 
         _check_out(args.out)
-        path = init_tiny(args.out, arch=args.arch, hidden_size=args.hidden_size, layers=args.layers,
-                         heads=args.heads, vocab_size=args.vocab_size, seed=args.seed)
+        path = init_tiny(args.out, **_given(arch=args.arch, hidden_size=args.hidden_size, layers=args.layers,
+                                            heads=args.heads, vocab_size=args.vocab_size, seed=args.seed))
         print(f"tiny model: {path}")
         return 0
     if command == "sft":
@@ -86,6 +88,18 @@ def run(args) -> int:
     if command == "eval":
         return _eval(args)
     raise UserError(f"unknown llm command {command}")
+
+
+def _defaults(fn) -> dict:
+    """A function's keyword defaults: the one place the CLI's help reads them from."""
+    import inspect
+
+    return {k: p.default for k, p in inspect.signature(fn).parameters.items() if p.default is not inspect.Parameter.empty}
+
+
+def _given(**options) -> dict:
+    """Only the options given on the command line: the rest take the function's defaults."""
+    return {k: v for k, v in options.items() if v is not None}
 
 
 def _check_out(out: str) -> None:
@@ -111,8 +125,8 @@ def _sft(args) -> int:
     task = make_task(args.task)
     _check_out(args.out)
     model, tokenizer = load_model(args.model)
-    result = sft(model, tokenizer, task, steps=args.steps, out=args.out, batch_size=args.batch_size,
-                 learning_rate=args.lr, seed=args.seed, progress=not args.no_progress)
+    result = sft(model, tokenizer, task, steps=args.steps, out=args.out, progress=not args.no_progress,
+                 **_given(batch_size=args.batch_size, learning_rate=args.lr, seed=args.seed))
     print(f"sft on {args.task}: {result['steps']} steps, final loss {result['final_loss']:.4f}, "
           f"{result['seconds']:.0f}s; model: {args.out}")
     return 0
