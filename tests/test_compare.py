@@ -54,6 +54,7 @@ def test_bad_env_and_seeds(cli, tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_compare_runs_reports_and_skips_finished(cli, tmp_path):
     out = tmp_path / "exp"
     code, stdout, err = cli("compare", "--algos", "ppo,ppo[ent_coef=0]", "--out", out, "--no-progress", *TINY)
@@ -114,6 +115,7 @@ def test_report_prints_the_verdict_the_data_gives(cli, tmp_path, gear, ppo, verd
     assert (diff > 0.5) if verdict == "supported" else (diff < -0.5) if verdict == "not supported" else abs(diff) < 0.5
 
 
+@pytest.mark.slow
 def test_compare_extends_an_experiment_with_algos_and_seeds(cli, tmp_path):
     out = tmp_path / "exp"
     assert cli("compare", "--algos", "ppo", "--out", out, "--no-progress", "--no-report", *TINY)[0] == 0
@@ -138,6 +140,7 @@ def test_compare_extends_an_experiment_with_algos_and_seeds(cli, tmp_path):
     assert json.loads((out / "experiment.json").read_text()) == spec
 
 
+@pytest.mark.slow
 def test_a_second_compare_on_a_running_experiment_stops(cli, tmp_path):
     fcntl = pytest.importorskip("fcntl")
     out = tmp_path / "exp"
@@ -173,6 +176,7 @@ def _compare_running(args, out: Path, logged: int):
     return proc, seed_dirs
 
 
+@pytest.mark.slow
 def test_killed_experiment_resumes_to_identical_weights(cli, tmp_path):
     args = ["--env", "CartPole-v1", "--algos", "ppo", "--seeds", "2", "--total-steps", "16384", "--workers", "2",
             "--set", "num_envs=2", "num_steps=64", "num_minibatches=2", "update_epochs=2", "checkpoint_every=1000"]
@@ -194,6 +198,7 @@ def test_killed_experiment_resumes_to_identical_weights(cli, tmp_path):
     assert sha(seed_dirs[1]) == sha(reference)
 
 
+@pytest.mark.slow
 def test_sigterm_to_the_driver_stops_its_runs(tmp_path):
     """`kill PID` on compare must not leave training processes writing into the experiment."""
     out = tmp_path / "exp"
@@ -213,6 +218,7 @@ def test_sigterm_to_the_driver_stops_its_runs(tmp_path):
     assert not survivors, "training processes outlived the driver"
 
 
+@pytest.mark.slow
 def test_run_killed_before_first_checkpoint_restarts(cli, tmp_path):
     out = tmp_path / "exp"
     assert cli("compare", "--algos", "ppo", "--out", out, "--no-progress", "--no-report", *TINY)[0] == 0
@@ -226,6 +232,7 @@ def test_run_killed_before_first_checkpoint_restarts(cli, tmp_path):
     assert json.loads((run / "run.json").read_text())["params_sha256"] == sha
 
 
+@pytest.mark.slow
 def test_ray_backend_on_a_local_instance(cli, tmp_path):
     pytest.importorskip("ray")
     out = tmp_path / "exp"
@@ -251,6 +258,7 @@ def _chromium():
     return None
 
 
+@pytest.mark.slow
 def test_report_renders_in_headless_chromium(cli, tmp_path):
     browser = _chromium()
     if browser is None:

@@ -1,15 +1,22 @@
 """PPO learns: discrete PPO solves CartPole-v1, continuous PPO clearly improves Pendulum-v1.
 
 Small, seeded budgets with settings tuned for speed (RL Zoo's CartPole and Pendulum
-settings, without gSDE); CleanRL-default budgets live in bench/learning.py.
+settings, without gSDE); CleanRL-default budgets live in bench/learning.py. CartPole runs
+the zoo's budget, 100k steps: at 50k the final policy of this seed had collapsed from 500
+back to 171 (with gymnasium 1.4 / numpy 2.4), a budget too tight to be a stable test; at
+100k seeds 1-5 all evaluate at 500.
 """
 
 import json
 
+import pytest
+
+pytestmark = pytest.mark.slow
+
 
 def test_discrete_ppo_solves_cartpole(cli, tmp_path):
     out = tmp_path / "cartpole"
-    code, _, err = cli("train", "--env", "CartPole-v1", "--seed", 1, "--total-steps", 50_000, "--out", out,
+    code, _, err = cli("train", "--env", "CartPole-v1", "--seed", 1, "--total-steps", 100_000, "--out", out,
                        "--no-progress", "--set", "num_envs=8", "num_steps=32", "num_minibatches=1",
                        "update_epochs=20", "gae_lambda=0.8", "gamma=0.98", "ent_coef=0", "learning_rate=1e-3")
     assert code == 0, err

@@ -374,6 +374,7 @@ def test_cli_bad_input_is_one_line_and_no_run_dir(cli, tiny_model_dir, tmp_path,
     assert not out_dir.exists()
 
 
+@pytest.mark.slow
 def test_grpo_raises_arith_accuracy_of_the_tiny_sft_model(tiny_model_dir, tmp_path):
     """The learning test: a short seeded CPU run improves both the sampled reward and the
     greedy held-out accuracy of a tiny model warm-started by SFT."""

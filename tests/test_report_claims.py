@@ -265,6 +265,7 @@ def test_enough_seeds_give_no_warning_or_note(tmp_path):
     assert json.loads((root / "report/stats.json").read_text())["warnings"] == []
 
 
+@pytest.mark.slow
 def test_report_command_prints_the_few_seeds_warning(tmp_path):
     root = make_experiment(tmp_path / "exp", {"ppo": LOW[:2], "gear": HIGH[:2]})
     done = subprocess.run([sys.executable, "-m", "reflectrl", "report", str(root), "--reps", "100"],

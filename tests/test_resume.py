@@ -39,6 +39,7 @@ def _metrics_rows(path):
         return 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_sigkill_and_resume_gives_identical_weights(cli, tmp_path, case):
     argv = CASES[case]

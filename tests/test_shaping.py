@@ -57,6 +57,7 @@ def _greedy_policy(env, gamma, shaping=None):
     return {c: tuple(np.flatnonzero(q[i] >= q[i].max() - 1e-6)) for i, c in enumerate(cells) if c != env.goal}, q
 
 
+@pytest.mark.slow
 def test_potential_shaping_keeps_the_optimal_policy_of_a_solved_mdp():
     env = GridWorldEnv(size=6, layout="rooms")
     gamma = 0.95
@@ -100,6 +101,7 @@ def sha(run):
     return json.loads((run / "run.json").read_text())["params_sha256"]
 
 
+@pytest.mark.slow
 def test_mode_off_equals_ppo_and_modes_log_metrics(cli, tmp_path):
     assert cli("train", "--algo", "ppo", *FAST, "--out", tmp_path / "ppo")[0] == 0
     assert cli("train", "--algo", "sdrs", *FAST, "shaping.mode=off", "--out", tmp_path / "off")[0] == 0

@@ -7,6 +7,7 @@ import pytest
 
 pytest.importorskip("trl")
 torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.slow
 
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
