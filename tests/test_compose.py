@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from reflectrl.errors import UserError
-from reflectrl.registry import Algo, aliases, algo_names, parse_algo, signals, step_kind
+from reflectrl.registry import Algo, algo_names, aliases, parse_algo, signals, step_kind
 from reflectrl.signals import Signal, SignalOutput
 
 
@@ -142,10 +142,10 @@ def test_neutral_composition_is_ppo_bit_for_bit(cli, tmp_path):
 
 
 def test_composed_run_resumes_bit_identically(tmp_path, monkeypatch):
-    from reflectrl.runs import loop as loop_module
-    from reflectrl.control.ppo import PPOTrainer, new_run_config
     from reflectrl.control.policies import params_sha256
+    from reflectrl.control.ppo import PPOTrainer, new_run_config
     from reflectrl.runs import RunDir
+    from reflectrl.runs import loop as loop_module
     from reflectrl.runs.session import Terminated
 
     cfg = lambda: new_run_config(algo="ppo+calibration+gear", env_id="CartPole-v1", total_steps=512,  # noqa: E731
@@ -208,3 +208,54 @@ def test_compare_entries_with_per_signal_brackets():
     with pytest.raises(UserError, match="no entry of --algos runs the 'shaping' signal"):
         ExperimentSpec(envs=["CartPole-v1"], algos=["ppo"], seeds=1, total_steps=512,
                        sets=["shaping.eta=1"]).validate()
+
+
+# ---------------------------------------------------------------------------- a new signal is one registration
+
+def test_a_new_signal_needs_only_its_registration(tmp_path, monkeypatch):
+    """What a new file in reflectrl/signals/ would hold: a config, a Signal, one register_signal call.
+    Nothing else changes, yet the CLI, --set, compositions, the knobs listing and validation take it."""
+    from dataclasses import dataclass
+
+    from reflectrl import registry
+    from reflectrl.cli import main
+    from reflectrl.knobs import sections
+    from reflectrl.registry import SignalSpec, register_signal
+
+    @dataclass
+    class BonusConfig:
+        size: float = 0.5
+        """reward added to every step"""
+
+        def validate(self):
+            if self.size < 0:
+                raise UserError(f"bonus.size={self.size}: must be >= 0")
+
+    class ConstantBonus(Signal):
+        name = "bonus"
+
+        def __init__(self, cfg):
+            self.cfg = cfg
+
+        def shape_rewards(self, batch):
+            return torch.full_like(batch.rewards, self.cfg.size)
+
+        def metrics(self):
+            return {"bonus_size": self.cfg.size}
+
+    monkeypatch.setattr(registry, "_SIGNALS", dict(registry.signals()))
+    register_signal(SignalSpec(name="bonus", config=BonusConfig, factory=ConstantBonus, step_kinds=("env_step",),
+                               summary="a constant reward", neutral="size=0"))
+    assert "ppo+bonus" in algo_names("control") and "bonus" in sections()
+    out = tmp_path / "run"
+    code = main(["train", "--algo", "ppo+bonus+gear", "--env", "CartPole-v1", "--total-steps", "256", "--out",
+                 str(out), "--no-progress", "--set", "num_envs=2", "num_steps=64", "num_minibatches=2",
+                 "update_epochs=1", "bonus.size=0.25"])
+    assert code == 0
+    import json
+
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["bonus_size"] == 0.25 and "weights_mean" in rows[-1]
+    assert json.loads((out / "config.json").read_text())["sections"]["bonus"] == {"size": 0.25}
+    assert main(["train", "--algo", "ppo+bonus", "--env", "CartPole-v1", "--out", str(tmp_path / "bad"),
+                 "--set", "bonus.size=-1"]) == 2
