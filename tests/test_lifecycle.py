@@ -12,7 +12,6 @@ import time
 import warnings
 
 import pytest
-
 from test_cli_errors import FAST, assert_one_line_error
 
 CARTPOLE = ["--env", "CartPole-v1", *FAST]
@@ -371,3 +370,39 @@ def test_eval_video_is_quiet_and_works_without_a_display(cli, tmp_path, env_id):
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == "", proc.stderr  # no SDL / ALSA / GLFW noise
     assert video.stat().st_size > 1000
+
+
+def test_resume_from_the_step0_checkpoint_drops_the_rows_logged_after_it(cli, tmp_path, monkeypatch):
+    """Killed before its first periodic checkpoint, a run resumes from step 0: the rows it had
+    logged must go, or metrics.jsonl repeats steps (and the report reads a step count going back)."""
+    from reflectrl.control.ppo import PPOTrainer
+
+    out = tmp_path / "run"
+    real = PPOTrainer.run_iteration
+
+    def crash_at_4(self):
+        if self.iteration == 3:
+            raise KeyboardInterrupt  # as a kill would: no checkpoint at this point
+        return real(self)
+
+    monkeypatch.setattr(PPOTrainer, "run_iteration", crash_at_4)
+    code, _, _ = cli("train", *CARTPOLE, "--total-steps", 640, "--set", "checkpoint_every=100000", "--out", out)
+    assert code == 130
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 3
+    monkeypatch.setattr(PPOTrainer, "run_iteration", real)
+    code, _, err = cli("train", "--resume", out)
+    assert code == 0, err
+    steps = [json.loads(line)["global_step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(set(steps)) and len(steps) == 10, steps  # 640 steps of 64
+
+
+def test_out_of_a_run_being_trained_says_so(tmp_path):
+    from reflectrl.errors import UserError
+    from reflectrl.runs import RunDir
+
+    run = RunDir.create(tmp_path / "run", {"env_id": "x"})
+    with pytest.raises(UserError, match="another process is training"):
+        RunDir.create(tmp_path / "run", {"env_id": "x"})
+    run.unlock()
+    with pytest.raises(UserError, match="--resume"):
+        RunDir.create(tmp_path / "run", {"env_id": "x"})

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
 import warnings
@@ -153,9 +152,9 @@ def _finish(trainer, run) -> None:
     finish_signals(trainer.cfg.algo, "control", run.path)
     if trainer.recent_returns:
         outcome = (f"mean return of the last {len(trainer.recent_returns)} episodes "
-                   f"{float(np.mean(trainer.recent_returns)):.4g}")
+                   f"{_num(float(np.mean(trainer.recent_returns)))}")
     else:
-        outcome = "no episode ended in training (an env without a time limit?)"
+        outcome = "no episode ended in training (the budget was shorter than an episode, or the env has no time limit)"
     print(f"finished {trainer.cfg.algo} on {trainer.cfg.env_id}: {trainer.global_step} steps, {outcome}; run: {run.path}")
 
 
@@ -169,11 +168,16 @@ def _eval(args) -> int:
     else:
         capped = (f"; {result['capped_episodes']} episode(s) cut at the {result['max_steps']:,}-step cap "
                   "(their return is the partial sum)" if result["capped_episodes"] else "")
-        print(f"{result['env_id']} @ {result['global_step']} steps: mean return {result['mean_return']:.4g} "
+        print(f"{result['env_id']} @ {result['global_step']} steps: mean return {_num(result['mean_return'])} "
               f"+- {result['std_return']:.3g} over {result['episodes']} episodes "
               f"({'deterministic' if args.deterministic else 'stochastic'}){capped}; "
-              f"params_sha256 {result['params_sha256'][:16]}")
+              f"params_sha256 {result['params_sha256'][:16]}" + (f"; video: {args.video}" if args.video else ""))
     return 0
+
+
+def _num(x: float) -> str:
+    """A return for people: 4 significant digits, but no exponent for ordinary magnitudes."""
+    return f"{x:,.0f}" if 1e4 <= abs(x) < 1e12 else f"{x:.4g}"
 
 
 def _compare(args) -> int:

@@ -116,6 +116,7 @@ def evaluate(
         "mean_length": float(np.mean(lengths)),
         "max_steps": int(max_steps),
         "capped_episodes": capped,
+        "video": video,
         "returns": returns,
         "params_sha256": params_sha256(agent),
     }

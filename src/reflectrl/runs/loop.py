@@ -35,7 +35,9 @@ def train_loop(trainer, progress: bool = True) -> None:
     run = trainer.run
     started = trainer.units_done() > 0
     if run is not None and trainer.logger is None:
-        trainer.logger = MetricsLogger(run, resume_step=trainer.units_done() if started else None)
+        # always cut what was logged past the step we start from: a run resumed from its step-0
+        # checkpoint (killed before its first periodic one) must not keep the rows it logged
+        trainer.logger = MetricsLogger(run, resume_step=trainer.units_done())
         if not started:
             trainer.save_checkpoint()  # a good checkpoint exists before the first update
     total = trainer.total_units()

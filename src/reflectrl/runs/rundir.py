@@ -104,10 +104,12 @@ class RunDir:
     # -- creation and opening
 
     @classmethod
-    def create(cls, path: str | os.PathLike, config: dict, command: list[str] | None = None) -> "RunDir":
+    def create(cls, path: str | os.PathLike, config: dict, command: list[str] | None = None) -> RunDir:
         run = cls(path)
         if run.path.exists() and (not run.path.is_dir() or any(run.path.iterdir())):
             if (run.path / CONFIG).exists():
+                if run.is_locked():
+                    raise UserError(f"--out {run.path} holds a run that another process is training; choose another --out")
                 raise UserError(f"--out {run.path} already holds a run; continue it with 'reflectrl train --resume {run.path}' or choose another --out")
             raise UserError(f"--out {run.path} exists and is not an empty directory; choose another --out")
         make_dir(run.path)
@@ -126,7 +128,7 @@ class RunDir:
         return run
 
     @classmethod
-    def open(cls, path: str | os.PathLike, kind: str | None = None) -> "RunDir":
+    def open(cls, path: str | os.PathLike, kind: str | None = None) -> RunDir:
         """An existing run directory; with `kind` ('control' or 'llm'), refuse a run of the
         other kind with a line naming the commands that take it."""
         run = cls(path)
@@ -164,6 +166,21 @@ class RunDir:
             raise UserError(f"{self.path} is being trained by another process (a 'reflectrl train' or a "
                             "'reflectrl compare' run); wait for it to finish or stop it first") from None
         self._lock_fd = fd
+
+    def is_locked(self) -> bool:
+        """Whether another live process holds this directory's lock (a quick probe, released at once)."""
+        try:
+            import fcntl
+        except ImportError:
+            return False
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return False
+        except OSError:
+            return True
+        finally:
+            os.close(fd)
 
     def unlock(self) -> None:
         fd = getattr(self, "_lock_fd", None)
