@@ -114,7 +114,8 @@ def summarise(out: Path, names: list[str], seeds: int) -> str:
         fig.tight_layout()
         fig.savefig(out / f"{name}.png", dpi=110)
         plt.close(fig)
-        lines.append(f"| {spec['env']} | {spec['steps']:,} | {len(finals)} | {np.mean(finals):.2f} +- {np.std(finals):.2f} | "
+        lines.append(f"| {spec['env']} | {spec['steps']:,} | {len(finals)} | "
+                     f"{np.mean(finals):.2f} +- {np.std(finals):.2f} | "
                      f"{', '.join(f'{f:.1f}' for f in finals)} | {np.mean(evals):.2f} +- {np.std(evals):.2f} "
                      f"({', '.join(f'{e:.1f}' for e in evals)}) | {np.median(sps):.0f} | {spec['reference']} |")
     table = "\n".join(lines)

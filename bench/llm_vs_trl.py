@@ -59,9 +59,10 @@ def run_ours(path: Path, a, gear: bool) -> list[tuple[float, int]]:
     cfg = LLMRunConfig(
         algo="gear" if gear else "grpo", task="arith", model=str(path), steps=a.warmup + a.steps, seed=a.seed,
         torch_threads=a.threads, sections={"gear": GEARConfig()} if gear else {},
-        grpo=GRPOConfig(prompts_per_step=a.prompts, group_size=a.group, learning_rate=a.lr, max_new_tokens=a.max_new_tokens,
-                        beta=0.0, num_iterations=1, minibatches=1, loss_type="grpo", scale_rewards="group",
-                        temperature=1.0, top_p=1.0, max_grad_norm=1.0, log_kl=False, eval_every=0))
+        grpo=GRPOConfig(prompts_per_step=a.prompts, group_size=a.group, learning_rate=a.lr,
+                        max_new_tokens=a.max_new_tokens, beta=0.0, num_iterations=1, minibatches=1, loss_type="grpo",
+                        scale_rewards="group", temperature=1.0, top_p=1.0, max_grad_norm=1.0, log_kl=False,
+                        eval_every=0))
     trainer = GRPOTrainer(cfg, model, tokenizer)
     out = []
     for i in range(a.warmup + a.steps):
@@ -154,7 +155,8 @@ def main():
 
     transformers.logging.set_verbosity_error()
     print(f"torch {torch.__version__} threads={torch.get_num_threads()} (OMP_NUM_THREADS="
-          f"{os.environ.get('OMP_NUM_THREADS', 'unset')}, {os.cpu_count()} cpus), transformers {transformers.__version__}, "
+          f"{os.environ.get('OMP_NUM_THREADS', 'unset')}, {os.cpu_count()} cpus), "
+          f"transformers {transformers.__version__}, "
           f"trl {trl.__version__}, {platform.platform()}", flush=True)
     print(f"batch: {a.prompts} prompts x {a.group} completions, <= {a.max_new_tokens} new tokens; "
           f"{a.warmup} warm-up + {a.steps} timed steps each", flush=True)
@@ -183,10 +185,12 @@ def main():
               f"{r['median_step_seconds']:13.3f}")
     ratios = {"ours/trl (grpo)": by["reflectrl grpo"]["tokens_per_second"] / by["trl grpo"]["tokens_per_second"]}
     if not a.no_gear:
-        ratios["ours/trl (gear)"] = by["reflectrl gear"]["tokens_per_second"] / by["trl + GEARGRPOTrainer"]["tokens_per_second"]
+        ratios["ours/trl (gear)"] = (by["reflectrl gear"]["tokens_per_second"]
+                                     / by["trl + GEARGRPOTrainer"]["tokens_per_second"])
         ratios["trl+gear / trl (GEAR overhead in TRL)"] = (by["trl + GEARGRPOTrainer"]["tokens_per_second"]
                                                            / by["trl grpo"]["tokens_per_second"])
-        ratios["ours gear / ours grpo"] = by["reflectrl gear"]["tokens_per_second"] / by["reflectrl grpo"]["tokens_per_second"]
+        ratios["ours gear / ours grpo"] = (by["reflectrl gear"]["tokens_per_second"]
+                                           / by["reflectrl grpo"]["tokens_per_second"])
     print()
     for name, value in ratios.items():
         print(f"{name:40s} {value:6.2f}x  (tokens/s)")

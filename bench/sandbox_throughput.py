@@ -62,7 +62,8 @@ def main() -> None:
         "batch_exec_per_s": round(batch, 1), "batch_speedup": round(batch / serial, 2),
         "python": platform.python_version(), "kernel": platform.release(), "load_avg_1m": os.getloadavg()[0],
     }
-    print(f"sandbox throughput ({args.isolation}, trivial snippet, 3 cases; {cores} cores, load {figures['load_avg_1m']:.1f})")
+    print(f"sandbox throughput ({args.isolation}, trivial snippet, 3 cases; "
+          f"{cores} cores, load {figures['load_avg_1m']:.1f})")
     print(f"  bare python -S spawn       {bare:8.1f} /s")
     print(f"  serial (one core)          {serial:8.1f} exec/s  ({1000 / serial:.1f} ms per execution)")
     print(f"  run_batch ({cores} workers)      {batch:8.1f} exec/s  ({batch / serial:.2f}x serial)")

@@ -89,7 +89,8 @@ def test_adaptive_weight_grows_with_calibration_loss():
         outs[name] = signal.after_advantages(batch(A, R))
         loss = float(((torch.tensor(values) - target) ** 2).mean())
         assert signal.metrics()["calibration_alpha"] == pytest.approx(0.2 * min(loss, 2.0))
-        assert outs[name].reward.reshape(-1).tolist() == pytest.approx(expected(0.2 * min(loss, 2.0), torch.tensor(values)))
+        assert outs[name].reward.reshape(-1).tolist() == pytest.approx(
+            expected(0.2 * min(loss, 2.0), torch.tensor(values)))
     assert outs["good"].reward.abs().sum() < outs["bad"].reward.abs().sum()
 
 
@@ -234,7 +235,8 @@ def test_alpha_zero_equals_ppo_bit_for_bit(cli, tmp_path):
 
 def test_refgrpo_run_logs_metrics_and_draws_its_picture(cli, tmp_path):
     out = tmp_path / "run"
-    code, _, err = cli("train", "--algo", "refgrpo", *FAST, "--out", out, "--set", "calibration.inputs=obs_action_features")
+    code, _, err = cli("train", "--algo", "refgrpo", *FAST, "--out", out,
+                       "--set", "calibration.inputs=obs_action_features")
     assert code == 0, err
     row = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
     for key in ("calibration_loss", "calibration_loss_heldout", "calibration_loss_prev_batch", "bonus_mean",

@@ -85,7 +85,8 @@ def test_corrupt_run_dir(cli, tmp_path, damage):
         (out / "checkpoint.pt").unlink()
     for argv in (["train", "--resume", out], ["eval", out]):
         code, _, err = cli(*argv)
-        assert_one_line_error(code, err, {"checkpoint": "corrupt", "config": "corrupt", "no_checkpoint": "no checkpoint"}[damage])
+        assert_one_line_error(
+            code, err, {"checkpoint": "corrupt", "config": "corrupt", "no_checkpoint": "no checkpoint"}[damage])
 
 
 def test_resume_rejects_other_options(cli, tmp_path):

@@ -67,7 +67,8 @@ def test_compare_runs_reports_and_skips_finished(cli, tmp_path):
         "GEAR beats the baseline (needs gear)") and "not tested" not in stdout
     runs = sorted(p.relative_to(out).as_posix() for p in out.glob("runs/*/*/seed*") if p.is_dir())
     assert runs == ["runs/reflectrl_GridWorld-v0/ppo/seed1", "runs/reflectrl_GridWorld-v0/ppo/seed2",
-                    "runs/reflectrl_GridWorld-v0/ppo_ent_coef=0/seed1", "runs/reflectrl_GridWorld-v0/ppo_ent_coef=0/seed2"]
+                    "runs/reflectrl_GridWorld-v0/ppo_ent_coef=0/seed1",
+                    "runs/reflectrl_GridWorld-v0/ppo_ent_coef=0/seed2"]
     config = json.loads((out / "runs/reflectrl_GridWorld-v0/ppo_ent_coef=0/seed2/config.json").read_text())
     assert config["ppo"]["ent_coef"] == 0.0 and config["seed"] == 2 and config["env"]["size"] == 5
     for name in ("index.html", "report.md", "stats.json", "curves_reflectrl_GridWorld_v0.png"):
@@ -84,7 +85,8 @@ def test_compare_runs_reports_and_skips_finished(cli, tmp_path):
     assert before == {p: p.stat().st_mtime_ns for p in out.glob("runs/*/*/seed*/checkpoint.pt")}
 
     code, _, err = cli("compare", "--algos", "ppo", "--out", out, "--no-progress", *TINY)
-    assert_one_line_error(code, err, "holds a different experiment (this command leaves out its algo entry ppo[ent_coef=0])")
+    assert_one_line_error(code, err,
+                          "holds a different experiment (this command leaves out its algo entry ppo[ent_coef=0])")
 
     code, stdout, _ = cli("report", out, "--reps", "200")
     assert code == 0 and "report:" in stdout

@@ -8,8 +8,14 @@ import pytest
 import torch
 
 from reflectrl.signals import Batch, SignalContext
-from reflectrl.signals.reweighting import (GEARConfig, GEARReweighting, returns_to_go, reweight, select_winners,
-                                           trajectory_ids)
+from reflectrl.signals.reweighting import (
+    GEARConfig,
+    GEARReweighting,
+    returns_to_go,
+    reweight,
+    select_winners,
+    trajectory_ids,
+)
 
 
 def col(*xs, dtype=torch.float32):

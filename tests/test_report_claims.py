@@ -11,8 +11,15 @@ import warnings
 import pytest
 
 from reflectrl.experiments.spec import SPEC_FILE, ExperimentSpec
-from reflectrl.report.analysis import (MIN_SEEDS_FOR_CI, _verdict_falls, _verdict_greater, _verdict_non_inferior,
-                                       evaluate_claims, load_experiment, summary_table)
+from reflectrl.report.analysis import (
+    MIN_SEEDS_FOR_CI,
+    _verdict_falls,
+    _verdict_greater,
+    _verdict_non_inferior,
+    evaluate_claims,
+    load_experiment,
+    summary_table,
+)
 from reflectrl.report.render import claims_text, write_report
 
 ENV = "reflectrl/GridWorld-v0"

@@ -10,11 +10,11 @@ import pytest
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from test_report_claims import ENV, make_experiment  # noqa: E402
 
 from reflectrl.report import plots  # noqa: E402
 from reflectrl.report.analysis import load_experiment  # noqa: E402
 from reflectrl.report.calibration_plot import calibration_figure  # noqa: E402
-from test_report_claims import ENV, make_experiment  # noqa: E402
 
 MIN_TICK_POINTS = 8
 

@@ -14,11 +14,19 @@ import pytest
 
 from reflectrl.errors import UserError
 from reflectrl.sandbox import (
-    InvalidTests, SandboxResult, SandboxUnavailable, bwrap_available, code_reward, load_tests, run_batch, run_code,
+    InvalidTests,
+    SandboxResult,
+    SandboxUnavailable,
+    bwrap_available,
+    code_reward,
+    isolation,
+    load_tests,
+    run_batch,
+    run_code,
 )
-from reflectrl.sandbox import isolation
 
-needs_bwrap = pytest.mark.skipif(not bwrap_available(), reason="bubblewrap not installed (scripts/install_system_deps.sh)")
+needs_bwrap = pytest.mark.skipif(not bwrap_available(),
+                                 reason="bubblewrap not installed (scripts/install_system_deps.sh)")
 
 ADD = {"entry_point": "solve", "cases": [
     {"args": [1, 2], "expected": 3},
@@ -70,7 +78,8 @@ def test_correct_solution_passes_every_case():
 
 @needs_bwrap
 def test_partial_solution_gets_the_fraction_and_case_errors_are_reported():
-    code = "def solve(a, b):\n    if a == 10:\n        raise ValueError('nope')\n    return a * b if a == 2 else a + b\n"
+    code = ("def solve(a, b):\n    if a == 10:\n        raise ValueError('nope')\n"
+            "    return a * b if a == 2 else a + b\n")
     result = run_code(code, ADD, timeout=10)
     assert (result.status, result.passed, result.total) == ("failed", 2, 3), result
     assert code_reward(result) == pytest.approx(2 / 3)
@@ -104,7 +113,8 @@ def test_comparison_is_strict_on_plain_json():
 
 @needs_bwrap
 def test_stdlib_imports_work_and_hash_seed_is_fixed():
-    code = "import collections, math, re, itertools\ndef solve():\n    return [list({'a', 'b', 'c', 'd', 'e'}), math.isqrt(99)]\n"
+    code = ("import collections, math, re, itertools\ndef solve():\n"
+            "    return [list({'a', 'b', 'c', 'd', 'e'}), math.isqrt(99)]\n")
     one = run_code(code, ONE, timeout=10)
     two = run_code(code, ONE, timeout=10)
     assert one.status == "failed" and one.cases[0].error == "wrong output"
@@ -113,7 +123,8 @@ def test_stdlib_imports_work_and_hash_seed_is_fixed():
 
 @needs_bwrap
 def test_each_run_gets_a_fresh_working_directory():
-    write = "import os\nopen('left-behind.txt', 'w').write('x')\ndef solve():\n    return [os.getcwd(), sorted(os.listdir('.'))]\n"
+    write = ("import os\nopen('left-behind.txt', 'w').write('x')\ndef solve():\n"
+             "    return [os.getcwd(), sorted(os.listdir('.'))]\n")
     first = run_code(write, ONE, timeout=10)
     assert first.cases[0].output == ["/tmp/work", ["left-behind.txt"]], first
     second = run_code("import os\ndef solve():\n    return sorted(os.listdir('.'))\n", ONE, timeout=10)
@@ -172,7 +183,8 @@ def solve():
 
 @needs_bwrap
 def test_fork_bomb_that_never_stops_times_out_and_leaves_nothing():
-    code = "import os\ndef solve():\n    while True:\n        try:\n            os.fork()\n        except OSError:\n            pass\n"
+    code = ("import os\ndef solve():\n    while True:\n        try:\n            os.fork()\n"
+            "        except OSError:\n            pass\n")
     result = run_code(code, ONE, timeout=1.5, max_processes=16)
     assert result.status in ("timeout", "crashed"), result
     _never_passed(result)
@@ -191,7 +203,8 @@ def test_memory_bomb_is_reported_as_memory():
 
 @needs_bwrap
 def test_huge_output_is_capped_and_the_run_killed():
-    code = "import sys\ndef solve():\n    while True:\n        print('x' * 10000)\n        sys.stderr.write('y' * 10000)\n"
+    code = ("import sys\ndef solve():\n    while True:\n        print('x' * 10000)\n"
+            "        sys.stderr.write('y' * 10000)\n")
     start = time.monotonic()
     result = run_code(code, ONE, timeout=10, max_output_bytes=1 << 20)
     assert time.monotonic() - start < 5
@@ -500,7 +513,9 @@ def test_old_import_paths_still_work():
     import reflectrl.sandbox as new
     from reflectrl.llm import sandbox as old
     from reflectrl.llm import sandbox_cli as old_cli
-    from reflectrl.llm.sandbox import SandboxResult as OldResult, code_reward as old_reward, load_tests as old_load
+    from reflectrl.llm.sandbox import SandboxResult as OldResult
+    from reflectrl.llm.sandbox import code_reward as old_reward
+    from reflectrl.llm.sandbox import load_tests as old_load
     from reflectrl.sandbox import cli as new_cli
 
     assert sorted(new.__all__) == sorted(old.__all__) == sorted(new._WHERE)

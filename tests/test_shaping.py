@@ -135,8 +135,8 @@ def test_prior_prefit_reaches_the_heuristic(cli, tmp_path, monkeypatch):
     """))
     monkeypatch.syspath_prepend(str(tmp_path))
     out = tmp_path / "run"
-    code, _, err = cli("train", "--algo", "sdrs", *FAST, "shaping.prior=my_prior:closer", "shaping.prior_epochs=300", "shaping.lr_multiplier=8",
-                       "shaping.warmup_steps=100000", "--out", out)
+    code, _, err = cli("train", "--algo", "sdrs", *FAST, "shaping.prior=my_prior:closer", "shaping.prior_epochs=300",
+                       "shaping.lr_multiplier=8", "shaping.warmup_steps=100000", "--out", out)
     assert code == 0, err
     first = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
     # the heuristic's values are up to +-0.06 (variance ~1e-3): the pre-fit must be far closer

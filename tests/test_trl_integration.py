@@ -43,7 +43,8 @@ def recording(cls):
     class Recording(cls):
         def _generate_and_score_completions(self, inputs):
             out = super()._generate_and_score_completions(inputs)
-            self.recorded.append({k: out[k].detach().clone() for k in ("advantages", "completion_ids", "completion_mask")})
+            self.recorded.append({k: out[k].detach().clone()
+                                  for k in ("advantages", "completion_ids", "completion_mask")})
             return out
 
     return Recording
@@ -78,7 +79,8 @@ def test_gear_grpo_trainer_per_token_advantages(tiny_dir, dataset, tmp_path):
     assert second["gear/weights_std"] > 0
     assert all(math.isfinite(row["gear/value_head_loss"]) for row in logs)
     # step 1's advantages are TRL's, broadcast; step 2's vary along a sequence where the advantage is not 0
-    a1, a2, m2 = trainer.recorded[0]["advantages"], trainer.recorded[1]["advantages"], trainer.recorded[1]["completion_mask"]
+    a1, a2, m2 = (trainer.recorded[0]["advantages"], trainer.recorded[1]["advantages"],
+                  trainer.recorded[1]["completion_mask"])
     assert torch.equal(a1, a1[:, :1].expand_as(a1))
     varies = [a[m.bool()].unique().numel() > 1 for a, m in zip(a2, m2) if a[m.bool()].abs().sum() > 0]
     assert any(varies)

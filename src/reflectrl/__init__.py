@@ -6,6 +6,6 @@ Layers (data flows one way): envs -> trainers (collect, estimate, update) -> sig
 
 __version__ = "0.1.0"
 
-from reflectrl.errors import UserError, NonFiniteError  # noqa: E402
+from reflectrl.errors import NonFiniteError, UserError  # noqa: E402
 
 __all__ = ["UserError", "NonFiniteError", "__version__"]

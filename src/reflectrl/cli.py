@@ -45,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
                        f"(default {d.algo})")
     train.add_argument("--env", default=None, help=f"Gymnasium env id (default {d.env_id})")
     train.add_argument("--seed", type=int, default=None, help=f"random seed (default {d.seed})")
-    train.add_argument("--total-steps", type=int, default=None, help=f"env steps to train for (default {d.total_steps})")
+    train.add_argument("--total-steps", type=int, default=None,
+                       help=f"env steps to train for (default {d.total_steps})")
     train.add_argument("--out", default=None, help="run directory to create")
     train.add_argument("--wrapper", default=None, help="reward wrapper: sparse or delayed:K")
     train.add_argument("--set", action="append", nargs="+", metavar="KEY=VALUE",
@@ -155,7 +156,8 @@ def _finish(trainer, run) -> None:
                    f"{_num(float(np.mean(trainer.recent_returns)))}")
     else:
         outcome = "no episode ended in training (the budget was shorter than an episode, or the env has no time limit)"
-    print(f"finished {trainer.cfg.algo} on {trainer.cfg.env_id}: {trainer.global_step} steps, {outcome}; run: {run.path}")
+    print(f"finished {trainer.cfg.algo} on {trainer.cfg.env_id}: {trainer.global_step} steps, {outcome}; "
+          f"run: {run.path}")
 
 
 def _eval(args) -> int:

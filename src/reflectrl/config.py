@@ -13,10 +13,7 @@ are what `config.json` in the run directory records.
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import json
 import math
-import typing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,7 +127,7 @@ class RunConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "RunConfig":
+    def from_dict(cls, d: dict) -> RunConfig:
         d = dict(d)
         ppo = overrides_mod.from_dict(PPOConfig, d.pop("ppo", {}))
         sections = sections_from_dict(d.pop("sections", {}))
@@ -216,7 +213,8 @@ def validate(cfg: RunConfig) -> None:
             f"--total-steps {cfg.total_steps} is smaller than one batch (num_envs*num_steps={p.batch_size}); "
             "raise --total-steps or lower num_steps"
         )
-    for name in ("learning_rate", "gamma", "gae_lambda", "clip_coef", "ent_coef", "vf_coef", "max_grad_norm", "clip_obs", "clip_reward"):
+    for name in ("learning_rate", "gamma", "gae_lambda", "clip_coef", "ent_coef", "vf_coef", "max_grad_norm",
+                 "clip_obs", "clip_reward"):
         _finite(name, getattr(p, name))
     if not 0.0 < p.gamma <= 1.0:
         raise UserError(f"gamma={p.gamma}: must be in (0, 1]")

@@ -21,7 +21,7 @@ import textwrap
 from reflectrl.errors import UserError
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def field_docs(cls: type) -> dict[str, str]:
     """{field: the string literal written under it in the class body}."""
     try:
@@ -78,8 +78,7 @@ def _rows(cls: type, prefix: str, only: tuple[str, ...] | None = None,
 
 def sections() -> dict[str, dict]:
     """{section: {"rows": [...], "for": what reads it}} in the order they are listed."""
-    from reflectrl.config import (CONTINUOUS_DEFAULTS, DISCRETE_DEFAULTS, RUN_KNOBS, SECTION_TYPES, PPOConfig,
-                                  RunConfig)
+    from reflectrl.config import CONTINUOUS_DEFAULTS, DISCRETE_DEFAULTS, RUN_KNOBS, SECTION_TYPES, PPOConfig, RunConfig
     from reflectrl.llm.config import RUN_KNOBS as LLM_RUN_KNOBS
     from reflectrl.llm.config import GRPOConfig, LLMRunConfig
 

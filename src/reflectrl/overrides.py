@@ -18,7 +18,8 @@ import json
 import types
 import typing
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from reflectrl.errors import UserError
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 import difflib
 import importlib
 import pkgutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from reflectrl.errors import UserError
 
@@ -54,7 +54,8 @@ class SignalSpec:
         """One line naming what this signal, so configured, needs and the trainer lacks."""
         missing = self.wants_for(config) - set(TRAINERS[trainer].provides)
         if missing:
-            raise UserError(f"--algo {text}: the {self.name} signal, as configured, needs {', '.join(sorted(missing))}, "
+            raise UserError(f"--algo {text}: the {self.name} signal, as configured, "
+                            f"needs {', '.join(sorted(missing))}, "
                             f"which trainer '{trainer}' does not provide")
         if trainer in self.trainer_checks:
             self.trainer_checks[trainer](config)

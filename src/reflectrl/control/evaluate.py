@@ -67,7 +67,8 @@ def evaluate(
     if cfg.ppo.norm_obs and normalizer is not None:
         env = gym.wrappers.NormalizeObservation(env)
         env.update_running_mean = False
-        env.obs_rms.mean, env.obs_rms.var, env.obs_rms.count = normalizer["mean"], normalizer["var"], normalizer["count"]
+        env.obs_rms.mean, env.obs_rms.var, env.obs_rms.count = (
+            normalizer["mean"], normalizer["var"], normalizer["count"])
         env = ClipObservation(env, cfg.ppo.clip_obs)
     continuous = is_continuous(env.action_space)
     generator = torch.Generator().manual_seed(cfg.seed + 1_000_003 if seed is None else seed)

@@ -27,9 +27,9 @@ import torch
 from reflectrl.config import RunConfig, add_algo_section, apply_overrides, resolve_defaults, validate
 from reflectrl.control.gae import compute_gae
 from reflectrl.control.policies import ActorCritic, params_sha256
-from reflectrl.nets import flatten_parameters
 from reflectrl.envs import find_wrapper, is_continuous, make_env, make_vector_env, snapshot
 from reflectrl.errors import NonFiniteError
+from reflectrl.nets import flatten_parameters
 from reflectrl.runs import MetricsLogger, RunDir
 from reflectrl.runs.loop import Stopwatch, crossed, train_loop
 from reflectrl.signals import Batch, Signal, SignalContext, make_signal

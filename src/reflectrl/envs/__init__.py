@@ -41,11 +41,11 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.envs.registration import find_highest_version, get_env_id, load_env_creator, parse_env_id
 
-from reflectrl.errors import UserError
 from reflectrl.envs.gridworld import GridWorldEnv, register_gridworld
 from reflectrl.envs.headless import prepare_headless_rendering
 from reflectrl.envs.normalize import NormalizeObservation, NormalizeReward
 from reflectrl.envs.wrappers import DelayedReward, SparseReward, parse_reward_wrapper
+from reflectrl.errors import UserError
 
 __all__ = [
     "make_env", "make_vector_env", "GridWorldEnv", "SparseReward", "DelayedReward",

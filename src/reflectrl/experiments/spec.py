@@ -286,7 +286,8 @@ def load_or_create(root: Path, spec: ExperimentSpec) -> list[str]:
 def read_spec(root: Path) -> ExperimentSpec:
     path = root / SPEC_FILE
     if not path.is_file():
-        raise UserError(f"{root} is not an experiment directory (no {SPEC_FILE}); pass the --out of 'reflectrl compare'")
+        raise UserError(f"{root} is not an experiment directory (no {SPEC_FILE}); "
+                        "pass the --out of 'reflectrl compare'")
     try:
         return ExperimentSpec(**json.loads(path.read_text()))
     except (json.JSONDecodeError, TypeError):

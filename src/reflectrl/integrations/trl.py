@@ -208,7 +208,8 @@ class GEARGRPOTrainer(GRPOTrainer):
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
         if self.args.should_save:
-            folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+            folder = os.path.join(self._get_output_dir(trial=trial),
+                                  f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
             torch.save(self.signal.state_dict(), os.path.join(folder, GEAR_STATE_FILE))
 
     def _load_optimizer_and_scheduler(self, checkpoint):

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 
 from reflectrl.errors import UserError
 
@@ -49,7 +47,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     sft.add_argument("--seed", type=int, default=None, help=f"(default {sft_defaults['seed']})")
     sft.add_argument("--no-progress", action="store_true")
 
-    train = sub.add_parser("train", help="RL on a task: grpo, grpo+gear (GEAR weights), grpo+calibration (turn calibration bonus)")
+    train = sub.add_parser("train", help="RL on a task: grpo, grpo+gear (GEAR weights), "
+                                         "grpo+calibration (turn calibration bonus)")
     train.add_argument("--algo", default=None, help=f"TRAINER[+SIGNAL...]: {', '.join(algo_names('llm'))} "
                        f"(default {d.algo})")
     train.add_argument("--task", default=None, help=f"arith, rg:NAME, code or tools (default {d.task})")
@@ -94,7 +93,8 @@ def _defaults(fn) -> dict:
     """A function's keyword defaults: the one place the CLI's help reads them from."""
     import inspect
 
-    return {k: p.default for k, p in inspect.signature(fn).parameters.items() if p.default is not inspect.Parameter.empty}
+    return {k: p.default for k, p in inspect.signature(fn).parameters.items()
+            if p.default is not inspect.Parameter.empty}
 
 
 def _given(**options) -> dict:

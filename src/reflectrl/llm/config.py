@@ -10,7 +10,6 @@ name and a signal's knob as `gear.NAME=...` or `calibration.NAME=...`, as for `t
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -103,7 +102,7 @@ class LLMRunConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "LLMRunConfig":
+    def from_dict(cls, d: dict) -> LLMRunConfig:
         d = dict(d)
         unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
         if unknown:

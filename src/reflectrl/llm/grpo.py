@@ -38,9 +38,9 @@ from reflectrl.llm.losses import aggregate
 from reflectrl.llm.model import hidden_size
 from reflectrl.llm.tasks import make_task
 from reflectrl.llm.tasks.base import Problem, Task
+from reflectrl.registry import step_kind
 from reflectrl.runs import MetricsLogger, RunDir
 from reflectrl.runs.loop import Stopwatch, crossed, train_loop
-from reflectrl.registry import step_kind
 from reflectrl.signals import Batch, Signal, SignalContext, make_signal
 
 CHECKPOINT_FORMAT = 1
@@ -412,7 +412,8 @@ class GRPOTrainer:
         stats = {"loss": float(np.mean(losses)), "clipfrac": float(np.mean(clipfracs)),
                  "grad_norm": float(np.mean(grad_norms))}
         if ref_logp is not None:
-            with torch.no_grad():  # k3 estimate of KL(policy || reference) on the batch's agent tokens, before the update
+            # k3 estimate of KL(policy || reference) on the batch's agent tokens, before the update
+            with torch.no_grad():
                 delta = ref_logp - (old_logp if old_logp is not None else ref_logp)
                 stats["kl"] = aggregate(torch.exp(delta) - delta - 1, mask, "dapo").item()
         return stats

@@ -9,7 +9,7 @@ is one decorated function here.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

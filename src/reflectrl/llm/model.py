@@ -112,7 +112,8 @@ def load_model(name_or_path: str, *, dtype: torch.dtype = torch.float32, device:
         name_or_path = str(local)
     if not local.exists() and (name_or_path.startswith((".", "/")) or os.sep in name_or_path.strip("/")
                                and len(name_or_path.split("/")) != 2):
-        raise UserError(f"--model {name_or_path}: no such directory (make one with 'reflectrl llm init-tiny --out DIR')")
+        raise UserError(f"--model {name_or_path}: no such directory "
+                        "(make one with 'reflectrl llm init-tiny --out DIR')")
     if local.exists() and not (local / "config.json").exists():
         raise UserError(f"--model {name_or_path}: not a Hugging Face model directory (no config.json)")
     transformers.logging.set_verbosity_error()

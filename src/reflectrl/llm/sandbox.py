@@ -13,8 +13,18 @@ name *here* does not change the sandbox: patch it where it is defined (e.g.
 from __future__ import annotations
 
 from reflectrl.sandbox import (  # noqa: F401
-    ISOLATION_MODES, STATUSES, CaseResult, InvalidTests, SandboxResult, SandboxUnavailable, TestSuite,
-    bwrap_available, code_reward, load_tests, run_batch, run_code,
+    ISOLATION_MODES,
+    STATUSES,
+    CaseResult,
+    InvalidTests,
+    SandboxResult,
+    SandboxUnavailable,
+    TestSuite,
+    bwrap_available,
+    code_reward,
+    load_tests,
+    run_batch,
+    run_code,
 )
 from reflectrl.sandbox.isolation import _bwrap_path  # noqa: F401
 from reflectrl.sandbox.isolation import python_layout as _python_layout  # noqa: F401

@@ -299,7 +299,8 @@ def evaluate_claims(exp: Experiment, reps: int = 2000, margin: float = 0.05) -> 
                             f"IQM ratio of calibration loss, last 10% / first 10% of training: {ci[0]:.3f} "
                             f"[{ci[1]:.3f}, {ci[2]:.3f}] over {len(losses)} runs{_few_seeds_note(len(losses))}"))
 
-    sparse = [e for e in envs if e.startswith(SPARSE_ENV_PREFIXES) or (exp.spec.wrapper or "").startswith(("sparse", "delayed"))]
+    sparse = [e for e in envs
+              if e.startswith(SPARSE_ENV_PREFIXES) or (exp.spec.wrapper or "").startswith(("sparse", "delayed"))]
     compare("Shaping (SDRS) helps on sparse-reward tasks", "sdrs", "auc", sparse, _verdict_greater,
             "area under the learning curve")
     compare("GEAR beats the baseline", "gear", "final", envs, _verdict_greater, "final return")

@@ -16,9 +16,9 @@ import numpy as np  # noqa: E402
 
 from reflectrl.errors import UserError  # noqa: E402
 from reflectrl.registry import parse_algo  # noqa: E402
-from reflectrl.signals.compose import member_state  # noqa: E402
 from reflectrl.runs import RunDir, atomic_write_bytes  # noqa: E402
 from reflectrl.runs.rundir import read_metrics  # noqa: E402
+from reflectrl.signals.compose import member_state  # noqa: E402
 
 
 def plot_calibration(run_path: str | Path, out: str | Path | None = None) -> Path:

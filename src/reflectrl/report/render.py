@@ -14,8 +14,16 @@ from pathlib import Path
 
 from reflectrl.errors import UserError
 from reflectrl.report import plots
-from reflectrl.report.analysis import (BASELINE, MIN_SEEDS_FOR_CI, NO_SPARSE_ENV, Claim, evaluate_claims,
-                                       few_seed_rows, load_experiment, summary_table)
+from reflectrl.report.analysis import (
+    BASELINE,
+    MIN_SEEDS_FOR_CI,
+    NO_SPARSE_ENV,
+    Claim,
+    evaluate_claims,
+    few_seed_rows,
+    load_experiment,
+    summary_table,
+)
 from reflectrl.runs import atomic_write_bytes
 
 
@@ -50,7 +58,8 @@ def _table_rows(table: list[dict]) -> list[list[str]]:
                     _num(r["auc_iqm"]), _ci(r["auc_ci"]) + mark,
                     "–" if r["p_improve_over_ppo"] is None
                     else f"{_num(r['p_improve_over_ppo'])} {_ci(r['p_improve_ci'])}{p_mark}",
-                    f"{_num(r['steps_to_threshold_median'])} ({r['reached']}/{r['seeds']} reach {_num(r['threshold'])})"])
+                    f"{_num(r['steps_to_threshold_median'])} "
+                    f"({r['reached']}/{r['seeds']} reach {_num(r['threshold'])})"])
     return out
 
 
@@ -203,7 +212,8 @@ def write_report(root: Path, reps: int = 2000) -> tuple[Path, list[Claim]]:
         parts.append(f"<h3>{e(title)}</h3><img class='plot' alt='{e(title)}' src='data:image/png;base64,{data}'>")
     parts.append("<h2>Runs</h2>")
     for r in exp.runs:
-        parts.append(f"<details><summary>{e(r.spec.env_id)} / {e(r.spec.entry.label)} / seed {r.spec.seed}: {e(r.status)}</summary>"
+        parts.append(f"<details><summary>{e(r.spec.env_id)} / {e(r.spec.entry.label)} / "
+                     f"seed {r.spec.seed}: {e(r.status)}</summary>"
                      f"<p>command:</p><pre>{e(' '.join(r.command))}</pre><p>config:</p>"
                      f"<pre>{e(json.dumps(r.config, indent=2))}</pre></details>")
     parts.append("</body></html>")

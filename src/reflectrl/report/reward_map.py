@@ -43,10 +43,9 @@ class Layout:
 
 def reward_maps(run_path) -> tuple[RunConfig, list[dict], list[np.ndarray], Layout]:
     """(config, snapshots, one (actions or 1, rows, cols) array per snapshot, layout)."""
-    from reflectrl.signals.shaping import RewardShaper
-
     from reflectrl.registry import parse_algo
     from reflectrl.signals.compose import member_state
+    from reflectrl.signals.shaping import RewardShaper
 
     run = RunDir.open(run_path, kind="control")
     cfg = RunConfig.from_dict(run.config())
@@ -55,7 +54,8 @@ def reward_maps(run_path) -> tuple[RunConfig, list[dict], list[np.ndarray], Layo
                         "(or any algo with the shaping signal, e.g. ppo+shaping+gear)")
     minigrid = cfg.env_id.startswith(("MiniGrid", "BabyAI"))
     if not (cfg.env_id.startswith("reflectrl/GridWorld") or minigrid):
-        raise UserError(f"the reward map is drawn for reflectrl/GridWorld-v0 and MiniGrid runs; {run.path} ran {cfg.env_id}")
+        raise UserError(f"the reward map is drawn for reflectrl/GridWorld-v0 and MiniGrid runs; "
+                        f"{run.path} ran {cfg.env_id}")
     shaping = cfg.sections["shaping"]
     if shaping.mode == "off":
         raise UserError(f"{run.path} ran with shaping.mode=off: there is no reward to draw")

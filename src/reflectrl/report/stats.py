@@ -13,7 +13,7 @@ A score matrix is (runs, tasks): one row per seed, one column per env.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

@@ -109,8 +109,10 @@ class RunDir:
         if run.path.exists() and (not run.path.is_dir() or any(run.path.iterdir())):
             if (run.path / CONFIG).exists():
                 if run.is_locked():
-                    raise UserError(f"--out {run.path} holds a run that another process is training; choose another --out")
-                raise UserError(f"--out {run.path} already holds a run; continue it with 'reflectrl train --resume {run.path}' or choose another --out")
+                    raise UserError(f"--out {run.path} holds a run that another process is training; "
+                                    "choose another --out")
+                raise UserError(f"--out {run.path} already holds a run; "
+                                f"continue it with 'reflectrl train --resume {run.path}' or choose another --out")
             raise UserError(f"--out {run.path} exists and is not an empty directory; choose another --out")
         make_dir(run.path)
         run.lock()
@@ -135,7 +137,8 @@ class RunDir:
         if not run.path.is_dir():
             raise UserError(f"no run directory at {run.path}; pass the --out of a 'reflectrl train' run")
         if not (run.path / CONFIG).is_file():
-            raise UserError(f"{run.path} is not a run directory (no {CONFIG}); pass the --out of a 'reflectrl train' run")
+            raise UserError(f"{run.path} is not a run directory (no {CONFIG}); "
+                            "pass the --out of a 'reflectrl train' run")
         if kind is not None:
             found = run.kind()
             if found != kind:
@@ -193,7 +196,8 @@ class RunDir:
             with open(self.path / name) as f:
                 return json.load(f)
         except (OSError, json.JSONDecodeError) as err:
-            raise UserError(f"{self.path / name} is missing or corrupt ({type(err).__name__}); the run directory cannot be used") from None
+            raise UserError(f"{self.path / name} is missing or corrupt ({type(err).__name__}); "
+                            "the run directory cannot be used") from None
 
     def write_json(self, name: str, data: dict) -> None:
         text = json.dumps(data, indent=2, default=_json_default) + "\n"
@@ -222,11 +226,13 @@ class RunDir:
 
     def load_checkpoint(self) -> dict:
         if not self.has_checkpoint():
-            raise UserError(f"no checkpoint in {self.path} ({CHECKPOINT} missing); the run cannot be resumed or evaluated")
+            raise UserError(f"no checkpoint in {self.path} ({CHECKPOINT} missing); "
+                            "the run cannot be resumed or evaluated")
         try:
             state = torch.load(self.checkpoint_path, map_location="cpu", weights_only=False)
         except Exception as err:  # torch raises many types for a damaged file
-            raise UserError(f"checkpoint {self.checkpoint_path} is corrupt ({type(err).__name__}); delete the run directory and train again") from None
+            raise UserError(f"checkpoint {self.checkpoint_path} is corrupt ({type(err).__name__}); "
+                            "delete the run directory and train again") from None
         if not isinstance(state, dict) or "global_step" not in state:
             raise UserError(f"checkpoint {self.checkpoint_path} is not a reflectrl checkpoint")
         return state

@@ -17,7 +17,7 @@ import shutil
 import signal
 import sys
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from reflectrl.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_TERMINATED, NonFiniteError, UserError
 from reflectrl.runs.rundir import RunDir

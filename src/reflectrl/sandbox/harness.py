@@ -100,7 +100,8 @@ def _h():
     for a, k in cases:
         try:
             r = fn(*a, **k)
-            line = nonce + b" %d ok " % i + "".join(mk({}, no_json, esc, None, ":", ",", False, False, False)(r, 0)).encode() + b"\n"
+            line = (nonce + b" %d ok " % i
+                    + "".join(mk({}, no_json, esc, None, ":", ",", False, False, False)(r, 0)).encode() + b"\n")
         except BE as e:
             line = nonce + b" %d err " % i + say(e) + b"\n"
         emit(line)

@@ -15,12 +15,18 @@ import os
 import secrets
 import shutil
 import tempfile
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterable, Mapping, Sequence
 
 from reflectrl.sandbox.harness import HARNESS
 from reflectrl.sandbox.isolation import (
-    ISOLATION_MODES, bwrap_command, child_env, python_layout, rlimits, rlimits_only_command, uids,
+    ISOLATION_MODES,
+    bwrap_command,
+    child_env,
+    python_layout,
+    rlimits,
+    rlimits_only_command,
+    uids,
 )
 from reflectrl.sandbox.process import execute, kill_uid
 from reflectrl.sandbox.results import SandboxResult

@@ -14,8 +14,8 @@ Nothing here runs code.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from reflectrl.errors import UserError
 

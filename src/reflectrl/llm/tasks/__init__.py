@@ -23,11 +23,11 @@ import inspect
 import re
 
 from reflectrl.errors import UserError
-from reflectrl.overrides import parse_value
 from reflectrl.llm.tasks.arith import ArithTask
 from reflectrl.llm.tasks.base import Problem, Task
 from reflectrl.llm.tasks.code import CodeTask
 from reflectrl.llm.tasks.tools import ToolsTask
+from reflectrl.overrides import parse_value
 
 __all__ = ["TASK_NAMES", "Problem", "Task", "make_task", "parse_spec"]
 

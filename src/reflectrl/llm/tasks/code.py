@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import random
 
-from reflectrl.errors import UserError
 from reflectrl import sandbox
+from reflectrl.errors import UserError
 from reflectrl.llm.tasks.base import Problem, Task
 
 
