@@ -282,3 +282,12 @@ def test_report_command_prints_the_few_seeds_warning(tmp_path):
             "their 95% CIs are the range of the seeds' bootstrap, not reliable intervals") in done.stderr
     (row,) = [x for x in done.stdout.splitlines() if x.startswith("GEAR beats the baseline")]
     assert row.split()[-1] == "supported"
+
+
+def test_claims_find_a_method_under_its_composed_name(tmp_path):
+    # refgrpo written as ppo+calibration, with an ablation beside it: the plain entry is the method
+    fast = [[10.0] * 20 for _ in range(5)]
+    slow = [[0.0] * 10 + [10.0] * 10 for _ in range(5)]
+    root = make_experiment(tmp_path / "a", {"ppo": slow, "ppo+calibration[alpha=0]": slow, "ppo+calibration": fast})
+    c = claim(root, "RefGRPO learns faster early")
+    assert c.testable and c.verdict == "supported"

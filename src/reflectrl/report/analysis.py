@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from reflectrl.experiments.spec import ExperimentSpec, RunSpec, read_spec
+from reflectrl.registry import parse_algo
 from reflectrl.report import stats
 from reflectrl.runs.files import has_metrics, read_logged_rows, run_config, run_status
 
@@ -209,8 +210,10 @@ def _method_label(exp: Experiment, algo: str) -> str | None:
     exact = [e.label for e in entries if e.label == algo]
     if exact:
         return exact[0]
-    same = [e.label for e in entries if e.algo == algo]
-    return same[0] if same else None
+    # the same trainer and signals under any name (refgrpo = ppo+calibration), plain entries before ablations
+    canonical = parse_algo(algo).name
+    same = sorted((e for e in entries if e.canonical == canonical), key=lambda e: bool(e.overrides))
+    return same[0].label if same else None
 
 
 def _diff_interval(exp: Experiment, label: str, key: str, envs: list[str], reps: int):
