@@ -86,15 +86,15 @@ def sections() -> dict[str, dict]:
     out = {
         "run": {"rows": _rows(RunConfig, "", RUN_KNOBS), "for": "reflectrl train"},
         "ppo": {"rows": _rows(PPOConfig, "", per_action=per_action),
-                "for": "reflectrl train (bare names; ppo.NAME too)"},
+                "for": "reflectrl train: bare names, or ppo.NAME"},
         "env": {"rows": [{"key": "env.NAME", "default": "", "help": "a keyword for the env's constructor "
                           "(e.g. env.size=12 for reflectrl/GridWorld-v0, env.max_episode_steps=500)"}],
                 "for": "reflectrl train"},
     }
     for name, cls in SECTION_TYPES.items():
-        out[name] = {"rows": _rows(cls, f"{name}."), "for": "the algos that use this signal"}
+        out[name] = {"rows": _rows(cls, f"{name}."), "for": f"any --algo with the {name} signal: {name}.KNOB"}
     out["grpo"] = {"rows": _rows(GRPOConfig, "") + _rows(LLMRunConfig, "", LLM_RUN_KNOBS),
-                   "for": "reflectrl llm train (bare names)"}
+                   "for": "reflectrl llm train: bare names"}
     return out
 
 
@@ -128,7 +128,7 @@ def print_knobs(section: str | None = None, algo: str | None = None, as_json: bo
         return 0
     for n in names:
         rows = table[n]["rows"]
-        print(f"[{n}]  ({table[n]['for']})")
+        print(f"[{n}]  {table[n]['for']}")
         kw = max(len(r["key"]) for r in rows)
         dw = min(max(len(r["default"]) for r in rows), 34)
         for r in rows:
