@@ -202,7 +202,7 @@ def test_reflection_net_fits_a_known_advantage_function():
     """Fresh batches from a fixed advantage function: the held-out loss (before each fit)
     falls far below 1, the loss of a predictor that knows nothing."""
     gen = torch.Generator().manual_seed(0)
-    signal = CalibrationBonus(CalibrationConfig(reflection_epochs=5, lr_multiplier=3.0))
+    signal = CalibrationBonus(CalibrationConfig(epochs=5, lr_multiplier=3.0))
     signal.bind(ctx(obs_dim=3, action_dim=2, iterations=40))
     heldout = []
     for it in range(40):
@@ -261,7 +261,7 @@ def test_shared_trunk_trains_the_actor(cli, tmp_path):
 
 @pytest.mark.parametrize("knob, needle", [
     ("calibration.alpha=-0.1", "calibration.alpha=-0.1"),
-    ("calibration.reflection_epochs=0", "calibration.reflection_epochs=0"),
+    ("calibration.epochs=0", "calibration.epochs=0"),
     ("calibration.bonus_target=raw", "calibration.bonus_target='raw'"),
     ("calibration.inputs=pixels", "calibration.inputs='pixels'"),
     ("calibration.clip=soft", "calibration.clip='soft'"),

@@ -185,7 +185,7 @@ def test_reward_map_on_minigrid_by_agent_position(cli, tmp_path, mode):
     out = tmp_path / mode
     code, _, err = cli("train", "--algo", "sdrs", "--env", "MiniGrid-Empty-5x5-v0", "--total-steps", "1024",
                        "--no-progress", "--set", f"shaping.mode={mode}", "shaping.update_every=1",
-                       "shaping.map_snapshots=2", "--out", out)
+                       "shaping.snapshots=2", "--out", out)
     assert code == 0, err
     _, snapshots, maps, layout = reward_maps(out)
     assert len(maps) == len(snapshots) >= 2

@@ -110,7 +110,7 @@ def field_name(obj_or_cls, name: str, warn: bool = True) -> str:
     renamed = getattr(obj_or_cls, "RENAMED", {})
     if name in renamed:
         if warn:
-            warnings.warn(f"knob '{name}' is now '{renamed[name]}'; the old name is deprecated", DeprecationWarning,
+            warnings.warn(f"knob '{name}' is now '{renamed[name]}'; the old name is deprecated", FutureWarning,
                           stacklevel=3)
         return renamed[name]
     return name

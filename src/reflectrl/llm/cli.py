@@ -62,7 +62,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     train.add_argument("--no-progress", action="store_true")
 
     ev = sub.add_parser("eval", help="greedy accuracy of a model on a task's held-out problems")
-    ev.add_argument("--model", required=True, help="model directory, a run directory (its DIR/model is used) or HF name")
+    ev.add_argument("--model", required=True,
+                    help="model directory, a run directory (its DIR/model is used) or HF name")
     ev.add_argument("--task", required=True, help="arith, rg:NAME, code or tools, with options in brackets "
                     "(e.g. arith[max_operand=9;ops=+-*]); as given to llm train")
     ev.add_argument("--problems", type=int, default=64, help="held-out problems to score (default 64)")

@@ -61,7 +61,7 @@ def reward_maps(run_path) -> tuple[RunConfig, list[dict], list[np.ndarray], Layo
         raise UserError(f"{run.path} ran with shaping.mode=off: there is no reward to draw")
     snapshots = member_state(run.load_checkpoint().get("signal"), "shaping").get("snapshots") or []
     if not snapshots:
-        raise UserError(f"{run.path} kept no reward-map snapshots (shaping.map_snapshots=0?)")
+        raise UserError(f"{run.path} kept no reward-map snapshots (shaping.snapshots=0?)")
     # every (obs, action, next obs) the map needs, and where each value goes
     queries, layout = (_minigrid_queries if minigrid else _grid_queries)(cfg, shaping.mode)
     env = make_env(cfg.env_id, env_kwargs=cfg.env)

@@ -3,8 +3,8 @@
 Each iteration, after advantages are estimated:
 1. A_n = (A_raw - mean) / (std + 1e-8) over the batch;
 2. a reflection net f(s, a) (MLP, ReLU, near-zero output init) is fit by MSE to A_n for
-   `reflection_epochs` epochs of minibatches of `minibatch_size` at `lr_multiplier` x the
-   policy's learning rate; L_cal is that loss;
+   `epochs` epochs of minibatches of `minibatch_size` at `lr_multiplier` x the
+   policy's learning rate (signals/fit.py); L_cal is that loss;
 3. bonus b = -alpha * (prediction - A_raw)^2 where, by default, the prediction is f
    de-normalised (f * std + mean) so the bonus measures miscalibration at the reward's
    scale (DECISION in SPEC section 1; `bonus_target="seed"` compares raw f with A_raw as
@@ -29,14 +29,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch.nn import functional as F
 
 from reflectrl.errors import UserError
+from reflectrl.nets import relu_mlp
 from reflectrl.registry import SignalSpec, register_signal
-from reflectrl.nets import flatten_parameters, relu_mlp
 from reflectrl.signals.base import Batch, Signal, SignalContext, SignalOutput
+from reflectrl.signals.fit import HeadFitter, OneHotRows, mse, one_hot_rows
 
 INPUTS = ("obs_action", "obs_action_features", "features_action")
 CLIPS = ("relative", "absolute", "none")
@@ -45,6 +47,8 @@ TARGETS = ("denormalized", "seed")
 
 @dataclass
 class CalibrationConfig:
+    RENAMED: ClassVar[dict[str, str]] = {"reflection_epochs": "epochs"}  # old knob names still accepted, with a warning
+
     alpha: float = 0.05
     """bonus strength (0: the run equals --algo ppo bit for bit)"""
     beta: float = 1.0
@@ -57,7 +61,7 @@ class CalibrationConfig:
     """also train the actor's trunk on the calibration loss (auxiliary loss)"""
     shared_trunk_coef: float = 0.5
     """weight of that auxiliary loss"""
-    reflection_epochs: int = 5
+    epochs: int = 5
     """epochs of the reflection net's fit per iteration"""
     minibatch_size: int = 512
     """minibatch size of that fit"""
@@ -90,7 +94,7 @@ class CalibrationConfig:
                 bad(f"{name}={value}: must be a finite number >= 0")
         if self.lr_multiplier == 0:
             bad("lr_multiplier=0: must be > 0 (the reflection net would never learn)")
-        for name in ("reflection_epochs", "minibatch_size"):
+        for name in ("epochs", "minibatch_size"):
             if getattr(self, name) < 1:
                 bad(f"{name}={getattr(self, name)}: must be a positive integer")
         if self.snapshots < 0:
@@ -119,6 +123,7 @@ class CalibrationBonus(Signal):
         self._aux_target: torch.Tensor | None = None
         self._aux_actions: torch.Tensor | None = None
         self._aux_obs: torch.Tensor | None = None
+        self._previous_inputs = None  # self.previous[0] as the fitter takes it (not checkpointed)
 
     def bind(self, ctx: SignalContext) -> None:
         super().bind(ctx)
@@ -126,21 +131,29 @@ class CalibrationBonus(Signal):
                  "features_action": ctx.feature_dim}[self.cfg.inputs] + ctx.action_dim
         with self.own_rng():
             self.net = relu_mlp(width, self.cfg.hidden_sizes)  # near-zero output: no bonus until it has learned
-        # one flat tensor and a fused Adam: the fit is a handful of steps per iteration and
-        # per-tensor optimiser overhead would dominate it
-        self.flat = flatten_parameters(self.net)
-        self.optimizer = torch.optim.Adam([self.flat], lr=self.cfg.lr_multiplier * ctx.learning_rate, fused=True)
+        self.fitter = HeadFitter(self.net, lr=self.cfg.lr_multiplier * ctx.learning_rate)
         self.snapshot_at = self.snapshot_iterations(self.cfg.snapshots)
 
     # -------------------------------------------------------------------------- inputs
 
-    def _inputs(self, obs, features, actions) -> torch.Tensor:
-        act = self.encode_actions(actions)
-        if self.cfg.inputs == "obs_action":
-            return torch.cat([obs, act], -1)
-        if self.cfg.inputs == "obs_action_features":
-            return torch.cat([obs, features, act], -1)
-        return torch.cat([features, act], -1)
+    def _inputs(self, obs, features, actions) -> torch.Tensor | OneHotRows:
+        """The reflection net's input rows; with a one-hot (tabular) observation and a
+        discrete action, as OneHotRows: the columns of their ones, never the dense matrix."""
+        parts = {"obs_action": [obs], "obs_action_features": [obs, features],
+                 "features_action": [features]}[self.cfg.inputs]
+        discrete = self.ctx.discrete and self.ctx.action_dim > 0
+        if discrete and self.cfg.inputs == "obs_action" and not obs.requires_grad:
+            rows = one_hot_rows(obs)
+            if rows is not None:
+                return rows.append(actions, self.ctx.action_dim)
+        if discrete and not any(p.requires_grad for p in parts):
+            # the action's one-hot written in place: one_hot and cat cost more than the fit's
+            # first layer on a small batch
+            width = sum(p.shape[-1] for p in parts)
+            x = torch.zeros(parts[0].shape[0], width + self.ctx.action_dim)
+            torch.cat(parts, -1, out=x[:, :width])
+            return x.scatter_(1, actions.reshape(-1, 1).long() + width, 1.0)
+        return torch.cat([*parts, self.encode_actions(actions)], -1)
 
     # -------------------------------------------------------------------------- hooks
 
@@ -152,7 +165,8 @@ class CalibrationBonus(Signal):
         adv = batch.advantages.reshape(-1)
         obs = batch.obs.reshape(adv.shape[0], -1)
         features = batch.features.reshape(adv.shape[0], -1) if batch.features is not None else None
-        x = self._inputs(obs, features, batch.actions).detach()
+        x = self._inputs(obs, features, batch.actions)
+        x = x.detach() if isinstance(x, torch.Tensor) else x
         rewards = batch.rewards.reshape(-1)
         if valid is not None:
             adv, obs, x, rewards = adv[valid], obs[valid], x[valid], rewards[valid]
@@ -160,14 +174,17 @@ class CalibrationBonus(Signal):
         mean, std = adv.mean(), adv.std()
         target = (adv - mean) / (std + 1e-8)
 
+        inputs = self.fitter.prepare(x)  # one-hot rows (a tabular obs, the action) are looked up, once
+        heldout = self._fit(inputs, target)
         with torch.no_grad():
-            heldout = F.mse_loss(self.net(x).squeeze(-1), target).item()
-        self._fit(x, target)
-        with torch.no_grad():
-            f = self.net(x).squeeze(-1)
-            train_loss = F.mse_loss(f, target).item()
-            prev_loss = (F.mse_loss(self.net(self.previous[0]).squeeze(-1), self.previous[1]).item()
-                         if self.previous is not None else None)
+            pairs = [(inputs, x)]
+            if self.previous is not None:
+                if self._previous_inputs is None:
+                    self._previous_inputs = self.fitter.prepare(self.previous[0])
+                pairs.append((self._previous_inputs, self.previous[0]))
+            f, *prev_f = self._predictions(pairs)
+            train_loss = mse(f, target)
+            prev_loss = mse(prev_f[0], self.previous[1]) if prev_f else None
             prediction = f * (std + 1e-8) + mean if cfg.bonus_target == "denormalized" else f
             alpha = cfg.alpha * (min(train_loss, cfg.adaptive_max) if cfg.adaptive else 1.0)
             bonus = -alpha * (prediction - adv).square()
@@ -182,7 +199,8 @@ class CalibrationBonus(Signal):
                 c = torch.tensor(float("inf"))
             term = cfg.beta * bonus
 
-        self.previous = (x.clone(), target.clone())
+        self.previous = (x, target)  # both fresh tensors, never written to again
+        self._previous_inputs = inputs
         if cfg.shared_trunk:
             actions = batch.actions.reshape(batch.advantages.numel(), -1)
             self._aux_obs, self._aux_actions, self._aux_target = obs, actions, target
@@ -190,6 +208,7 @@ class CalibrationBonus(Signal):
             pick = torch.randperm(target.shape[0], generator=self.generator)[:400]
             self.snapshots.append({"iteration": batch.iteration, "target": target[pick].tolist(),
                                    "prediction": f[pick].tolist()})
+        lo, hi = torch.aminmax(term)
         self._last = {
             "calibration_loss": train_loss,
             "calibration_loss_heldout": heldout,
@@ -198,9 +217,9 @@ class CalibrationBonus(Signal):
             "calibration_clip": float(c),
             "bonus_mean": term.mean().item(),
             "bonus_std": term.std().item(),
-            "bonus_min": term.min().item(),
-            "bonus_max": term.max().item(),
-            "bonus_to_reward": (term.abs().mean() / mean_abs_r).item() if mean_abs_r > 0 else None,
+            "bonus_min": lo.item(),
+            "bonus_max": hi.item(),
+            "bonus_to_reward": (term.abs().mean() / mean_abs_r).item() if mean_abs_r.item() > 0 else None,
         }
         if valid is not None:
             term = torch.zeros(valid.shape).masked_scatter_(valid, term)
@@ -209,17 +228,19 @@ class CalibrationBonus(Signal):
             return SignalOutput(reward=term, recompute=True)
         return SignalOutput(advantage=term)
 
-    def _fit(self, x: torch.Tensor, target: torch.Tensor) -> None:
-        n = x.shape[0]
-        size = min(n, self.cfg.minibatch_size)
-        for _ in range(self.cfg.reflection_epochs):
-            order = torch.randperm(n, generator=self.generator) if size < n else None
-            for start in range(0, n, size):
-                idx = slice(None) if order is None else order[start:start + size]
-                loss = F.mse_loss(self.net(x[idx]).squeeze(-1), target[idx])
-                self.flat.grad.zero_()
-                loss.backward()
-                self.optimizer.step()
+    def _fit(self, inputs, target: torch.Tensor) -> float:
+        """Fit the reflection net to the batch; returns its loss on the batch before the fit
+        (held out). That is the first step's loss when one minibatch holds the whole batch,
+        which is then used in order (no permutation drawn)."""
+        cfg = self.cfg
+        return self.fitter.fit(inputs, target, epochs=cfg.epochs, minibatch_size=cfg.minibatch_size,
+                               generator=self.generator, shuffle="when_split", loss_before=True).loss_before
+
+    def _predictions(self, pairs: list[tuple]) -> list[torch.Tensor]:
+        """The reflection net's predictions on each (prepared inputs, inputs) pair."""
+        if self.net is not self.fitter.head:  # a stand-in net (the tests') answers for itself
+            return [self.net(x.to_dense() if isinstance(x, OneHotRows) else x).squeeze(-1) for _, x in pairs]
+        return self.fitter.predict_many([inputs for inputs, _ in pairs])
 
     def auxiliary_loss(self, features: torch.Tensor, index: torch.Tensor) -> torch.Tensor | None:
         """Shared trunk: calibration through the actor's features, the head held fixed."""
@@ -236,17 +257,18 @@ class CalibrationBonus(Signal):
     def state_dict(self) -> dict:
         return {
             **super().state_dict(),
-            "net": self.net.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "previous": self.previous,
+            **self.fitter.state_dict(head_key="net"),
+            "previous": None if self.previous is None else (
+                self.previous[0].to_dense() if isinstance(self.previous[0], OneHotRows) else self.previous[0],
+                self.previous[1]),
             "snapshots": self.snapshots,
         }
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        self.net.load_state_dict(state["net"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.fitter.load_state_dict(state, head_key="net")
         self.previous = state["previous"]
+        self._previous_inputs = None
         self.snapshots = state["snapshots"]
 
 
@@ -255,10 +277,15 @@ def _check_on_grpo(cfg: CalibrationConfig) -> None:
         raise UserError("calibration.inputs: an LLM turn's input is its hidden state; leave inputs=obs_action")
 
 
+def _wants(cfg: CalibrationConfig) -> set[str]:
+    wants = {"features"} if cfg.inputs != "obs_action" else set()
+    return wants | ({"feature_grad"} if cfg.shared_trunk else set())
+
+
 register_signal(SignalSpec(
     name="calibration", config=CalibrationConfig, factory=CalibrationBonus, step_kinds=("env_step", "turn"),
     summary="RefGRPO's calibration bonus: a reflection head fit to the advantages; its miscalibration is a reward",
-    wants=lambda cfg: ({"features"} if cfg.inputs != "obs_action" else set()) | ({"feature_grad"} if cfg.shared_trunk else set()),
+    wants=_wants,
     aliases={"ppo": "refgrpo", "grpo": "refgrpo"}, neutral="alpha=0", trainer_checks={"grpo": _check_on_grpo},
-    on_finish="reflectrl.report.calibration_plot:plot_calibration",
+    on_finish={"ppo": "reflectrl.report.calibration_plot:plot_calibration"},
 ))

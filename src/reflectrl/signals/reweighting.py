@@ -33,14 +33,14 @@ import copy
 import math
 from dataclasses import dataclass
 
-import numpy as np
 import torch
-from torch.nn import functional as F
 
 from reflectrl.errors import UserError
+from reflectrl.estimators import discounted_returns
+from reflectrl.nets import relu_mlp
 from reflectrl.registry import SignalSpec, register_signal
-from reflectrl.nets import flatten_parameters, relu_mlp
 from reflectrl.signals.base import Batch, Signal, SignalContext, SignalOutput
+from reflectrl.signals.fit import HeadFitter
 
 HEADS = ("linear", "mlp")
 DISTILL_ON = ("winners", "all")
@@ -130,22 +130,17 @@ def select_winners(outcomes: torch.Tensor, lengths: torch.Tensor, top_frac: floa
 
 def returns_to_go(rewards: torch.Tensor, ids: torch.Tensor, gamma: float,
                   bootstrap: torch.Tensor | None = None) -> torch.Tensor:
-    """Discounted reward-to-go within each trajectory, (T, N).
+    """Discounted reward-to-go within each trajectory, (T, N) (the recursion of
+    reflectrl.estimators, shared with GAE).
 
     `bootstrap[t]` is added, discounted, where a trajectory stops at step t without having
     terminated: at a time limit (the value of the final observation) or at the end of the
     batch (the value of the next observation). Without it, a trajectory cut by the batch
     boundary would look as if nothing came after the cut, and the distilled value would be
     biased low wherever episodes outlast a rollout."""
-    r, same = rewards.numpy(), np.zeros(rewards.shape, dtype=np.float32)
-    same[:-1] = (ids[1:] == ids[:-1]).numpy()  # step t+1 continues step t's trajectory
-    boot = np.zeros_like(r) if bootstrap is None else bootstrap.numpy()
-    out = np.empty_like(r)
-    running = np.zeros_like(r[0])
-    for t in range(r.shape[0] - 1, -1, -1):  # numpy: per-row torch ops cost ~10x more here
-        running = r[t] + gamma * (same[t] * running + (1.0 - same[t]) * boot[t])
-        out[t] = running
-    return torch.from_numpy(out)
+    continues = torch.zeros(rewards.shape, dtype=torch.bool)
+    continues[:-1] = ids[1:] == ids[:-1]  # step t+1 continues step t's trajectory
+    return discounted_returns(rewards, gamma, continues, bootstrap)
 
 
 def reweight(v_distill: torch.Tensor, v_orig: torch.Tensor, temperature: float, w_min: float, w_max: float,
@@ -181,8 +176,7 @@ class GEARReweighting(Signal):
         with self.own_rng():
             hidden = () if self.cfg.head == "linear" else self.cfg.hidden_sizes
             self.head = relu_mlp(width, hidden, near_zero_output=False)
-        self.flat = flatten_parameters(self.head)
-        self.optimizer = torch.optim.Adam([self.flat], lr=self.cfg.lr_multiplier * ctx.learning_rate, fused=True)
+        self.fitter = HeadFitter(self.head, lr=self.cfg.lr_multiplier * ctx.learning_rate)
         self.frozen = copy.deepcopy(self.head).requires_grad_(False)
 
     def _x(self, batch: Batch) -> torch.Tensor:
@@ -247,17 +241,9 @@ class GEARReweighting(Signal):
         if x.shape[0] == 0:  # no real step to learn from (every winner fully masked): keep the head as it is
             self._last.update(winners=int(winners.sum()), trajectories=int((lengths > 0).sum()))
             return
-        size = min(x.shape[0], cfg.minibatch_size)
-        for _ in range(cfg.epochs):
-            order = torch.randperm(x.shape[0], generator=self.generator)
-            for start in range(0, x.shape[0], size):
-                idx = order[start:start + size]
-                loss = F.mse_loss(self.head(x[idx]).squeeze(-1), y[idx])
-                self.flat.grad.zero_()
-                loss.backward()
-                self.optimizer.step()
-        with torch.no_grad():
-            self._last["value_head_loss"] = F.mse_loss(self.head(x).squeeze(-1), y).item()
+        fit = self.fitter.fit(x, y, epochs=cfg.epochs, minibatch_size=cfg.minibatch_size, generator=self.generator,
+                              shuffle="always", loss_after=True)
+        self._last["value_head_loss"] = fit.loss_after
         self._last["winners"] = int(winners.sum())
         self._last["trajectories"] = int((lengths > 0).sum())
         self.frozen.load_state_dict(self.head.state_dict())
@@ -267,14 +253,13 @@ class GEARReweighting(Signal):
         return dict(self._last)
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "head": self.head.state_dict(), "frozen": self.frozen.state_dict(),
-                "optimizer": self.optimizer.state_dict(), "distilled": self.distilled}
+        return {**super().state_dict(), **self.fitter.state_dict(head_key="head"), "frozen": self.frozen.state_dict(),
+                "distilled": self.distilled}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        self.head.load_state_dict(state["head"])
+        self.fitter.load_state_dict(state, head_key="head")
         self.frozen.load_state_dict(state["frozen"])
-        self.optimizer.load_state_dict(state["optimizer"])
         self.distilled = state["distilled"]
 
 

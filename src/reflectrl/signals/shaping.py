@@ -28,21 +28,24 @@ import importlib
 import math
 import warnings
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from reflectrl.errors import UserError
+from reflectrl.nets import relu_mlp
 from reflectrl.registry import SignalSpec, register_signal
-from reflectrl.nets import flatten_parameters, relu_mlp
 from reflectrl.signals.base import Batch, Signal, SignalContext
+from reflectrl.signals.fit import HeadFitter
 
 MODES = ("direct", "potential", "off")
 
 
 @dataclass
 class ShapingConfig:
+    RENAMED: ClassVar[dict[str, str]] = {"map_snapshots": "snapshots"}  # old knob names still accepted, with a warning
+
     mode: str = "direct"
     """direct (F(s,a,s'), eta tanh), potential (gamma Phi(s') - Phi(s)) or off (the ablation: PPO bit for bit)"""
     eta: float = 0.1
@@ -75,7 +78,7 @@ class ShapingConfig:
     """epochs of the prior's fit"""
     warn_ratio: float = 0.3
     """warn when mean |f| exceeds this share of mean |r|"""
-    map_snapshots: int = 10
+    snapshots: int = 10
     """reward-map snapshots kept over training (grid world, MiniGrid)"""
 
     def validate(self) -> None:
@@ -95,7 +98,7 @@ class ShapingConfig:
         for name in ("buffer_rollouts", "update_every", "epochs", "minibatch_size", "prior_epochs"):
             if getattr(self, name) < 1:
                 bad(f"{name}={getattr(self, name)}: must be a positive integer")
-        for name in ("warmup_steps", "ramp_steps", "map_snapshots"):
+        for name in ("warmup_steps", "ramp_steps", "snapshots"):
             if getattr(self, name) < 0:
                 bad(f"{name}={getattr(self, name)}: must be >= 0")
         if not self.hidden_sizes or any(h < 1 for h in self.hidden_sizes):
@@ -170,10 +173,10 @@ class SelfDistilledShaping(Signal):
         with self.own_rng():
             self.shaper = RewardShaper(ctx.obs_dim, ctx.action_dim, self.cfg.hidden_sizes, self.cfg.mode,
                                        self.cfg.eta, ctx.gamma, self.cfg.hard_clip)
-        self.flat = flatten_parameters(self.shaper)
-        self.optimizer = torch.optim.Adam([self.flat], lr=self.cfg.lr_multiplier * ctx.learning_rate, fused=True)
+        # F's forward (a tanh, or a difference of potentials) is fit through autograd
+        self.fitter = HeadFitter(self.shaper, lr=self.cfg.lr_multiplier * ctx.learning_rate, forward=self.shaper)
         self.target = copy.deepcopy(self.shaper).requires_grad_(False)
-        self.snapshot_at = self.snapshot_iterations(self.cfg.map_snapshots)
+        self.snapshot_at = self.snapshot_iterations(self.cfg.snapshots)
         self.snapshots: list[dict] = []  # F_target's weights at a few points, for the reward map
 
     def _transitions(self, batch: Batch) -> dict:
@@ -246,24 +249,17 @@ class SelfDistilledShaping(Signal):
         return obs, actions, next_obs, terms, labels
 
     def _fit(self, obs, actions, next_obs, terms, labels, epochs, track_target=False) -> float:
-        n = obs.shape[0]
-        size = min(n, self.cfg.minibatch_size)
-        for _ in range(epochs):
-            order = torch.randperm(n, generator=self.generator)
-            for start in range(0, n, size):
-                i = order[start:start + size]
-                loss = F.mse_loss(self.shaper(obs[i], actions[i], next_obs[i], terms[i]), labels[i])
-                self.flat.grad.zero_()
-                loss.backward()
-                self.optimizer.step()
-                if track_target:
-                    polyak(self.target, self.shaper, self.cfg.tau)
-        with torch.no_grad():
-            return F.mse_loss(self.shaper(obs, actions, next_obs, terms), labels).item()
+        """Fit F to the labels; returns its loss on them after the fit. With `track_target`,
+        F_target follows F after every step."""
+        follow = (lambda: polyak(self.target, self.shaper, self.cfg.tau)) if track_target else None
+        return self.fitter.fit((obs, actions, next_obs, terms), labels, epochs=epochs,
+                               minibatch_size=self.cfg.minibatch_size, generator=self.generator, shuffle="always",
+                               after_step=follow, loss_after=True).loss_after
 
     def _fit_prior(self, tr: dict) -> float:
         with torch.no_grad():
-            target = torch.as_tensor(self.prior(tr["obs"], tr["actions"], tr["next_obs"]), dtype=torch.float32).reshape(-1)
+            target = torch.as_tensor(self.prior(tr["obs"], tr["actions"], tr["next_obs"]), dtype=torch.float32)
+            target = target.reshape(-1)
         loss = self._fit(tr["obs"], tr["actions"], tr["next_obs"], tr["terminations"], target, self.cfg.prior_epochs)
         self.target.load_state_dict(self.shaper.state_dict())
         self.prior_fitted = True
@@ -273,15 +269,14 @@ class SelfDistilledShaping(Signal):
         return dict(self._last)
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "shaper": self.shaper.state_dict(), "target": self.target.state_dict(),
-                "optimizer": self.optimizer.state_dict(), "buffer": self.buffer, "updates": self.updates,
-                "prior_fitted": self.prior_fitted, "snapshots": self.snapshots}
+        return {**super().state_dict(), **self.fitter.state_dict(head_key="shaper"), "target": self.target.state_dict(),
+                "buffer": self.buffer, "updates": self.updates, "prior_fitted": self.prior_fitted,
+                "snapshots": self.snapshots}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        self.shaper.load_state_dict(state["shaper"])
+        self.fitter.load_state_dict(state, head_key="shaper")
         self.target.load_state_dict(state["target"])
-        self.optimizer.load_state_dict(state["optimizer"])
         self.buffer, self.updates, self.prior_fitted = state["buffer"], state["updates"], state["prior_fitted"]
         self.snapshots = state["snapshots"]
 
