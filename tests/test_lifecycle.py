@@ -129,6 +129,26 @@ def test_disk_full_keeps_the_checkpoint_cleans_up_and_says_so(cli, tmp_path, mon
     assert json.loads((out / "run.json").read_text())["status"] == "failed"
 
 
+def test_disk_full_before_any_checkpoint_does_not_promise_one(cli, tmp_path, monkeypatch):
+    import reflectrl.runs.rundir as rundir
+
+    out = tmp_path / "run"
+    real_fsync = os.fsync
+
+    def always_full(fd):
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(".checkpoint.pt.tmp"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_fsync(fd)
+
+    monkeypatch.setattr(rundir.os, "fsync", always_full)
+    code, _, err = cli("train", *CARTPOLE, "--total-steps", 256, "--out", out)
+    assert code == 1
+    lines = [line for line in err.splitlines() if line.startswith("reflectrl: error")]
+    assert len(lines) == 1 and "No space left on device" in lines[0]
+    assert "no checkpoint was written yet" in lines[0] and "--resume" not in lines[0]
+    assert not (out / "checkpoint.pt").exists() and not (out / ".checkpoint.pt.tmp").exists()
+
+
 def test_atomic_write_removes_its_temporary_file_on_failure(tmp_path, monkeypatch):
     import reflectrl.runs.rundir as rundir
 
@@ -248,6 +268,12 @@ def test_llm_model_may_be_a_run_directory(tmp_path, tiny_model_dir):
         load_model(str(run.path))
     shutil.copytree(tiny_model_dir, run.path / "model")
     model, tokenizer = load_model(str(run.path))
+    # an env run given as --model names the commands that take it (not 'llm train --resume')
+    (tmp_path / "env").mkdir()
+    (tmp_path / "env" / "run.json").write_text("{}")
+    (tmp_path / "env" / "config.json").write_text(json.dumps({"algo": "ppo", "env_id": "CartPole-v1"}))
+    with pytest.raises(UserError, match=r"env \(reflectrl train\) run: use reflectrl train"):
+        load_model(str(tmp_path / "env"))
     assert model.config.hidden_size == 32 and tokenizer.eos_token is not None
 
 

@@ -104,6 +104,9 @@ def load_model(name_or_path: str, *, dtype: torch.dtype = torch.float32, device:
     local = Path(name_or_path)
     if (local / "run.json").is_file():
         # a run directory (`llm train --out`): its policy is saved in DIR/model when the run finishes
+        from reflectrl.runs.rundir import RunDir
+
+        RunDir.open(local, kind="llm")  # an env run: one line naming the commands that take it
         if not (local / "model" / "config.json").is_file():
             raise UserError(f"--model {name_or_path} is a run directory without a saved policy ({local / 'model'} "
                             "is written when the run finishes); finish it with 'reflectrl llm train --resume "

@@ -87,7 +87,7 @@ def final_intervals_figure(table: list[dict], env_id: str):
     ax.set_ylim(n - 0.5, -0.5)  # first entry on top
     ax.margins(x=0.08)
     few = any(r.get("seeds", 0) < 5 for r in rows)
-    ax.set(title=f"{env_id}: final return, IQM and 95% CI" + (" (< 5 seeds: the seeds' range, †)" if few else ""),
+    ax.set(title=f"{env_id}: final return, IQM and 95% CI" + ("\n(< 5 seeds: the seeds' range, †)" if few else ""),
            xlabel="return")
     ax.grid(axis="x", alpha=0.3)
     ax.tick_params(labelsize=TICK_SIZE)

@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable
 
 from reflectrl.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_TERMINATED, NonFiniteError, UserError
+from reflectrl.runs.files import has_checkpoint
 from reflectrl.runs.rundir import RunDir
 
 _stop = threading.Event()
@@ -100,8 +101,12 @@ def train_guarded(trainer, run: RunDir, progress: bool, resume_command: str) -> 
         cause = err.strerror or type(err).__name__
         with contextlib.suppress(OSError):  # on a full disk this may fail too; the message still goes out
             run.set_status("failed", reason=f"write failed: {cause}")
-        print(f"reflectrl: error: cannot write to {run.path}: {cause}; the last good checkpoint is kept "
-              f"(free space, then continue with: {resume})", file=sys.stderr)
+        if has_checkpoint(run.path):
+            print(f"reflectrl: error: cannot write to {run.path}: {cause}; the last good checkpoint is kept "
+                  f"(free space, then continue with: {resume})", file=sys.stderr)
+        else:
+            print(f"reflectrl: error: cannot write to {run.path}: {cause}; no checkpoint was written yet "
+                  "(free space, then start the run again)", file=sys.stderr)
         return EXIT_FAILED
     return None
 
