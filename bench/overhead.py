@@ -15,7 +15,8 @@ which on a shared machine is far steadier than wall time; both are printed.
 
 --fraction: runs `reflectrl train --algo ALGO --env ENV --total-steps STEPS` as the command
 line does (run directory, logs, checkpoints) and reads `signal_time_fraction`, the
-signal's hooks' share of each iteration's wall time (GAE included), from metrics.jsonl:
+signal's share of each iteration's wall time (its hooks and the advantage re-estimates they
+cause, not the estimate the trainer makes anyway), from metrics.jsonl:
 the median over iterations, then over repeats.
 
 An env may carry its own knobs: `ID@key=value@key=value` (e.g. the grid world's size).
