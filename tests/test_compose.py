@@ -11,7 +11,8 @@ from reflectrl.signals import Signal, SignalOutput
 
 def test_every_signal_declares_itself():
     table = signals()
-    assert {"calibration", "shaping", "gear"} <= set(table)
+    assert {"calibration", "shaping", "gear", "rnd", "count"} <= set(table)
+    assert {knob.split(".")[0] for knob in NEUTRAL} == set(table)  # the neutral test below runs them all
     for name, spec in table.items():
         assert spec.name == name and spec.summary and spec.step_kinds
         assert spec.neutral, f"{name} has no neutral setting to test bit-identity with"
@@ -122,7 +123,7 @@ def test_stack_combines_reward_terms_advantage_terms_and_weights():
 
 # ---------------------------------------------------------------------------- neutral = plain, bit for bit
 
-NEUTRAL = ["calibration.alpha=0", "shaping.mode=off", "gear.temperature=inf"]
+NEUTRAL = ["calibration.alpha=0", "shaping.mode=off", "gear.temperature=inf", "rnd.int_coef=0", "count.beta=0"]
 
 
 def test_neutral_composition_is_ppo_bit_for_bit(cli, tmp_path):
@@ -131,7 +132,8 @@ def test_neutral_composition_is_ppo_bit_for_bit(cli, tmp_path):
     fast = ["--env", "CartPole-v1", "--total-steps", 1024, "--no-progress", "--set", "num_envs=2", "num_steps=64",
             "num_minibatches=2", "update_epochs=2"]
     assert cli("train", "--algo", "ppo", *fast, "--out", tmp_path / "ppo")[0] == 0
-    code, _, err = cli("train", "--algo", "ppo+calibration+shaping+gear", *fast, *NEUTRAL, "--out", tmp_path / "all")
+    every = "ppo+" + "+".join(knob.split(".")[0] for knob in NEUTRAL)  # every signal, each neutral
+    code, _, err = cli("train", "--algo", every, *fast, *NEUTRAL, "--out", tmp_path / "all")
     assert code == 0, err
     sha = [json.loads((tmp_path / d / "run.json").read_text())["params_sha256"] for d in ("ppo", "all")]
     assert sha[0] == sha[1]

@@ -103,7 +103,12 @@ def test_image_observation_warns_once():
         make_env("reflectrl-test/Pixels-v0")
     assert env.observation_space.shape == (192,)
     found = messages(record, "image observation")
-    assert len(found) == 1 and "\n" not in found[0] and "CNN" in found[0]
+    assert len(found) == 1 and "\n" not in found[0] and "CNN" in found[0] and "--set encoder=cnn" in found[0]
+
+
+def test_image_kept_for_the_cnn_does_not_warn(recwarn):
+    assert make_env("reflectrl-test/Pixels-v0", keep_image=True).observation_space.shape == (8, 8, 3)
+    assert not messages(recwarn, "image observation")
 
 
 def test_car_racing_warns_about_its_image():

@@ -365,7 +365,7 @@ def test_knobs_lists_every_field_with_its_default_and_meaning(cli):
     calibration = {row["key"]: row["default"] for row in table["calibration"]}
     assert calibration["calibration.alpha"] == "0.05"
     ppo = {row["key"]: row["default"] for row in table["ppo"]}
-    assert ppo["num_envs"] == "discrete 4, continuous 1"
+    assert ppo["num_envs"] == "discrete 4, continuous 1, Atari 8"
     code, out, _ = cli("knobs", "--algo", "gear")
     assert code == 0 and "gear.temperature" in out and "calibration.alpha" not in out
     code, out, _ = cli("knobs", "--algo", "llm:refgrpo")

@@ -81,6 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
     rmap = plot_sub.add_parser("reward-map", help="the learned shaping per cell and action (sdrs on the grid world)")
     rmap.add_argument("run_dir", metavar="DIR")
     rmap.add_argument("--out", default=None, help="folder for the PNGs and the GIF (default DIR/reward_map)")
+    smap = plot_sub.add_parser("state-map", help="visits, env reward and each signal's term over the states, "
+                               "at a few points of training (any control run)")
+    smap.add_argument("run_dir", metavar="DIR")
+    smap.add_argument("--dims", default=None, help="two observation indices to project on, e.g. 0,1 (default: the "
+                      "grid/MiniGrid cell, Montezuma's position, else obs 0,1: LunarLander's x, y)")
+    smap.add_argument("--bins", type=int, default=40, help="bins per axis of a continuous projection (default 40)")
+    smap.add_argument("--out", default=None, help="folder for the PNGs and the GIF (default DIR/state_map)")
 
     from reflectrl.llm import cli as llm_cli
     from reflectrl.sandbox import cli as sandbox_cli
@@ -256,6 +263,11 @@ def main(argv: list[str] | None = None) -> int:
 
             return print_knobs(args.section, args.algo, as_json=args.json)
         if args.command == "plot":
+            if args.plot_command == "state-map":
+                from reflectrl.report.state_map import plot_state_map
+
+                print(plot_state_map(args.run_dir, args.out, dims=args.dims, bins=args.bins))
+                return 0
             if args.plot_command == "reward-map":
                 from reflectrl.report.reward_map import plot_reward_map
 

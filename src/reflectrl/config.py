@@ -51,7 +51,7 @@ class PPOConfig:
     """discount factor"""
     gae_lambda: float = 0.95
     """GAE's lambda"""
-    clip_coef: float = 0.2
+    clip_coef: float | None = None
     """PPO's clip range for the ratio (and for the value, with clip_vloss)"""
     clip_vloss: bool = True
     """clip the value loss as CleanRL does"""
@@ -66,7 +66,9 @@ class PPOConfig:
     norm_adv: bool = True
     """normalise advantages per minibatch"""
     hidden_sizes: tuple[int, ...] = (64, 64)
-    """actor and critic MLP widths, e.g. 64,64"""
+    """actor and critic MLP widths, e.g. 64,64 (also above the small CNN; the Nature CNN's heads are linear)"""
+    encoder: str = "auto"
+    """mlp, cnn, or auto: cnn for pixel images (Atari's Nature CNN), mlp otherwise (MiniGrid's view flattened)"""
     # Continuous control: observation/reward normalisation and clipping (CleanRL's wrappers).
     norm_obs: bool | None = None
     """normalise observations with running statistics"""
@@ -86,15 +88,21 @@ class PPOConfig:
         return self.batch_size // self.num_minibatches
 
 
-# CleanRL's defaults: ppo.py (Atari-free classic control) and ppo_continuous_action.py.
+# CleanRL's defaults: ppo.py (Atari-free classic control), ppo_continuous_action.py and ppo_atari.py.
 DISCRETE_DEFAULTS = dict(
     num_envs=4, num_steps=128, num_minibatches=4, update_epochs=4, learning_rate=2.5e-4,
-    ent_coef=0.01, norm_obs=False, norm_reward=False,
+    ent_coef=0.01, clip_coef=0.2, norm_obs=False, norm_reward=False,
 )
 CONTINUOUS_DEFAULTS = dict(
     num_envs=1, num_steps=2048, num_minibatches=32, update_epochs=10, learning_rate=3e-4,
-    ent_coef=0.0, norm_obs=True, norm_reward=True,
+    ent_coef=0.0, clip_coef=0.2, norm_obs=True, norm_reward=True,
 )
+ATARI_DEFAULTS = dict(
+    num_envs=8, num_steps=128, num_minibatches=4, update_epochs=4, learning_rate=2.5e-4,
+    ent_coef=0.01, clip_coef=0.1, norm_obs=False, norm_reward=False,
+)
+ENCODERS = ("auto", "mlp", "cnn")
+BACKENDS = ("gymnasium", "envpool")
 
 
 @dataclass
@@ -115,6 +123,10 @@ class RunConfig:
     """env steps between checkpoints"""
     torch_threads: int = 1
     """torch's intra-op threads"""
+    backend: str = "gymnasium"
+    """training envs: gymnasium, or envpool (EnvPool's C++ vector envs for Atari and MiniGrid: the envpool extra)"""
+    state_map_snapshots: int = 5
+    """points of training whose visited states, rewards and signal terms are kept for `plot state-map`"""
     ppo: PPOConfig = field(default_factory=PPOConfig)
     """the PPO knobs"""
     # Signal sections (calibration, shaping, gear) are added by the signal modules.
@@ -152,15 +164,18 @@ def sections_from_dict(values: dict) -> dict:
 _dataclass_from_dict = overrides_mod.from_dict  # the name other modules used
 
 
-RUN_KNOBS = ("checkpoint_every", "torch_threads")
+RUN_KNOBS = ("checkpoint_every", "torch_threads", "backend", "state_map_snapshots")
 EVAL_MAX_STEPS = 10_000  # `eval`'s cap on an episode's steps when the env has no time limit
 SEED_MAX = 2**32 - 1     # numpy's and Gymnasium's seeds are unsigned 32-bit integers
 
 
-def resolve_defaults(ppo: PPOConfig, continuous: bool) -> PPOConfig:
-    """Fill the knobs left as None with the defaults for the action type."""
-    defaults = CONTINUOUS_DEFAULTS if continuous else DISCRETE_DEFAULTS
+def resolve_defaults(ppo: PPOConfig, continuous: bool, *, atari: bool = False, pixels: bool = False) -> PPOConfig:
+    """Fill the knobs left as None with the defaults for the env (Atari) or its action type,
+    and `encoder=auto` with cnn for pixel observations, mlp otherwise."""
+    defaults = ATARI_DEFAULTS if atari else CONTINUOUS_DEFAULTS if continuous else DISCRETE_DEFAULTS
     values = {k: (defaults[k] if getattr(ppo, k) is None else getattr(ppo, k)) for k in defaults}
+    if ppo.encoder == "auto":
+        values["encoder"] = "cnn" if pixels else "mlp"
     return dataclasses.replace(ppo, **values)
 
 
@@ -232,10 +247,16 @@ def validate(cfg: RunConfig) -> None:
         raise UserError(f"target_kl={p.target_kl}: must be a positive number, or none to disable")
     if not p.hidden_sizes or any(h < 1 for h in p.hidden_sizes):
         raise UserError(f"hidden_sizes={p.hidden_sizes}: give one or more positive layer widths, e.g. 64,64")
+    if p.encoder not in ENCODERS:
+        raise UserError(f"encoder='{p.encoder}': use one of {', '.join(ENCODERS)}")
     if cfg.checkpoint_every < 1:
         raise UserError(f"checkpoint_every={cfg.checkpoint_every}: must be a positive number of env steps")
     if cfg.torch_threads < 1:
         raise UserError(f"torch_threads={cfg.torch_threads}: must be >= 1")
+    if cfg.state_map_snapshots < 0:
+        raise UserError(f"state_map_snapshots={cfg.state_map_snapshots}: must be >= 0 (0 keeps none)")
+    if cfg.backend not in BACKENDS:
+        raise UserError(f"backend='{cfg.backend}': use one of {', '.join(BACKENDS)}")
     validate_sections(cfg.algo, algo, cfg.sections)
 
 

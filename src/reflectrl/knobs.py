@@ -70,19 +70,27 @@ def _rows(cls: type, prefix: str, only: tuple[str, ...] | None = None,
         default = _default(f)
         shown = _show(default)
         if per_action and f.name in per_action:
-            discrete, continuous = per_action[f.name]
-            shown = f"discrete {_show(discrete)}, continuous {_show(continuous)}"
+            discrete, continuous, atari = per_action[f.name]
+            shown = f"discrete {_show(discrete)}, continuous {_show(continuous)}, Atari {_show(atari)}"
         rows.append({"key": prefix + f.name, "default": shown, "help": docs.get(f.name, "")})
     return rows
 
 
 def sections() -> dict[str, dict]:
     """{section: {"rows": [...], "for": what reads it}} in the order they are listed."""
-    from reflectrl.config import CONTINUOUS_DEFAULTS, DISCRETE_DEFAULTS, RUN_KNOBS, SECTION_TYPES, PPOConfig, RunConfig
+    from reflectrl.config import (
+        ATARI_DEFAULTS,
+        CONTINUOUS_DEFAULTS,
+        DISCRETE_DEFAULTS,
+        RUN_KNOBS,
+        SECTION_TYPES,
+        PPOConfig,
+        RunConfig,
+    )
     from reflectrl.llm.config import RUN_KNOBS as LLM_RUN_KNOBS
     from reflectrl.llm.config import GRPOConfig, LLMRunConfig
 
-    per_action = {k: (DISCRETE_DEFAULTS[k], CONTINUOUS_DEFAULTS[k]) for k in DISCRETE_DEFAULTS}
+    per_action = {k: (DISCRETE_DEFAULTS[k], CONTINUOUS_DEFAULTS[k], ATARI_DEFAULTS[k]) for k in DISCRETE_DEFAULTS}
     out = {
         "run": {"rows": _rows(RunConfig, "", RUN_KNOBS), "for": "reflectrl train"},
         "ppo": {"rows": _rows(PPOConfig, "", per_action=per_action),

@@ -22,9 +22,16 @@ def flatten_parameters(module: nn.Module) -> nn.Parameter:
     offset = 0
     for p in params:
         n = p.numel()
-        flat.data[offset:offset + n] = p.data.reshape(-1)
-        p.data = flat.data[offset:offset + n].view_as(p)
-        p.grad = flat.grad[offset:offset + n].view_as(p)
+        if p.dim() == 4 and not p.is_contiguous() and p.is_contiguous(memory_format=torch.channels_last):
+            # a channels-last conv weight stays channels-last (the CNN's faster layout on CPU)
+            out, inp, h, w = p.shape
+            flat.data[offset:offset + n] = p.data.permute(0, 2, 3, 1).reshape(-1)
+            view = lambda t, out=out, inp=inp, h=h, w=w: t.view(out, h, w, inp).permute(0, 3, 1, 2)  # noqa: E731
+        else:
+            flat.data[offset:offset + n] = p.data.reshape(-1)
+            view = lambda t, p=p: t.view_as(p)  # noqa: E731
+        p.data = view(flat.data[offset:offset + n])
+        p.grad = view(flat.grad[offset:offset + n])
         offset += n
     return flat
 

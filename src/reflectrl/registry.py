@@ -27,8 +27,9 @@ from reflectrl.errors import UserError
 
 # What one step of a signal's batch is: an env step, a generated token, an agent turn.
 STEP_KINDS = ("env_step", "token", "turn")
-# What a signal may ask of its trainer.
-WANTS = ("features", "feature_grad", "next_obs")
+# What a signal may ask of its trainer: the policy's features (with gradients), s' of each step,
+# the exploration state keys of each step (Batch.state_keys), value heads on its own reward streams.
+WANTS = ("features", "feature_grad", "next_obs", "state_keys", "value_stream")
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,8 @@ class TrainerSpec:
 
 
 TRAINERS: dict[str, TrainerSpec] = {
-    "ppo": TrainerSpec("ppo", "control", ("env_step",), frozenset({"features", "feature_grad", "next_obs"}),
+    "ppo": TrainerSpec("ppo", "control", ("env_step",),
+                       frozenset({"features", "feature_grad", "next_obs", "state_keys", "value_stream"}),
                        "PPO on Gymnasium envs (CleanRL's details)"),
     "grpo": TrainerSpec("grpo", "llm", ("token", "turn"), frozenset({"features"}),
                         "GRPO on language models (group-normalised advantages, clipped token objective)"),

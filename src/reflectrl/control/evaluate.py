@@ -14,8 +14,10 @@ import numpy as np
 import torch
 
 from reflectrl.config import EVAL_MAX_STEPS, RunConfig, check_seed
+from reflectrl.control.cnn import make_policy
 from reflectrl.control.policies import ActorCritic, params_sha256
 from reflectrl.envs import ClipObservation, episode_step_limit, is_continuous, make_env
+from reflectrl.envs.atari import is_atari_env, life_lost
 from reflectrl.envs.headless import prepare_headless_rendering
 from reflectrl.errors import UserError
 from reflectrl.runs import RunDir
@@ -24,17 +26,21 @@ from reflectrl.runs import RunDir
 def load_policy(run: RunDir) -> tuple[RunConfig, ActorCritic, dict]:
     cfg = RunConfig.from_dict(run.config())
     state = run.load_checkpoint()
-    env = make_env(cfg.env_id, env_kwargs=cfg.env)
+    env = make_env(cfg.env_id, env_kwargs=cfg.env, keep_image=cnn_encoder(cfg))
     continuous = is_continuous(env.action_space)
-    obs_dim = int(np.prod(env.observation_space.shape))
+    obs_shape = env.observation_space.shape
     action_dim = env.action_space.shape[0] if continuous else int(env.action_space.n)
     env.close()
-    agent = ActorCritic(obs_dim, action_dim, continuous, cfg.ppo.hidden_sizes)
+    agent = make_policy(obs_shape, action_dim, continuous, "cnn" if cnn_encoder(cfg) else "mlp", cfg.ppo.hidden_sizes)
     try:
         agent.load_state_dict(state["agent"])
     except (KeyError, RuntimeError):
         raise UserError(f"checkpoint in {run.path} does not match its config.json (network shapes differ)") from None
     return cfg, agent, state
+
+
+def cnn_encoder(cfg: RunConfig) -> bool:
+    return cfg.ppo.encoder == "cnn"  # runs from before the knob recorded none ("auto"): all MLPs
 
 
 def evaluate(
@@ -60,7 +66,8 @@ def evaluate(
         prepare_headless_rendering()  # before the first make_env: MuJoCo picks its GL backend on import
     run = RunDir.open(run_path, kind="control")
     cfg, agent, state = load_policy(run)
-    env = make_env(cfg.env_id, env_kwargs=cfg.env, render_mode="rgb_array" if video else None)
+    env = make_env(cfg.env_id, env_kwargs=cfg.env, render_mode="rgb_array" if video else None,
+                   keep_image=cnn_encoder(cfg), learning=False)
     if max_steps is None:
         max_steps = episode_step_limit(env) or EVAL_MAX_STEPS
     normalizer = state.get("obs_normalizer")
@@ -71,6 +78,7 @@ def evaluate(
             normalizer["mean"], normalizer["var"], normalizer["count"])
         env = ClipObservation(env, cfg.ppo.clip_obs)
     continuous = is_continuous(env.action_space)
+    atari = is_atari_env(env)
     generator = torch.Generator().manual_seed(cfg.seed + 1_000_003 if seed is None else seed)
     base_seed = cfg.seed + 1_000_003 if seed is None else seed
 
@@ -98,6 +106,11 @@ def evaluate(
             episode_return += float(reward)  # eval adds no reward wrapper: this is the env's true return
             steps += 1
             done = terminated or truncated
+            if done and life_lost(env):  # Atari's episodic life: the game goes on after a lost life
+                obs, _ = env.reset()
+                done = False
+            if done and atari and "episode" in info:  # the true score, with the steps of resets after lost lives
+                episode_return = float(info["episode"]["r"])
         returns.append(episode_return)
         lengths.append(steps)
     env.close()

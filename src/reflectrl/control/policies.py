@@ -57,6 +57,7 @@ class ActorCritic(nn.Module):
         super().__init__()
         self.continuous = continuous
         self.action_dim = action_dim
+        self.feature_dim = hidden_sizes[-1] if hidden_sizes else obs_dim  # width of features()
         self.critic = mlp(obs_dim, tuple(hidden_sizes), 1, out_std=1.0)
         self.actor = mlp(obs_dim, tuple(hidden_sizes), action_dim, out_std=0.01)
         if continuous:
@@ -104,9 +105,10 @@ class ActorCritic(nn.Module):
             logp_all = torch.log_softmax(out, dim=-1)
             logprob = logp_all.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
             entropy = -(logp_all.exp() * logp_all).sum(-1)
+        value = _forward(self.critic, obs).squeeze(-1)  # not self.value: a CNN subclass encodes obs there
         if with_features:
-            return logprob, entropy, self.value(obs), hidden
-        return logprob, entropy, self.value(obs)
+            return logprob, entropy, value, hidden
+        return logprob, entropy, value
 
     def deterministic_action(self, obs: torch.Tensor) -> torch.Tensor:
         out = _forward(self.actor, obs)

@@ -25,14 +25,29 @@ import numpy as np
 import torch
 
 from reflectrl.config import RunConfig, add_algo_section, apply_overrides, resolve_defaults, validate
+from reflectrl.control.cnn import cnn_fits, image_layout, make_policy
 from reflectrl.control.gae import compute_gae
-from reflectrl.control.policies import ActorCritic, params_sha256
-from reflectrl.envs import find_wrapper, is_continuous, make_env, make_vector_env, snapshot
+from reflectrl.control.policies import params_sha256
+from reflectrl.control.streams import ValueStreams
+from reflectrl.envs import (
+    find_wrapper,
+    is_atari_id,
+    is_continuous,
+    is_image_space,
+    is_minigrid,
+    make_env,
+    make_vector_env,
+    snapshot,
+)
+from reflectrl.envs.envpool_backend import check_backend
+from reflectrl.envs.statekey import is_montezuma
 from reflectrl.errors import NonFiniteError
+from reflectrl.exploration import ExplorationTracker, RolloutKeys
 from reflectrl.nets import flatten_parameters
 from reflectrl.runs import MetricsLogger, RunDir
 from reflectrl.runs.loop import Stopwatch, crossed, train_loop
-from reflectrl.signals import Batch, Signal, SignalContext, make_signal
+from reflectrl.runs.state_samples import StateSampler
+from reflectrl.signals import Batch, Signal, SignalContext, make_signal, signal_terms
 
 CHECKPOINT_FORMAT = 1
 
@@ -48,13 +63,18 @@ def new_run_config(*, algo: str | None = None, env_id: str | None = None, seed: 
 
 
 def resolve_config(cfg: RunConfig) -> RunConfig:
-    """Fill per-action-type defaults (needs the env's action space) and validate."""
-    probe = make_env(cfg.env_id, wrapper=cfg.wrapper, env_kwargs=cfg.env)
+    """Fill per-env defaults (Atari's, or by action type; the encoder by observation) and validate."""
+    check_backend(cfg)  # EnvPool installed and shipping the env, before the Gymnasium probe
+    probe = make_env(cfg.env_id, wrapper=cfg.wrapper, env_kwargs=cfg.env, keep_image=True)
     try:
         continuous = is_continuous(probe.action_space)
+        shape = probe.observation_space.shape
+        pixels = is_image_space(probe.observation_space) and not is_minigrid(probe) and cnn_fits(shape)
     finally:
         probe.close()
-    cfg.ppo = resolve_defaults(cfg.ppo, continuous)
+    if cfg.ppo.encoder == "cnn":
+        image_layout(shape)  # a UserError for an observation that is no image
+    cfg.ppo = resolve_defaults(cfg.ppo, continuous, atari=is_atari_id(cfg.env_id), pixels=pixels)
     add_algo_section(cfg)
     validate(cfg)
     return cfg
@@ -77,6 +97,11 @@ class Rollout:
     next_obs: torch.Tensor | None = None       # s' of each step (filled when the signal asks for it)
     learn_rewards: torch.Tensor | None = None  # what advantages are estimated from (env reward + signal terms)
     weights: torch.Tensor | None = None        # per-step weights on the advantage in the policy loss
+    state_keys: torch.Tensor | None = None     # int64 exploration state keys of obs[t] (exploration.py)
+    next_state_keys: torch.Tensor | None = None  # ... and of the state each step reached
+    last_obs: torch.Tensor | None = None       # the observation after the rollout (N, ...)
+    truncated_final: tuple | None = None       # ([(t, env)], final observations) of the truncated steps
+    signal_terms: dict | None = None           # each signal's per-step terms ("NAME KIND": (T, N)), for state maps
 
 
 class PPOTrainer:
@@ -90,6 +115,7 @@ class PPOTrainer:
         act_space = self.envs.single_action_space
         self.continuous = is_continuous(act_space)
         self.obs_dim = int(np.prod(obs_space.shape))
+        self.obs_shape = obs_space.shape  # (obs_dim,), or an image's shape for a CNN encoder
         self.action_shape = act_space.shape if self.continuous else ()
         action_dim = act_space.shape[0] if self.continuous else int(act_space.n)
         if self.continuous:
@@ -98,7 +124,7 @@ class PPOTrainer:
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
-        self.agent = ActorCritic(self.obs_dim, action_dim, self.continuous, p.hidden_sizes)
+        self.agent = make_policy(self.obs_shape, action_dim, self.continuous, p.encoder, p.hidden_sizes)
         self.flat_params = flatten_parameters(self.agent)
         self.optimizer = torch.optim.Adam([self.flat_params], lr=p.learning_rate, eps=1e-5, fused=True)
         self.generator = torch.Generator().manual_seed(cfg.seed)
@@ -108,15 +134,27 @@ class PPOTrainer:
         if self.signal is not None:
             self.signal.bind(SignalContext(
                 obs_dim=self.obs_dim, action_dim=action_dim, discrete=not self.continuous,
-                feature_dim=p.hidden_sizes[-1], learning_rate=p.learning_rate, gamma=p.gamma,
-                gae_lambda=p.gae_lambda, seed=cfg.seed, total_iterations=self.num_iterations))
+                feature_dim=self.agent.feature_dim, learning_rate=p.learning_rate, gamma=p.gamma,
+                gae_lambda=p.gae_lambda, seed=cfg.seed, total_iterations=self.num_iterations,
+                obs_shape=tuple(self.obs_shape), image_obs=p.encoder == "cnn"))
+        self.streams = None  # value heads of the signals' own reward streams (control/streams.py)
+        if self.signal is not None and self.signal.reward_streams():
+            self.streams = ValueStreams(self.signal, tuple(self.obs_shape), p.hidden_sizes, cfg.seed, p.gae_lambda,
+                                        p.encoder)
+            self.optimizer.add_param_group({"params": [self.streams.flat]})
         self.global_step = 0
         self.iteration = 0
         self.recent_returns: deque[float] = deque(maxlen=20)
-        obs, _ = self.envs.reset(seed=cfg.seed)
+        obs, info = self.envs.reset(seed=cfg.seed)
         self.next_obs = torch.as_tensor(obs, dtype=torch.float32)
+        self.keys = RolloutKeys(obs, info)  # exploration state keys, and the metrics counted on them
+        self.exploration = ExplorationTracker(rooms=is_montezuma(cfg.env_id))
         self._check_finite(self.next_obs, "observation")
         self.logger: MetricsLogger | None = None
+        self._own_estimate = Stopwatch()  # times the trainer's own advantage estimate inside apply_signal
+        # where the run goes and what it is paid there, at a few points of training (plot state-map)
+        self.samples = StateSampler(run.path if run is not None else None, cfg.seed, self.num_iterations,
+                                    cfg.state_map_snapshots)
 
     # ------------------------------------------------------------------ collect
 
@@ -126,7 +164,7 @@ class PPOTrainer:
         p = self.cfg.ppo
         T, N = p.num_steps, p.num_envs
         # numpy buffers: per-step writes into them cost a fraction of torch indexing
-        obs = np.zeros((T, N, self.obs_dim), dtype=np.float32)
+        obs = np.zeros((T, N, *self.obs_shape), dtype=np.float32)
         rewards = np.zeros((T, N), dtype=np.float32)
         terminations = np.zeros((T, N), dtype=bool)
         truncations = np.zeros((T, N), dtype=bool)
@@ -136,6 +174,7 @@ class PPOTrainer:
         episodes: list[tuple[float, int]] = []
 
         next_obs = self.next_obs.numpy()
+        self.keys.start(T)
         for t in range(T):
             obs[t] = next_obs
             action, logprob = self.agent.act(torch.from_numpy(obs[t]), self.generator)
@@ -148,6 +187,7 @@ class PPOTrainer:
             if not (np.isfinite(next_obs).all() and np.isfinite(reward).all()):
                 raise NonFiniteError("observation" if not np.isfinite(next_obs).all() else "reward", self.global_step)
             rewards[t], terminations[t], truncations[t] = reward, term, trunc
+            self.keys.record(t, next_obs, info)
             if "final_obs" in info:
                 for i in np.flatnonzero(info["_final_obs"]):
                     ended_at.append((t, int(i), info["final_obs"][i]))
@@ -161,7 +201,7 @@ class PPOTrainer:
         # V(s_t) for every step, V(s_T) and V(final observation) at each truncation.
         obs = torch.from_numpy(obs)
         truncated_at = [(t, i, o) for t, i, o in ended_at if not terminations[t, i]]
-        inputs = [obs.reshape(-1, self.obs_dim), self.next_obs]
+        inputs = [obs.reshape(-1, *self.obs_shape), self.next_obs]
         if truncated_at:
             final_obs = torch.as_tensor(np.stack([o for _, _, o in truncated_at]), dtype=torch.float32)
             self._check_finite(final_obs, "observation")
@@ -183,7 +223,9 @@ class PPOTrainer:
                 next_obs[t, i] = torch.as_tensor(o, dtype=torch.float32)
         rewards, terminations, truncations = map(torch.from_numpy, (rewards, terminations, truncations))
         rollout = Rollout(obs, actions, logprobs, rewards, terminations, truncations, values, next_values,
-                          next_obs=next_obs)
+                          next_obs=next_obs, state_keys=torch.from_numpy(self.keys.state_keys),
+                          next_state_keys=torch.from_numpy(self.keys.next_state_keys), last_obs=self.next_obs,
+                          truncated_final=([(t, i) for t, i, _ in truncated_at], final_obs) if truncated_at else None)
         return rollout, episodes
 
     # ------------------------------------------------------------------ estimate
@@ -213,10 +255,13 @@ class PPOTrainer:
                       terminations=rollout.terminations, truncations=rollout.truncations,
                       values=rollout.values, next_values=rollout.next_values, features=features,
                       next_obs=rollout.next_obs, iteration=self.iteration, global_step=self.global_step,
-                      estimate=lambda r: self._gae(rollout, r), value_fn=self.agent.value, gae=self._gae_with)
+                      estimate=lambda r: self._gae(rollout, r), value_fn=self.agent.value, gae=self._gae_with,
+                      features_fn=self.agent.features,
+                      state_keys=rollout.state_keys, next_state_keys=rollout.next_state_keys)
         extra = signal.shape_rewards(batch)
         rollout.learn_rewards = rollout.rewards if extra is None else rollout.rewards + extra
-        self.estimate(rollout)
+        with self._own_estimate:  # the estimate the trainer makes with or without a signal
+            self.estimate(rollout)
         batch.rewards = rollout.learn_rewards
         batch.advantages, batch.returns = rollout.advantages, rollout.returns
         out = signal.after_advantages(batch)
@@ -228,6 +273,10 @@ class PPOTrainer:
             if out.advantage is not None:
                 rollout.advantages = rollout.advantages + out.advantage
             rollout.weights = out.weights
+        rollout.signal_terms = signal_terms(signal, extra, out)
+        if self.streams is not None:  # the signals' own reward streams, each with its value head
+            rollout.advantages = self.streams.advantages(rollout, {} if out is None else out.streams,
+                                                         rollout.advantages)
         return batch
 
     # ------------------------------------------------------------------ update
@@ -242,6 +291,7 @@ class PPOTrainer:
         b_values = rollout.values.reshape(-1)
         b_weights = None if rollout.weights is None else rollout.weights.reshape(-1)
         aux = self.signal is not None and self.signal.wants_feature_grad
+        streams = self.streams
         batch_size, mb_size = p.batch_size, p.minibatch_size
         grad = self.flat_params.grad
         # Each minibatch's log-ratios are kept so KL and clip-fraction statistics cost a few
@@ -281,14 +331,21 @@ class PPOTrainer:
                     extra = self.signal.auxiliary_loss(features, idx)
                     if extra is not None:
                         loss = loss + extra
+                if streams is not None:
+                    loss = loss + p.vf_coef * streams.value_loss(b_obs[idx], idx)
                 self._check_finite(loss, "loss")
 
                 grad.zero_()
+                if streams is not None:
+                    streams.flat.grad.zero_()
                 loss.backward()
                 # the global grad-norm clip of nn.utils.clip_grad_norm_, on the one flat gradient
-                grad_norm = torch.linalg.vector_norm(grad)
+                grad_norm = torch.linalg.vector_norm(grad) if streams is None else streams.global_norm(grad)
                 self._check_finite(grad_norm, "gradient")
-                grad.mul_(torch.clamp(p.max_grad_norm / (grad_norm + 1e-6), max=1.0))
+                scale = torch.clamp(p.max_grad_norm / (grad_norm + 1e-6), max=1.0)
+                grad.mul_(scale)
+                if streams is not None:
+                    streams.flat.grad.mul_(scale)
                 self.optimizer.step()
 
             ratios = logratios.exp()
@@ -302,6 +359,7 @@ class PPOTrainer:
         y_pred, y_true = b_values.numpy(), b_returns.numpy()
         var_y = np.var(y_true)
         return {
+            **({} if streams is None else streams.metrics()),
             "policy_loss": pg_loss.item(),
             "value_loss": v_loss.item(),
             "entropy": entropy_loss.item(),
@@ -320,22 +378,30 @@ class PPOTrainer:
         self.iteration += 1
         if p.anneal_lr:
             frac = 1.0 - (self.iteration - 1.0) / self.num_iterations
-            self.optimizer.param_groups[0]["lr"] = frac * p.learning_rate
+            for group in self.optimizer.param_groups:  # the policy's, and the reward streams' heads
+                group["lr"] = frac * p.learning_rate
         start = time.perf_counter()
+        step_before = self.global_step
         rollout, episodes = self.collect()
+        exploration = self.exploration.update(self.keys.state_keys, rollout.rewards.numpy(), step_before)
         if self.signal is None:
             self.estimate(rollout)
             stats = self.update(rollout)
         else:
-            watch = Stopwatch()
+            watch, self._own_estimate = Stopwatch(), Stopwatch()
             with watch:
                 batch = self.apply_signal(rollout)
             stats = self.update(rollout)
             with watch:
                 self.signal.after_update(batch)
             stats.update(self.signal.metrics())
-            # the signal's share of the iteration's time (its hooks, GAE included)
-            stats["signal_time_fraction"] = watch.seconds / (time.perf_counter() - start)
+            # the signal's share of the iteration's time: its hooks and the advantage estimates
+            # they cause, not the one the trainer makes without a signal too
+            own = watch.seconds - self._own_estimate.seconds
+            stats["signal_time_fraction"] = own / (time.perf_counter() - start)
+        if self.samples.wants(self.iteration):
+            self.samples.record(self.iteration, self.global_step, rollout.obs, rollout.state_keys, rollout.rewards,
+                                rollout.signal_terms or {})
         elapsed = time.perf_counter() - start
         returns = [r for r, _ in episodes]
         self.recent_returns.extend(returns)
@@ -347,6 +413,7 @@ class PPOTrainer:
             "episodes": len(episodes),
             "learning_rate": self.optimizer.param_groups[0]["lr"],
             **stats,
+            **exploration,
             "steps_per_second": p.batch_size / elapsed,
         }
 
@@ -406,6 +473,8 @@ class PPOTrainer:
             "obs_normalizer": self.obs_normalizer_state(),
             "params_sha256": params_sha256(self.agent),
             "signal": None if self.signal is None else self.signal.state_dict(),
+            "streams": None if self.streams is None else self.streams.state_dict(),
+            "exploration": {"tracker": self.exploration.state_dict(), "current_keys": self.keys.current.copy()},
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -420,6 +489,11 @@ class PPOTrainer:
         self.recent_returns = deque(state["recent_returns"], maxlen=20)
         if self.signal is not None:
             self.signal.load_state_dict(state["signal"])
+        if self.streams is not None:
+            self.streams.load_state_dict(state["streams"])
+        if state.get("exploration"):  # a checkpoint from before the exploration metrics starts them afresh
+            self.exploration.load_state_dict(state["exploration"]["tracker"])
+            self.keys.current = state["exploration"]["current_keys"].copy()
         self.envs.close()
         self.envs, stale = snapshot.loads(state["envs"])
         self.next_obs = state["next_obs"].clone()
@@ -430,8 +504,9 @@ class PPOTrainer:
                 stacklevel=2,
             )
             for i in stale:
-                obs, _ = self.envs.envs[i].reset(seed=self.cfg.seed + self.global_step + i)
+                obs, info = self.envs.envs[i].reset(seed=self.cfg.seed + self.global_step + i)
                 self.next_obs[i] = torch.as_tensor(obs, dtype=torch.float32)
+                self.keys.current[i] = RolloutKeys(obs[None], {k: [v] for k, v in info.items()}).current[0]
 
     def save_checkpoint(self) -> None:
         assert self.run is not None

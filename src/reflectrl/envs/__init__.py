@@ -1,4 +1,4 @@
-"""Environments: `make_env(id)` for any Gymnasium id, MiniGrid ids and the built-in grid world.
+"""Environments: `make_env(id)` for any Gymnasium id, MiniGrid and Atari ids and the built-in grid world.
 
 The wrapper order matters and is fixed here, innermost first:
 
@@ -9,8 +9,13 @@ The wrapper order matters and is fixed here, innermost first:
 4. for continuous control, CleanRL's observation/reward normalisation and clipping
    (added by `make_vector_env`, not by `make_env`).
 
+Atari ids (`ALE/<Game>-v5`, `<Game>NoFrameskip-v4`) get CleanRL's ppo_atari preprocessing
+and record their true score themselves, below their episodic-life and reward-clipping
+wrappers (see atari.py); the rest of the chain above is the same.
+
 MiniGrid: observations are the 7x7x3 symbolic egocentric view, flattened to 147 integers
-for the MLP policy. We chose flattening over a CNN because the view is symbolic (object,
+for the MLP policy by default (`encoder=cnn` keeps the view for a small CNN). We chose
+flattening as the default because the view is symbolic (object,
 colour and state indices, not pixels), tiny, and fixed in size, so an MLP learns it well
 on a CPU and every signal sees the same kind of feature vector on every env.
 MiniGrid's mission text is dropped with the dict. `make_env` warns about it when the
@@ -19,10 +24,11 @@ fixed string (MiniGrid's `MissionSpace` with a placeholder that has several valu
 mission space of another kind). MiniGrid-Empty-*, DoorKey-* and the like have one fixed
 mission and do not warn.
 
-Other warnings, each given once per process per env id: an image observation (a Box of
-rank 3, or rank 2 uint8; not MiniGrid's symbolic view) is flattened into the MLP, which is
-slow and large until a CNN encoder is added; and training envs with no time limit
-(see `has_time_limit`), whose episodes may never end.
+`keep_image=True` keeps an image observation's shape for the CNN encoder (the default,
+`encoder=auto`, for pixel images). Other warnings, each given once per process per env id:
+an image observation (a Box of rank 3, or rank 2 uint8; not MiniGrid's symbolic view) is
+flattened into an MLP, which is slow and large (the message names `encoder=cnn`); and
+training envs with no time limit (see `has_time_limit`), whose episodes may never end.
 
 An id whose extra package is missing, or whose entry point fails to import, is a
 `UserError` naming the package and how to install it (MuJoCo v2/v3 ids, which need the
@@ -41,16 +47,18 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.envs.registration import find_highest_version, get_env_id, load_env_creator, parse_env_id
 
+from reflectrl.envs import atari
 from reflectrl.envs.gridworld import GridWorldEnv, register_gridworld
 from reflectrl.envs.headless import prepare_headless_rendering
 from reflectrl.envs.normalize import NormalizeObservation, NormalizeReward
+from reflectrl.envs.statekey import StateKey
 from reflectrl.envs.wrappers import DelayedReward, SparseReward, parse_reward_wrapper
 from reflectrl.errors import UserError
 
 __all__ = [
     "make_env", "make_vector_env", "GridWorldEnv", "SparseReward", "DelayedReward",
     "parse_reward_wrapper", "is_continuous", "episode_step_limit", "has_time_limit",
-    "DEFAULT_ENV",
+    "DEFAULT_ENV", "is_image_space", "is_minigrid", "is_atari_id",
 ]
 
 DEFAULT_ENV = "reflectrl/GridWorld-v0"
@@ -59,7 +67,7 @@ DEFAULT_ENV = "reflectrl/GridWorld-v0"
 _INSTALL = {
     "jax": "pip install 'gymnasium[jax]'", "jaxlib": "pip install 'gymnasium[jax]'",
     "flax": "pip install 'gymnasium[jax]'", "mujoco": "pip install 'gymnasium[mujoco]'",
-    "Box2D": "pip install 'gymnasium[box2d]'", "ale_py": "pip install 'gymnasium[atari]'",
+    "Box2D": "pip install 'gymnasium[box2d]'", "ale_py": atari.INSTALL, "cv2": atari.INSTALL,
     "minigrid": "pip install 'reflectrl[envs]'", "shimmy": "pip install 'shimmy[gym-v26]'",
 }
 
@@ -80,12 +88,16 @@ def _ensure_registered(env_id: str) -> None:
             import minigrid  # noqa: F401
         except ImportError:
             pass
+    if env_id not in gym.registry:
+        atari.register_atari()
 
 
 def _check_env_id(env_id: str) -> None:
     _ensure_registered(env_id)
     if env_id in gym.registry:
         return
+    if atari.looks_like_atari(env_id) and not atari.ale_installed():
+        raise atari.missing_ale_error(env_id)
     close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else "; see gymnasium.pprint_registry() for the ids"
     if env_id.startswith(("MiniGrid", "BabyAI")):
@@ -168,6 +180,9 @@ def _is_minigrid(env: gym.Env) -> bool:
     return type(env.unwrapped).__module__.startswith("minigrid.")
 
 
+is_image_space, is_minigrid, is_atari_id = _is_image, _is_minigrid, atari.is_atari_id  # public names
+
+
 def episode_step_limit(env: gym.Env) -> int | None:
     """The most steps an episode of `env` can last, or None if it has no time limit.
 
@@ -190,6 +205,8 @@ def episode_step_limit(env: gym.Env) -> int | None:
         limits.append(base.max_episode_steps)
     elif _is_minigrid(base) and isinstance(getattr(base, "max_steps", None), int):
         limits.append(base.max_steps)
+    elif atari.is_atari_env(base):
+        limits.append(atari.step_limit(env))
     limits = [int(n) for n in limits if n is not None and n > 0]
     return min(limits) if limits else None
 
@@ -224,8 +241,15 @@ def make_env(
     wrapper: str | None = None,
     env_kwargs: dict[str, Any] | None = None,
     render_mode: str | None = None,
+    keep_image: bool = False,
+    learning: bool = True,
 ) -> gym.Env:
-    """Make one env with flat observations, true-return statistics and the reward wrapper."""
+    """Make one env with flat observations, true-return statistics and the reward wrapper.
+
+    `keep_image`: an image observation (and MiniGrid's 7x7x3 view) keeps its shape, for a
+    CNN encoder, instead of being flattened. `learning=False`: the env as evaluated, without
+    the transforms that are for learning only (Atari's reward clipping).
+    """
     _check_env_id(env_id)
     try:
         add_reward_wrapper = parse_reward_wrapper(wrapper)
@@ -235,7 +259,11 @@ def make_env(
     if render_mode is not None:
         prepare_headless_rendering()
         kwargs["render_mode"] = render_mode
-    env = _make(env_id, kwargs)
+    is_atari = atari.is_atari_id(env_id)
+    if is_atari:  # records its true score itself, below its episodic-life and clipping wrappers
+        env = atari.make_atari(_make, env_id, kwargs, learning=learning)
+    else:
+        env = _make(env_id, kwargs)
 
     space = env.observation_space
     if isinstance(space, gym.spaces.Dict) and "image" in space.spaces:
@@ -245,13 +273,15 @@ def make_env(
         if mission is not None and _mission_can_vary(env_id, mission):
             _warn_once("mission", env_id, f"'{env_id}': the mission text is dropped; the policy sees only the "
                        "image, so tasks whose goal varies by mission cannot be solved from observations")
-        env = ImgObsWrapper(env)  # MiniGrid's symbolic view: flattened on purpose, see the docstring
+        env = ImgObsWrapper(env)  # MiniGrid's symbolic view: flattened by default, see the docstring
         space = env.observation_space
-    elif _is_image(space):
+    elif _is_image(space) and not keep_image:
         _warn_once("image", env_id, f"'{env_id}': the image observation of shape {space.shape} is flattened "
-                   f"into {int(np.prod(space.shape))} inputs of an MLP policy, which is slow and large "
-                   "(a CNN encoder is planned)")
-    if not (isinstance(space, gym.spaces.Box) and len(space.shape) == 1):
+                   f"into {int(np.prod(space.shape))} inputs of an MLP policy, which is slow and large; "
+                   "--set encoder=cnn (the default for image observations) reads it with a CNN")
+    if keep_image and _is_image(space):
+        pass  # the CNN encoder reads it as it is
+    elif not (isinstance(space, gym.spaces.Box) and len(space.shape) == 1):
         try:
             env = gym.wrappers.FlattenObservation(env)
         except Exception:
@@ -260,14 +290,17 @@ def make_env(
     if isinstance(env.action_space, gym.spaces.Box) and len(env.action_space.shape) != 1:
         raise UserError(f"action space {env.action_space} of '{env_id}': only flat (1-D) Box actions are supported")
 
-    env = gym.wrappers.RecordEpisodeStatistics(env)
+    if not is_atari:
+        env = gym.wrappers.RecordEpisodeStatistics(env)
     if add_reward_wrapper is not None:
         env = add_reward_wrapper(env)
     return env
 
 
-def _make_training_env(env_id, wrapper, env_kwargs, norm_obs, norm_reward, clip_obs, clip_reward, gamma):
-    env = make_env(env_id, wrapper=wrapper, env_kwargs=env_kwargs)
+def _make_training_env(env_id, wrapper, env_kwargs, norm_obs, norm_reward, clip_obs, clip_reward, gamma,
+                       keep_image=False):
+    env = make_env(env_id, wrapper=wrapper, env_kwargs=env_kwargs, keep_image=keep_image)
+    env = StateKey(env, env_id)  # info["state_key"] for the exploration metrics, from the raw observation
     if norm_obs:
         env = NormalizeObservation(env)
         env = ClipObservation(env, clip_obs)
@@ -282,12 +315,17 @@ def make_vector_env(cfg, seed_offset: int = 0) -> gym.vector.SyncVectorEnv:
 
     Same-step autoreset returns the next episode's first observation at once and the
     finished episode's last one in `info["final_obs"]`, which is what bootstrapping from the
-    value at truncation needs.
+    value at truncation needs. `backend=envpool`: EnvPool's vector env behind the same
+    interface (envpool_backend.py).
     """
+    if cfg.backend == "envpool":
+        from reflectrl.envs import envpool_backend
+
+        return envpool_backend.make_vector_env(cfg)
     p = cfg.ppo
     fn = functools.partial(
         _make_training_env, cfg.env_id, cfg.wrapper, dict(cfg.env), p.norm_obs, p.norm_reward,
-        p.clip_obs, p.clip_reward, p.gamma,
+        p.clip_obs, p.clip_reward, p.gamma, keep_image=p.encoder == "cnn",
     )
     envs = gym.vector.SyncVectorEnv(
         [fn] * p.num_envs, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP

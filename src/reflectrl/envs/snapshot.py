@@ -1,11 +1,14 @@
 """Exact snapshots of vector envs, so a resumed run continues the very same episodes.
 
 Most envs pickle with their full state (classic control, MiniGrid, the grid world, and
-every wrapper's counters and normaliser statistics). Two kinds do not:
+every wrapper's counters and normaliser statistics). Three kinds do not:
 
 * MuJoCo envs pickle through `EzPickle`, which rebuilds a *fresh* env from the constructor
   arguments. We snapshot their physics (`mj_getState` with the full integration state) and
   random generator instead, which restores them exactly.
+* Atari (ale-py) envs also pickle through `EzPickle`. We snapshot the emulator with
+  `cloneState(include_rng=True)` (its RNG drives sticky actions) and the env's generator
+  (no-op resets draw from it), which restores them exactly.
 * Other `EzPickle` envs (Box2D's LunarLander, ...) hold simulator objects we cannot save.
   They come back fresh and are reset on resume with a seed derived from the run's; the run
   then goes on correctly but is no longer bit-identical to an uninterrupted one, and we say so.
@@ -38,6 +41,13 @@ def _restore_mujoco(cls, args, kwargs, state, np_random_state, attrs):
     return env
 
 
+def _restore_atari(cls, args, kwargs, ale_state, np_random_state):
+    env = cls(*args, **kwargs)
+    env.ale.restoreState(ale_state)
+    env.np_random.bit_generator.state = np_random_state
+    return env
+
+
 def _restore_stale(cls, args, kwargs):
     env = cls(*args, **kwargs)
     env._reflectrl_stale = True
@@ -61,6 +71,9 @@ class _EnvPickler(cloudpickle.Pickler):
                 attrs = {k: copy.deepcopy(v) for k, v in obj.__dict__.items()
                          if k not in _MUJOCO_SKIP and isinstance(v, (int, float, bool, str, np.ndarray, type(None)))}
                 return _restore_mujoco, (type(obj), args, kwargs, state, obj.np_random.bit_generator.state, attrs)
+            if type(obj).__module__.startswith("ale_py."):
+                return _restore_atari, (type(obj), args, kwargs, obj.ale.cloneState(include_rng=True),
+                                        obj.np_random.bit_generator.state)
             return _restore_stale, (type(obj), args, kwargs)
         return super().reducer_override(obj)
 

@@ -36,6 +36,9 @@ STANDARD_METRICS = {
     "policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac",
     "explained_variance", "update_epochs_done", "steps_per_second",
 }
+# The exploration metrics every control run logs (reflectrl/exploration.py), drawn in their own figure.
+EXPLORATION_SERIES = ("unique_states_total", "unique_states", "visitation_entropy", "rooms_visited")
+STANDARD_METRICS |= {*EXPLORATION_SERIES, "first_reward_step"}
 
 
 @dataclass

@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from reflectrl.report import stats  # noqa: E402
-from reflectrl.report.analysis import STANDARD_METRICS, Experiment, _fill  # noqa: E402
+from reflectrl.report.analysis import EXPLORATION_SERIES, STANDARD_METRICS, Experiment, _fill  # noqa: E402
 
 COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
 DPI = 100
@@ -147,3 +147,67 @@ def diagnostics_figure(exp: Experiment, env_id: str, keys: list[str]):
         fig.legend([drawn[label] for label in labels], labels, loc="outside lower center",
                    ncol=min(4, len(labels)), fontsize=TICK_SIZE)
     return fig  # laid out (constrained) when drawn or saved
+
+
+def _series(run, key: str, grid: np.ndarray) -> np.ndarray | None:
+    """A run's logged metric on the step grid (nan before its first value), or None if never logged."""
+    pts = [(row["global_step"], row[key]) for row in run.rows
+           if isinstance(row.get(key), (int, float)) and np.isfinite(row[key])]
+    if not pts:
+        return None
+    steps, values = zip(*pts)
+    return np.where(grid < steps[0], np.nan, np.interp(grid, steps, values))
+
+
+def exploration_keys(exp: Experiment, env_id: str) -> list[str]:
+    """The exploration series some run of the env logged."""
+    runs = [r for r in exp.runs if r.spec.env_id == env_id]
+    return [k for k in EXPLORATION_SERIES if any(k in row for r in runs for row in r.rows[-1:])]
+
+
+def exploration(exp: Experiment, env_id: str) -> bytes:
+    return _png(exploration_figure(exp, env_id))
+
+
+def exploration_figure(exp: Experiment, env_id: str):
+    """The exploration metrics per algo entry, IQM over seeds with a 95% band as the returns,
+    and the share of seeds that have seen a non-zero reward by each step (first_reward_step)."""
+    keys = exploration_keys(exp, env_id) + ["first_reward_step"]
+    cols = min(3, len(keys))
+    nrows = -(-len(keys) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.2 * nrows + 0.8), squeeze=False, dpi=DPI,
+                             layout="constrained")
+    for ax, key in zip(axes.flat, keys):
+        for i, label in enumerate(exp.spec.algos):
+            runs = exp.select(env_id, label)
+            color = COLORS[i % len(COLORS)]
+            if key == "first_reward_step":
+                if runs:
+                    firsts = [next((row["first_reward_step"] for row in r.rows[::-1]
+                                    if row.get("first_reward_step") is not None), np.inf) for r in runs]
+                    share = [(np.array(firsts) <= x).mean() for x in exp.grid]
+                    ax.plot(exp.grid, share, color=color, label=label)
+                continue
+            series = [s for s in (_series(r, key, exp.grid) for r in runs) if s is not None]
+            if series:
+                mid, lo, hi = _band(np.stack(series))
+                ax.plot(exp.grid, mid, color=color, label=label)
+                ax.fill_between(exp.grid, lo, hi, color=color, alpha=0.2)
+        title = "seeds with a non-zero reward by then" if key == "first_reward_step" else key
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("env steps", fontsize=TICK_SIZE)
+        ax.grid(alpha=0.3)
+        ax.tick_params(labelsize=TICK_SIZE)
+        ax.xaxis.get_offset_text().set_fontsize(TICK_SIZE)
+    for ax in list(axes.flat)[len(keys):]:
+        ax.axis("off")
+    drawn = {}
+    for ax in axes.flat:
+        for line in ax.get_lines():
+            drawn.setdefault(line.get_label(), line)
+    labels = [label for label in exp.spec.algos if label in drawn]
+    fig.suptitle(f"{env_id}: exploration (IQM over seeds, 95% CI)", fontsize=11)
+    if labels:
+        fig.legend([drawn[label] for label in labels], labels, loc="outside lower center",
+                   ncol=min(4, len(labels)), fontsize=TICK_SIZE)
+    return fig

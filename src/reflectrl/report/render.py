@@ -145,6 +145,8 @@ def write_report(root: Path, reps: int = 2000) -> tuple[Path, list[Claim]]:
         figures.append((f"{env_id}: learning curves", f"curves_{s}.png", plots.learning_curves(exp, env_id)))
         figures.append((f"{env_id}: final return", f"final_{s}.png", plots.final_intervals(table, env_id)))
         figures.append((f"{env_id}: diagnostics", f"diagnostics_{s}.png", plots.diagnostics(exp, env_id, keys)))
+        if plots.exploration_keys(exp, env_id):
+            figures.append((f"{env_id}: exploration", f"exploration_{s}.png", plots.exploration(exp, env_id)))
     for _, name, png in figures:
         atomic_write_bytes(out / name, png)
 

@@ -57,6 +57,9 @@ def reward_maps(run_path) -> tuple[RunConfig, list[dict], list[np.ndarray], Layo
         raise UserError(f"the reward map is drawn for reflectrl/GridWorld-v0 and MiniGrid runs; "
                         f"{run.path} ran {cfg.env_id}")
     shaping = cfg.sections["shaping"]
+    if cfg.ppo.encoder == "cnn":
+        raise UserError(f"{run.path} ran with encoder=cnn: its shaper reads the policy's CNN features, which the "
+                        "reward map does not rebuild; train with encoder=mlp to draw one")
     if shaping.mode == "off":
         raise UserError(f"{run.path} ran with shaping.mode=off: there is no reward to draw")
     snapshots = member_state(run.load_checkpoint().get("signal"), "shaping").get("snapshots") or []

@@ -34,6 +34,7 @@ STATUS = "run.json"
 METRICS = "metrics.jsonl"
 TENSORBOARD = "tb"
 CHECKPOINT = "checkpoint.pt"
+STATE_SAMPLES = "state_samples.npz"  # runs/state_samples.py: what `plot state-map` draws
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

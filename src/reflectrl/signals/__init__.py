@@ -5,9 +5,9 @@ protocol and the points at which a trainer calls it, compose.py for several at o
 reflectrl/registry.py for how a signal declares itself.
 """
 
-from reflectrl.signals.base import Batch, Signal, SignalContext, SignalOutput
+from reflectrl.signals.base import Batch, RewardStream, Signal, SignalContext, SignalOutput
 
-__all__ = ["Batch", "Signal", "SignalContext", "SignalOutput", "build_signals", "make_signal"]
+__all__ = ["Batch", "RewardStream", "Signal", "SignalContext", "SignalOutput", "build_signals", "make_signal"]
 
 
 def build_signals(signal_names, sections: dict) -> list[Signal]:
@@ -30,3 +30,13 @@ def make_signal(cfg, family: str = "control") -> Signal | None:
     if not members:
         return None
     return members[0] if len(members) == 1 else SignalStack(members)
+
+
+def signal_terms(signal: Signal, reward, output) -> dict:
+    """The per-step terms each signal gave this iteration, by "NAME KIND" (a stack keeps its
+    members' apart); `reward` and `output` are what the trainer got from shape_rewards and
+    after_advantages."""
+    from reflectrl.signals.base import terms_from
+    from reflectrl.signals.compose import SignalStack
+
+    return dict(signal.terms) if isinstance(signal, SignalStack) else terms_from(signal.name, reward, output)

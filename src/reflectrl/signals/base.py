@@ -7,7 +7,9 @@ A trainer calls its signal at fixed points of each iteration, and knows nothing 
     estimate advantages on rewards (+ extra)
     out = signal.after_advantages(batch)       # a reward term (then advantages are
                                                # recomputed if out.recompute), or an
-                                               # additive advantage term, or per-step weights
+                                               # additive advantage term, or per-step weights,
+                                               # or the rewards of its own reward streams
+                                               # (RewardStream: a value head each, own gamma)
     policy update (loss uses weights * advantages; adds signal.auxiliary_loss(...) if any)
     signal.after_update(batch)                 # fit heads that need the updated critic
     log signal.metrics()
@@ -48,6 +50,8 @@ class SignalContext:
     gae_lambda: float
     seed: int
     total_iterations: int
+    obs_shape: tuple[int, ...] = ()  # one observation's shape ((obs_dim,) for a flat vector)
+    image_obs: bool = False  # images read by the policy's CNN: heads read `features` by default
 
 
 @dataclass
@@ -71,8 +75,29 @@ class Batch:
     # gae(rewards, values, next_values, terminations, truncations) -> (advantages, returns)
     value_fn: Callable[[torch.Tensor], torch.Tensor] | None = None
     gae: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
+    # the policy's features (as `features`) of any observations, without gradients: what a head
+    # reads in place of an image observation (shaping's s and s' on pixels)
+    features_fn: Callable[[torch.Tensor], torch.Tensor] | None = None
     mask: torch.Tensor | None = None    # bool (T, N): real steps; None means all are
     groups: torch.Tensor | None = None  # int (T, N): the group of each step's trajectory; None means one group
+    # int64 (T, N) exploration state keys (envs/statekey.py) of obs[t] and of the state step t
+    # reached (the episode's last where it ended); filled by a trainer that provides "state_keys"
+    state_keys: torch.Tensor | None = None
+    next_state_keys: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class RewardStream:
+    """A reward stream learnt beside the extrinsic one, with its own value head (a trainer
+    that provides "value_stream"; RND's intrinsic reward). The trainer estimates the stream's
+    advantages with GAE under its own `gamma` (non-`episodic`: episode ends do not cut its
+    returns, as RND's intrinsic stream) and trains the head on its returns; the policy's
+    advantage is `extrinsic_coef * A_ext + sum(coef * A_stream)` (see Signal.extrinsic_coef)."""
+
+    name: str               # the stream's key in SignalOutput.streams and in its metrics
+    gamma: float
+    episodic: bool = True
+    coef: float = 1.0
 
 
 @dataclass
@@ -81,7 +106,41 @@ class SignalOutput:
     recompute: bool = True                  # recompute advantages after adding `reward`
     advantage: torch.Tensor | None = None   # added to the advantages directly
     weights: torch.Tensor | None = None     # multiplies each step's advantage in the policy loss
+    streams: dict = field(default_factory=dict)  # {RewardStream.name: (T, N) rewards} of the streams it declared
     metrics: dict = field(default_factory=dict)
+
+
+def terms_from(name: str, reward: torch.Tensor | None = None,
+               output: SignalOutput | None = None) -> dict[str, torch.Tensor]:
+    """The per-step terms one signal gave: its reward terms (summed), advantage term,
+    weights and reward streams, as {"NAME reward": ..., "NAME weight": ..., "NAME STREAM": ...}."""
+    terms: dict[str, torch.Tensor] = {}
+    if output is not None and output.reward is not None:
+        reward = output.reward if reward is None else reward + output.reward
+    if reward is not None:
+        terms[f"{name} reward"] = reward
+    if output is not None:
+        if output.advantage is not None:
+            terms[f"{name} advantage"] = output.advantage
+        if output.weights is not None:
+            terms[f"{name} weight"] = output.weights
+        for stream, values in output.streams.items():
+            terms[f"{name} {stream}"] = values
+    return terms
+
+
+def merge_terms(into: dict, terms: dict) -> dict:
+    """Add `terms` to `into`: a reward term given twice (before and after advantages) sums."""
+    for key, value in terms.items():
+        into[key] = into[key] + value if key in into and key.endswith(" reward") else value
+    return into
+
+
+def snapshot_iterations(total_iterations: int, k: int) -> list[int]:
+    """The first iteration and k evenly spaced ones after it (of `total_iterations`)."""
+    if k <= 0:
+        return []
+    return sorted({max(1, -(-total_iterations * i // k)) for i in range(1, k + 1)} | {1})
 
 
 class Signal:
@@ -107,8 +166,7 @@ class Signal:
 
     def snapshot_iterations(self, k: int) -> list[int]:
         """The first iteration and k evenly spaced ones after it, at which to keep a snapshot."""
-        total = self.ctx.total_iterations
-        return sorted({max(1, -(-total * i // k)) for i in range(1, k + 1)} | ({1} if k else set()))
+        return snapshot_iterations(self.ctx.total_iterations, k)
 
     def encode_actions(self, actions: torch.Tensor) -> torch.Tensor:
         """Actions as a (B, action_dim) float input: one-hot if discrete; (B, 0) when the
@@ -118,6 +176,14 @@ class Signal:
         if self.ctx.discrete:
             return torch.nn.functional.one_hot(actions.reshape(-1).long(), self.ctx.action_dim).float()
         return actions.reshape(-1, self.ctx.action_dim).float()
+
+    def reward_streams(self) -> list[RewardStream]:
+        """The reward streams (each with its own value head) this signal, as bound, gives
+        rewards for in every after_advantages; asked once, after bind."""
+        return []
+
+    # the extrinsic advantage's weight in the policy's advantage while a reward stream is learnt
+    extrinsic_coef = 1.0
 
     def shape_rewards(self, batch: Batch) -> torch.Tensor | None:
         return None

@@ -19,7 +19,9 @@ the target has unit variance, L_cal = 1 is a predictor that knows nothing, so th
 weighs in fully while the reflection net is uncalibrated and fades as it calibrates.
 
 Inputs: `obs_action` (observation and action, one-hot if discrete), `obs_action_features`
-(plus the actor's last hidden layer) or `features_action`. `shared_trunk=true` makes the
+(plus the actor's last hidden layer) or `features_action`. On images read by a CNN encoder
+(Atari) the head reads the CNN's features in place of the pixels, so both obs_* inputs mean
+`features_action` there (issue 15: heads read the actor's features on pixels). `shared_trunk=true` makes the
 actor's trunk share the calibration task: during the PPO update an auxiliary loss
 `shared_trunk_coef * MSE(f(trunk features, a), A_n)` trains the trunk (the head itself is
 fit only in step 2), so the policy's representation must support calibration.
@@ -56,7 +58,7 @@ class CalibrationConfig:
     hidden_sizes: tuple[int, ...] = (64, 64)
     """reflection net widths (ReLU, near-zero output init)"""
     inputs: str = "obs_action"
-    """obs_action, obs_action_features or features_action (the actor's last hidden layer)"""
+    """obs_action, obs_action_features or features_action (the actor's last hidden layer; on CNN-read images, always)"""
     shared_trunk: bool = False
     """also train the actor's trunk on the calibration loss (auxiliary loss)"""
     shared_trunk_coef: float = 0.5
@@ -115,6 +117,7 @@ class CalibrationBonus(Signal):
     def __init__(self, cfg: CalibrationConfig):
         cfg.validate()
         self.cfg = cfg
+        self.inputs = cfg.inputs  # as bound: features_action on images read by a CNN
         self.wants_features = cfg.inputs != "obs_action"
         self.wants_feature_grad = cfg.shared_trunk
         self._last: dict = {}
@@ -127,8 +130,10 @@ class CalibrationBonus(Signal):
 
     def bind(self, ctx: SignalContext) -> None:
         super().bind(ctx)
+        if ctx.image_obs:  # an MLP head on raw pixels is no use: it reads the CNN's features
+            self.inputs, self.wants_features = "features_action", True
         width = {"obs_action": ctx.obs_dim, "obs_action_features": ctx.obs_dim + ctx.feature_dim,
-                 "features_action": ctx.feature_dim}[self.cfg.inputs] + ctx.action_dim
+                 "features_action": ctx.feature_dim}[self.inputs] + ctx.action_dim
         with self.own_rng():
             self.net = relu_mlp(width, self.cfg.hidden_sizes)  # near-zero output: no bonus until it has learned
         self.fitter = HeadFitter(self.net, lr=self.cfg.lr_multiplier * ctx.learning_rate)
@@ -140,9 +145,9 @@ class CalibrationBonus(Signal):
         """The reflection net's input rows; with a one-hot (tabular) observation and a
         discrete action, as OneHotRows: the columns of their ones, never the dense matrix."""
         parts = {"obs_action": [obs], "obs_action_features": [obs, features],
-                 "features_action": [features]}[self.cfg.inputs]
+                 "features_action": [features]}[self.inputs]
         discrete = self.ctx.discrete and self.ctx.action_dim > 0
-        if discrete and self.cfg.inputs == "obs_action" and not obs.requires_grad:
+        if discrete and self.inputs == "obs_action" and not obs.requires_grad:
             rows = one_hot_rows(obs)
             if rows is not None:
                 return rows.append(actions, self.ctx.action_dim)

@@ -8,7 +8,9 @@ run's seed and its own name), and the stack combines their outputs in one way:
   same as re-estimating after each member);
 - advantage terms add;
 - per-step weights multiply;
-- auxiliary losses add.
+- auxiliary losses add;
+- reward streams with their own value heads (RewardStream) are all learnt, each member's
+  under its own name; the extrinsic advantage's weights (extrinsic_coef) multiply.
 
 Each member sees the batch as the members before it left it: its rewards include their
 reward terms, its advantages their advantage terms (weights apply in the loss, not to the
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from reflectrl.signals.base import Batch, Signal, SignalContext, SignalOutput
+from reflectrl.signals.base import Batch, RewardStream, Signal, SignalContext, SignalOutput, merge_terms, terms_from
 
 
 class SignalStack(Signal):
@@ -30,6 +32,7 @@ class SignalStack(Signal):
     def __init__(self, members: list[Signal]):
         self.members = list(members)
         self.name = "+".join(m.name for m in self.members)
+        self.terms: dict[str, torch.Tensor] = {}
 
     # the trainer fills what any member asks for
     @property
@@ -49,12 +52,28 @@ class SignalStack(Signal):
         for m in self.members:
             m.bind(ctx)
 
+    def reward_streams(self) -> list[RewardStream]:
+        streams = [s for m in self.members for s in m.reward_streams()]
+        names = [s.name for s in streams]
+        if len(set(names)) != len(names):
+            raise ValueError(f"two members of {self.name} declare a reward stream of the same name: {names}")
+        return streams
+
+    @property
+    def extrinsic_coef(self) -> float:
+        coef = 1.0
+        for m in self.members:
+            coef *= m.extrinsic_coef
+        return coef
+
     def shape_rewards(self, batch: Batch) -> torch.Tensor | None:
         total = None
         base = batch.rewards
+        self.terms = {}  # each member's per-step terms this iteration, by "NAME KIND" (state maps)
         for m in self.members:
             term = m.shape_rewards(batch)
             if term is not None:
+                merge_terms(self.terms, terms_from(m.name, term))
                 total = term if total is None else total + term
                 batch.rewards = base + total  # the next member sees the shaped rewards
         batch.rewards = base
@@ -75,6 +94,7 @@ class SignalStack(Signal):
             out = m.after_advantages(batch)
             if out is None:
                 continue
+            merge_terms(self.terms, terms_from(m.name, None, out))
             if out.reward is not None:
                 combined.reward = out.reward if combined.reward is None else combined.reward + out.reward
                 batch.rewards = batch.rewards + out.reward
@@ -88,8 +108,9 @@ class SignalStack(Signal):
                 batch.advantages = batch.advantages + out.advantage
             if out.weights is not None:
                 combined.weights = out.weights if combined.weights is None else combined.weights * out.weights
+            combined.streams.update(out.streams)
             combined.metrics.update(out.metrics)
-        if combined.reward is None and combined.advantage is None and combined.weights is None:
+        if combined.reward is None and combined.advantage is None and combined.weights is None and not combined.streams:
             return None
         return combined
 

@@ -17,6 +17,11 @@
    before the first update (on the first rollout's transitions, `prior_epochs` epochs), and
    F_target starts from it.
 
+Pixels: on images read by the policy's CNN (Atari), F reads the policy's features of s and
+s' in place of the pixels (the same encoder for s', as seed 002 section 3.2 allows), computed
+with the encoder as it is whenever F is applied or fit; the buffer keeps the observations,
+which the critic's labels need anyway.
+
 The logged and evaluated return stays the env's true return; the trainer's `rewards` here
 are what it learns from before shaping.
 """
@@ -171,7 +176,8 @@ class SelfDistilledShaping(Signal):
     def bind(self, ctx: SignalContext) -> None:
         super().bind(ctx)
         with self.own_rng():
-            self.shaper = RewardShaper(ctx.obs_dim, ctx.action_dim, self.cfg.hidden_sizes, self.cfg.mode,
+            in_dim = ctx.feature_dim if ctx.image_obs else ctx.obs_dim  # pixels: F reads the policy's features
+            self.shaper = RewardShaper(in_dim, ctx.action_dim, self.cfg.hidden_sizes, self.cfg.mode,
                                        self.cfg.eta, ctx.gamma, self.cfg.hard_clip)
         # F's forward (a tanh, or a difference of potentials) is fit through autograd
         self.fitter = HeadFitter(self.shaper, lr=self.cfg.lr_multiplier * ctx.learning_rate, forward=self.shaper)
@@ -190,14 +196,16 @@ class SelfDistilledShaping(Signal):
         if self.cfg.mode == "off":
             return None
         tr = self._transitions(batch)
-        prior_loss = self._fit_prior(tr) if self.prior is not None and not self.prior_fitted else None
+        fit_prior = self.prior is not None and not self.prior_fitted
+        prior_loss = self._fit_prior(tr, batch.features_fn) if fit_prior else None
         weight = curriculum(batch.global_step, self.cfg.warmup_steps, self.cfg.ramp_steps)
         if batch.iteration in self.snapshot_at:
             self.snapshots.append({"iteration": batch.iteration, "global_step": batch.global_step,
                                    "weight": curriculum(batch.global_step, self.cfg.warmup_steps, self.cfg.ramp_steps),
                                    "state": {k: v.clone() for k, v in self.target.state_dict().items()}})
+        obs, next_obs = self._encoded(tr["obs"], tr["next_obs"], batch.features_fn)
         with torch.no_grad():
-            f = self.target(tr["obs"], tr["actions"], tr["next_obs"], tr["terminations"]).reshape(batch.values.shape)
+            f = self.target(obs, tr["actions"], next_obs, tr["terminations"]).reshape(batch.values.shape)
         shaping = weight * f
         r = batch.rewards
         mean_abs_r = r.abs().mean().item()
@@ -227,6 +235,7 @@ class SelfDistilledShaping(Signal):
         if self.updates % self.cfg.update_every:
             return
         obs, actions, next_obs, terms, labels = self.distillation_set(batch.value_fn, batch.gae)
+        obs, next_obs = self._encoded(obs, next_obs, batch.features_fn)
         loss = self._fit(obs, actions, next_obs, terms, labels, self.cfg.epochs, track_target=True)
         # The labels have variance scale^2, so this is the share of it F explains (0: F has
         # learned nothing yet, seed 002 section 4.2's failure; near 1: F reproduces the advantages).
@@ -248,6 +257,14 @@ class SelfDistilledShaping(Signal):
         labels = self.cfg.scale * (labels - labels.mean()) / (labels.std() + 1e-8)
         return obs, actions, next_obs, terms, labels
 
+    def _encoded(self, obs, next_obs, features_fn, chunk: int = 1024):
+        """What F reads for s and s': the observations, or on CNN-read images the policy's features."""
+        if not self.ctx.image_obs:
+            return obs, next_obs
+        with torch.no_grad():  # in chunks: a CNN's activations over several rollouts at once are large
+            return tuple(torch.cat([features_fn(x[i:i + chunk]) for i in range(0, len(x), chunk)])
+                         for x in (obs, next_obs))
+
     def _fit(self, obs, actions, next_obs, terms, labels, epochs, track_target=False) -> float:
         """Fit F to the labels; returns its loss on them after the fit. With `track_target`,
         F_target follows F after every step."""
@@ -256,11 +273,12 @@ class SelfDistilledShaping(Signal):
                                minibatch_size=self.cfg.minibatch_size, generator=self.generator, shuffle="always",
                                after_step=follow, loss_after=True).loss_after
 
-    def _fit_prior(self, tr: dict) -> float:
+    def _fit_prior(self, tr: dict, features_fn=None) -> float:
         with torch.no_grad():
             target = torch.as_tensor(self.prior(tr["obs"], tr["actions"], tr["next_obs"]), dtype=torch.float32)
             target = target.reshape(-1)
-        loss = self._fit(tr["obs"], tr["actions"], tr["next_obs"], tr["terminations"], target, self.cfg.prior_epochs)
+        obs, next_obs = self._encoded(tr["obs"], tr["next_obs"], features_fn)
+        loss = self._fit(obs, tr["actions"], next_obs, tr["terminations"], target, self.cfg.prior_epochs)
         self.target.load_state_dict(self.shaper.state_dict())
         self.prior_fitted = True
         return loss

@@ -1,0 +1,93 @@
+"""Env-steps per second of reflectrl's PPO and Stable-Baselines3's PPO on Atari (issue 15, item 10).
+
+Matched settings, CleanRL's ppo_atari.py on both sides: 8 envs x 128 steps, 4 epochs of
+minibatches of 256, lr 2.5e-4, clip 0.1, ent 0.01, the Nature CNN (SB3's CnnPolicy),
+SB3's `make_atari_env` (noop reset, max-and-skip 4, episodic life, fire reset, 84x84
+grayscale, reward clipping) with a 4-frame `VecFrameStack` against reflectrl's own chain
+(see envs/atari.py), 1 torch thread, CPU. Each side runs `--repeats` times, interleaved,
+and the best time counts (the machines are shared). `--profile FILE` writes cProfile
+statistics of one reflectrl run (`python -m pstats FILE`).
+
+    python bench/atari_sb3.py [--env ALE/Breakout-v5] [--steps 8192] [--repeats 1] [--profile FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+
+import torch
+
+N_ENVS, N_STEPS, EPOCHS, MINIBATCH = 8, 128, 4, 256
+
+
+def run_reflectrl(env_id: str, total: int) -> float:
+    from reflectrl.config import PPOConfig, RunConfig
+    from reflectrl.control.ppo import PPOTrainer, resolve_config
+
+    cfg = RunConfig(env_id=env_id, seed=1, total_steps=total, ppo=PPOConfig(
+        num_envs=N_ENVS, num_steps=N_STEPS, update_epochs=EPOCHS, num_minibatches=N_ENVS * N_STEPS // MINIBATCH))
+    resolve_config(cfg)
+    assert cfg.ppo.encoder == "cnn" and cfg.ppo.clip_coef == 0.1
+    trainer = PPOTrainer(cfg)
+    start = time.perf_counter()
+    trainer.train(progress=False)
+    elapsed = time.perf_counter() - start
+    trainer.close()
+    return trainer.global_step / elapsed
+
+
+def run_sb3(env_id: str, total: int) -> float:
+    import ale_py
+    import gymnasium as gym
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.env_util import make_atari_env
+    from stable_baselines3.common.vec_env import VecFrameStack
+
+    gym.register_envs(ale_py)
+    # frameskip=1: SB3's AtariWrapper skips 4 frames itself
+    env = VecFrameStack(make_atari_env(env_id, n_envs=N_ENVS, seed=1, env_kwargs={"frameskip": 1}), n_stack=4)
+    model = PPO("CnnPolicy", env, n_steps=N_STEPS, batch_size=MINIBATCH, n_epochs=EPOCHS, learning_rate=2.5e-4,
+                clip_range=0.1, ent_coef=0.01, vf_coef=0.5, device="cpu", seed=1, verbose=0)
+    start = time.perf_counter()
+    model.learn(total_timesteps=total)
+    elapsed = time.perf_counter() - start
+    env.close()
+    return model.num_timesteps / elapsed
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--env", default="ALE/Breakout-v5")
+    parser.add_argument("--steps", type=int, default=8192, help="env steps per run (a multiple of 1024)")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--profile", default=None, help="write cProfile stats of one reflectrl run here")
+    parser.add_argument("--json", default=None, help="also write the results here")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    total = max(N_ENVS * N_STEPS, args.steps // (N_ENVS * N_STEPS) * N_ENVS * N_STEPS)
+
+    if args.profile:
+        import cProfile
+
+        cProfile.runctx("run_reflectrl(args.env, total)", globals(), {"args": args, "total": total},
+                        filename=args.profile)
+    best = {"reflectrl": 0.0, "sb3": 0.0}
+    for _ in range(args.repeats):
+        best["reflectrl"] = max(best["reflectrl"], run_reflectrl(args.env, total))
+        best["sb3"] = max(best["sb3"], run_sb3(args.env, total))
+    ratio = best["reflectrl"] / best["sb3"]
+    print(f"{args.env}, {total} env steps, {N_ENVS} envs x {N_STEPS} steps, {EPOCHS} epochs of {MINIBATCH}, "
+          f"1 torch thread, {platform.processor() or platform.machine()}")
+    print(f"  reflectrl {best['reflectrl']:8.1f} steps/s")
+    print(f"  sb3       {best['sb3']:8.1f} steps/s")
+    print(f"  ratio     {ratio:8.2f}x (target >= 1.5x)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"env": args.env, "steps": total, **best, "ratio": ratio}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

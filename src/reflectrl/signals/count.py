@@ -1,0 +1,103 @@
+"""The episodic count bonus (issue 15 item 5): r_t += beta / sqrt(N_episode(s_{t+1})).
+
+The baseline any new exploration bonus must beat on MiniGrid (E3B, Henaff et al. 2022;
+NovelD, Zhang et al. 2021, whose episodic term is the count's indicator form). N_episode(s)
+counts the visits of an env's current episode to the state key s (envs/statekey.py: the grid
+world's cell, MiniGrid's position, heading and carried object, Montezuma's room and
+position, a SimHash of the observation elsewhere), its first state included: an episode's
+counts start at {s_0: 1} and are dropped when it ends. Step t's bonus is paid on the state
+it reaches, so a step to a state new in this episode earns beta, a second visit
+beta / sqrt(2), and so on. Counts of episodes still running carry over from one rollout to
+the next (and through a checkpoint). `episodic=false` counts over all of training and every
+env instead (the classic 1 / sqrt(N(s)) bonus, as MBIE-EB).
+
+The bonus is a reward term added before advantages are estimated; `beta=0` adds exact zeros,
+so the run equals --algo ppo bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from reflectrl.errors import UserError
+from reflectrl.registry import SignalSpec, register_signal
+from reflectrl.signals.base import Batch, Signal, SignalContext
+
+
+@dataclass
+class CountConfig:
+    beta: float = 0.01
+    """bonus scale: beta / sqrt(visits of the state reached) (0: the run equals --algo ppo bit for bit)"""
+    episodic: bool = True
+    """count within each episode (reset at its start); false: over all of training"""
+
+    def validate(self) -> None:
+        if not math.isfinite(self.beta) or self.beta < 0:
+            raise UserError(f"count.beta={self.beta}: must be a finite number >= 0")
+
+
+class CountBonus(Signal):
+    name = "count"
+
+    def __init__(self, cfg: CountConfig):
+        cfg.validate()
+        self.cfg = cfg
+        self.counts: list[dict] | None = None  # per env (episodic) or one for all
+        self.starting: list[bool] | None = None  # the env's next step starts an episode
+        self._last: dict = {}
+
+    def bind(self, ctx: SignalContext) -> None:
+        super().bind(ctx)
+        self.counts = self.starting = None
+
+    def visits(self, state_keys: np.ndarray, next_state_keys: np.ndarray, ended: np.ndarray) -> np.ndarray:
+        """(T, N) visit counts N(s_{t+1}) after each step, updating the running counts."""
+        T, N = next_state_keys.shape
+        if self.counts is None:
+            self.counts = [{} for _ in range(N if self.cfg.episodic else 1)]
+            self.starting = [True] * N
+        out = np.empty((T, N), dtype=np.int64)
+        for i in range(N):
+            counts = self.counts[i if self.cfg.episodic else 0]
+            for t in range(T):
+                if self.starting[i]:
+                    if self.cfg.episodic:
+                        counts.clear()
+                    start = int(state_keys[t, i])
+                    counts[start] = counts.get(start, 0) + 1
+                    self.starting[i] = False
+                key = int(next_state_keys[t, i])
+                n = counts.get(key, 0) + 1
+                counts[key] = out[t, i] = n
+                if ended[t, i]:
+                    self.starting[i] = True
+        return out
+
+    def shape_rewards(self, batch: Batch) -> torch.Tensor:
+        ended = (batch.terminations.bool() | batch.truncations.bool()).numpy()
+        n = self.visits(batch.state_keys.numpy(), batch.next_state_keys.numpy(), ended)
+        bonus = (self.cfg.beta / np.sqrt(n)).astype(np.float32)
+        self._last = {"count_bonus_mean": float(bonus.mean()), "count_visits_mean": float(n.mean()),
+                      "count_new_frac": float((n == 1).mean())}
+        return torch.from_numpy(bonus)
+
+    def metrics(self) -> dict:
+        return dict(self._last)
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "counts": self.counts, "starting": self.starting}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.counts, self.starting = state["counts"], state["starting"]
+
+
+register_signal(SignalSpec(
+    name="count", config=CountConfig, factory=CountBonus, step_kinds=("env_step",),
+    summary="episodic count bonus beta / sqrt(N_episode(s)) on the state key (the exploration baseline)",
+    wants=frozenset({"state_keys"}), neutral="beta=0",
+))

@@ -1,0 +1,322 @@
+"""Random Network Distillation (Burda et al. 2018, "Exploration by Random Network
+Distillation"), as CleanRL's ppo_rnd_envpool.py does it (issue 15 item 5).
+
+- A fixed, randomly initialised target network g and a predictor f trained to match it; the
+  intrinsic reward of step t is the prediction error on the state it reached,
+  r_int = ||f(x) - g(x)||^2 / 2, with x = clip((s' - mu) / sigma, -5, 5): the observation
+  normalised by running statistics (per input; on pixels, per pixel of the last frame).
+  DECISION: CleanRL initialises those statistics with 50 rollouts of random actions before
+  training; a signal does not step the envs, so the first rollout initialises them (the
+  initial policy is near-uniform, so that rollout is about as random).
+- The reward is divided by the running std of the intrinsic returns: a forward filter
+  R_t = gamma_int R_{t-1} + r_int,t per env, running over episode ends, whose values feed a
+  running variance (`RewardForwardFilter` and `reward_rms` in CleanRL). The filter runs over
+  time, as in Burda et al.'s code (CleanRL iterates over the transposed (T, N) buffer, i.e.
+  over envs, which looks like a slip).
+- The intrinsic reward is its own reward stream (signals/base.py RewardStream; the trainer's
+  second value head, control/streams.py): non-episodic, gamma `int_gamma` (0.99), and the
+  policy's advantage is ext_coef * A_ext + int_coef * A_int (2 and 1). The extrinsic gamma
+  is the trainer's `gamma`; Burda et al. and CleanRL use 0.999 on Atari (set gamma=0.999 for
+  a like-for-like run there; the Atari defaults are the trainer's).
+- After each update the predictor is trained for `epochs` epochs of `num_minibatches`
+  minibatches, each step on a random `update_proportion` (0.25) of the minibatch's rows, with
+  its own Adam at `lr_multiplier` x the policy's (annealed as the policy's), its gradient
+  norm clipped to `max_grad_norm`; then the observation statistics include the batch.
+- Networks: for vector observations (and MiniGrid's symbolic view) MLPs, LeakyReLU trunks of
+  `hidden_sizes`, the target ending in a linear `embedding_dim` layer, the predictor in two
+  more ReLU layers (the shape of CleanRL's conv nets); for pixels (a CNN encoder on images of
+  sides >= 36: Atari) CleanRL's conv nets on the last frame.
+
+`int_coef=0` turns the intrinsic stream off (no second value head, no ext_coef scaling):
+the run equals --algo ppo bit for bit, while the RND nets still train and log.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from reflectrl.errors import UserError
+from reflectrl.registry import SignalSpec, register_signal
+from reflectrl.signals.base import Batch, RewardStream, Signal, SignalContext, SignalOutput
+
+PIXEL_MIN_SIDE = 36  # images at least this big get CleanRL's conv nets (the Nature CNN's smallest input)
+
+
+@dataclass
+class RndConfig:
+    int_coef: float = 1.0
+    """weight of the intrinsic advantage (0: the run equals --algo ppo bit for bit)"""
+    ext_coef: float = 2.0
+    """weight of the extrinsic advantage while the intrinsic stream is on"""
+    int_gamma: float = 0.99
+    """discount of the intrinsic (non-episodic) stream"""
+    update_proportion: float = 0.25
+    """share of each minibatch's rows the predictor trains on"""
+    epochs: int = 4
+    """epochs of the predictor's training per iteration"""
+    num_minibatches: int = 4
+    """minibatches per epoch of that training"""
+    lr_multiplier: float = 1.0
+    """the predictor's learning rate, in multiples of the policy's"""
+    max_grad_norm: float = 0.5
+    """clip of the predictor's gradient norm"""
+    hidden_sizes: tuple[int, ...] = (256, 256)
+    """widths of the MLP nets' trunks (vector observations)"""
+    embedding_dim: int = 128
+    """width of the target's output (512 for the conv nets, as CleanRL)"""
+    obs_clip: float = 5.0
+    """clip of the normalised observations the nets read"""
+
+    def validate(self) -> None:
+        def bad(msg):
+            raise UserError(f"rnd.{msg}")
+
+        for name in ("int_coef", "ext_coef", "lr_multiplier", "max_grad_norm", "obs_clip"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                bad(f"{name}={value}: must be a finite number >= 0")
+        for name in ("lr_multiplier", "max_grad_norm", "obs_clip"):
+            if getattr(self, name) == 0:
+                bad(f"{name}=0: must be > 0")
+        if not 0.0 < self.int_gamma <= 1.0:
+            bad(f"int_gamma={self.int_gamma}: must be in (0, 1]")
+        if not 0.0 < self.update_proportion <= 1.0:
+            bad(f"update_proportion={self.update_proportion}: must be in (0, 1]")
+        for name in ("epochs", "num_minibatches", "embedding_dim"):
+            if getattr(self, name) < 1:
+                bad(f"{name}={getattr(self, name)}: must be a positive integer")
+        if not self.hidden_sizes or any(h < 1 for h in self.hidden_sizes):
+            bad(f"hidden_sizes={self.hidden_sizes}: give positive layer widths, e.g. 256,256")
+
+
+class RunningMeanStd:
+    """Running mean and variance (float64) with the parallel update of Chan et al., as
+    gym's RunningMeanStd (mean 0, var 1, count 1e-4 before any data)."""
+
+    def __init__(self, shape=()):
+        self.mean = np.zeros(shape, np.float64)
+        self.var = np.ones(shape, np.float64)
+        self.count = 1e-4
+
+    def update(self, x: np.ndarray) -> None:
+        x = np.asarray(x, np.float64)
+        self.update_from_moments(x.mean(axis=0), x.var(axis=0), x.shape[0])
+
+    def update_from_moments(self, batch_mean, batch_var, batch_count) -> None:
+        delta = batch_mean - self.mean
+        total = self.count + batch_count
+        self.mean = self.mean + delta * batch_count / total
+        m2 = self.var * self.count + batch_var * batch_count + np.square(delta) * self.count * batch_count / total
+        self.var = m2 / total
+        self.count = total
+
+    def state_dict(self) -> dict:
+        return {"mean": self.mean, "var": self.var, "count": self.count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.mean, self.var, self.count = state["mean"], state["var"], state["count"]
+
+
+class RewardForwardFilter:
+    """R_t = gamma R_{t-1} + r_t per env, carried across rollouts and episode ends."""
+
+    def __init__(self, gamma: float):
+        self.gamma = gamma
+        self.rewems: np.ndarray | None = None
+
+    def update(self, rewards: np.ndarray) -> np.ndarray:
+        """(T, N) rewards -> (T, N) filtered values, in time order."""
+        out = np.empty(rewards.shape, np.float64)
+        for t, r in enumerate(np.asarray(rewards, np.float64)):
+            self.rewems = r.copy() if self.rewems is None else self.rewems * self.gamma + r
+            out[t] = self.rewems
+        return out
+
+
+SQRT2 = math.sqrt(2.0)
+
+
+def _init(layer, std=SQRT2):
+    nn.init.orthogonal_(layer.weight, std)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+def mlp_nets(in_dim: int, hidden_sizes, embedding_dim: int) -> tuple[nn.Module, nn.Module]:
+    """(target, predictor) MLPs: the predictor is the target's shape plus two ReLU layers."""
+    def trunk():
+        layers, last = [], in_dim
+        for width in hidden_sizes:
+            layers += [_init(nn.Linear(last, width)), nn.LeakyReLU()]
+            last = width
+        return layers, last
+
+    layers, last = trunk()
+    target = nn.Sequential(*layers, _init(nn.Linear(last, embedding_dim)))
+    layers, last = trunk()
+    predictor = nn.Sequential(*layers, _init(nn.Linear(last, embedding_dim)), nn.ReLU(),
+                              _init(nn.Linear(embedding_dim, embedding_dim)), nn.ReLU(),
+                              _init(nn.Linear(embedding_dim, embedding_dim)))
+    return target, predictor
+
+
+def conv_nets(height: int, width: int) -> tuple[nn.Module, nn.Module]:
+    """CleanRL's RND conv nets on one (1, H, W) frame; 512 outputs."""
+    def trunk():
+        return [_init(nn.Conv2d(1, 32, 8, stride=4)), nn.LeakyReLU(), _init(nn.Conv2d(32, 64, 4, stride=2)),
+                nn.LeakyReLU(), _init(nn.Conv2d(64, 64, 3, stride=1)), nn.LeakyReLU(), nn.Flatten()]
+
+    with torch.no_grad():
+        flat = nn.Sequential(*trunk())(torch.zeros(1, 1, height, width)).shape[1]
+    target = nn.Sequential(nn.Unflatten(1, (1, height, width)), *trunk(), _init(nn.Linear(flat, 512)))
+    predictor = nn.Sequential(nn.Unflatten(1, (1, height, width)), *trunk(), _init(nn.Linear(flat, 512)), nn.ReLU(),
+                              _init(nn.Linear(512, 512)), nn.ReLU(), _init(nn.Linear(512, 512)))
+    return target, predictor
+
+
+class RND(Signal):
+    name = "rnd"
+    wants_next_obs = True
+
+    def __init__(self, cfg: RndConfig):
+        cfg.validate()
+        self.cfg = cfg
+        self._last: dict = {}
+        self._train_obs: np.ndarray | None = None
+        self.extrinsic_coef = cfg.ext_coef if cfg.int_coef > 0 else 1.0
+
+    def bind(self, ctx: SignalContext) -> None:
+        super().bind(ctx)
+        shape = tuple(ctx.obs_shape) or (ctx.obs_dim,)
+        self.frame = None  # (channel axis, index, H, W) of the last frame, for pixels
+        if ctx.image_obs and len(shape) == 3 and min(sorted(shape)[1:]) >= PIXEL_MIN_SIDE:
+            channels_last = shape[-1] <= 4 < shape[0]
+            h, w = (shape[0], shape[1]) if channels_last else (shape[1], shape[2])
+            self.frame = (2 if channels_last else 0, h, w)
+            in_dim = h * w
+        else:
+            in_dim = ctx.obs_dim
+        with self.own_rng():
+            if self.frame is not None:
+                self.target, self.predictor = conv_nets(self.frame[1], self.frame[2])
+            else:
+                self.target, self.predictor = mlp_nets(in_dim, self.cfg.hidden_sizes, self.cfg.embedding_dim)
+        self.target.requires_grad_(False)
+        self.obs_shape = shape
+        self.optimizer = torch.optim.Adam(self.predictor.parameters(), lr=self.cfg.lr_multiplier * ctx.learning_rate,
+                                          eps=1e-5)
+        self.obs_rms = RunningMeanStd(in_dim)
+        self.reward_rms = RunningMeanStd()
+        self.filter = RewardForwardFilter(self.cfg.int_gamma)
+        self.initialised = False
+
+    def reward_streams(self) -> list[RewardStream]:
+        if self.cfg.int_coef == 0:
+            return []
+        return [RewardStream("rnd", gamma=self.cfg.int_gamma, episodic=False, coef=self.cfg.int_coef)]
+
+    # -------------------------------------------------------------------------- pieces
+
+    def inputs(self, obs: torch.Tensor) -> np.ndarray:
+        """(B, in_dim) float64 rows the nets read, before normalisation (the last frame for pixels)."""
+        x = obs.reshape(-1, *self.obs_shape)
+        if self.frame is not None:
+            x = x[..., -1] if self.frame[0] == 2 else x[:, -1]
+        return x.reshape(x.shape[0], -1).double().numpy()
+
+    def normalise(self, x: np.ndarray) -> torch.Tensor:
+        z = (x - self.obs_rms.mean) / np.sqrt(self.obs_rms.var + 1e-8)
+        return torch.from_numpy(np.clip(z, -self.cfg.obs_clip, self.cfg.obs_clip).astype(np.float32))
+
+    @torch.no_grad()
+    def prediction_error(self, z: torch.Tensor) -> torch.Tensor:
+        """||f(z) - g(z)||^2 / 2 per row."""
+        return (self.predictor(z) - self.target(z)).square().sum(-1) / 2
+
+    def normalise_rewards(self, raw: np.ndarray) -> np.ndarray:
+        """(T, N) raw errors divided by the running std of the forward-filtered returns."""
+        filtered = self.filter.update(raw)
+        self.reward_rms.update_from_moments(filtered.mean(), filtered.var(), filtered.size)
+        return raw / np.sqrt(self.reward_rms.var)
+
+    # -------------------------------------------------------------------------- hooks
+
+    def after_advantages(self, batch: Batch) -> SignalOutput | None:
+        shape = batch.rewards.shape
+        x = self.inputs(batch.next_obs)
+        if not self.initialised:  # DECISION (module docstring): the first rollout initialises the statistics
+            self.obs_rms.update(x)
+            self.initialised = True
+            first = True
+        else:
+            first = False
+        raw = self.prediction_error(self.normalise(x)).double().numpy().reshape(shape)
+        reward = self.normalise_rewards(raw)
+        if not first:
+            self.obs_rms.update(x)
+        self._train_obs = x
+        self._last = {"rnd_intrinsic_mean": float(reward.mean()), "rnd_intrinsic_max": float(reward.max()),
+                      "rnd_error_mean": float(raw.mean()), "rnd_return_std": float(np.sqrt(self.reward_rms.var))}
+        if self.cfg.int_coef == 0:
+            return None
+        return SignalOutput(streams={"rnd": torch.from_numpy(reward.astype(np.float32))})
+
+    def after_update(self, batch: Batch) -> None:
+        self.train_predictor(self.normalise(self._train_obs), batch.iteration)
+
+    def train_predictor(self, z: torch.Tensor, iteration: int) -> float:
+        cfg = self.cfg
+        frac = 1.0 - (iteration - 1.0) / max(1, self.ctx.total_iterations)
+        self.optimizer.param_groups[0]["lr"] = frac * cfg.lr_multiplier * self.ctx.learning_rate
+        n = z.shape[0]
+        size = max(1, n // cfg.num_minibatches)
+        with torch.no_grad():
+            target = self.target(z)
+        losses = []
+        for _ in range(cfg.epochs):
+            order = torch.randperm(n, generator=self.generator)
+            for start in range(0, size * cfg.num_minibatches, size):
+                idx = order[start:start + size]
+                per_row = F.mse_loss(self.predictor(z[idx]), target[idx], reduction="none").mean(-1)
+                mask = (torch.rand(len(idx), generator=self.generator) < cfg.update_proportion).float()
+                loss = (per_row * mask).sum() / torch.clamp(mask.sum(), min=1.0)
+                self.optimizer.zero_grad()
+                loss.backward()
+                nn.utils.clip_grad_norm_(self.predictor.parameters(), cfg.max_grad_norm)
+                self.optimizer.step()
+                losses.append(loss.detach())
+        self._last["rnd_predictor_loss"] = float(torch.stack(losses).mean())
+        return self._last["rnd_predictor_loss"]
+
+    def metrics(self) -> dict:
+        return dict(self._last)
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "target": self.target.state_dict(), "predictor": self.predictor.state_dict(),
+                "optimizer": self.optimizer.state_dict(), "obs_rms": self.obs_rms.state_dict(),
+                "reward_rms": self.reward_rms.state_dict(), "rewems": self.filter.rewems,
+                "initialised": self.initialised}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.target.load_state_dict(state["target"])
+        self.predictor.load_state_dict(state["predictor"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.obs_rms.load_state_dict(state["obs_rms"])
+        self.reward_rms.load_state_dict(state["reward_rms"])
+        self.filter.rewems = state["rewems"]
+        self.initialised = state["initialised"]
+
+
+register_signal(SignalSpec(
+    name="rnd", config=RndConfig, factory=RND, step_kinds=("env_step",),
+    summary="Random Network Distillation (Burda et al. 2018): a predictor's error on a fixed random net is an "
+            "intrinsic reward, learnt on its own non-episodic value head",
+    wants=frozenset({"next_obs", "value_stream"}), neutral="int_coef=0",
+))
