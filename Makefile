@@ -3,8 +3,10 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO_OUT ?= runs/demo-$(shell printf '%s' '$(DEMO_ALGOS)' | sha1sum | cut -c1-8)
-# Every method that has landed, on the built-in sparse maze; re-running resumes/skips.
-DEMO_ALGOS ?= ppo,refgrpo,refgrpo[bonus_target=seed],sdrs,sdrs[mode=potential],gear
+# A hard-exploration question: on a 15x15 maze plain PPO never finds the goal in 100k steps.
+# The exploration baselines (count, rnd), each seed signal alone, and each on top of the
+# count bonus; re-running resumes/skips.
+DEMO_ALGOS ?= ppo,ppo+count,ppo+rnd,ppo+calibration,ppo+shaping[mode=potential],ppo+gear,ppo+count+calibration,ppo+count+shaping[mode=potential],ppo+count+gear
 
 .PHONY: setup demo test test-fast lint bench
 
@@ -13,7 +15,7 @@ setup:
 
 demo: setup
 	$(VENV)/bin/reflectrl compare --env reflectrl/GridWorld-v0 --algos '$(DEMO_ALGOS)' --seeds 5 \
-		--total-steps 60000 --set env.size=12 --out $(DEMO_OUT)
+		--total-steps 100000 --set env.size=15 env.layout=maze --out $(DEMO_OUT)
 
 test: setup
 	$(PY) -m pytest tests -q

@@ -291,3 +291,17 @@ def test_claims_find_a_method_under_its_composed_name(tmp_path):
     root = make_experiment(tmp_path / "a", {"ppo": slow, "ppo+calibration[alpha=0]": slow, "ppo+calibration": fast})
     c = claim(root, "RefGRPO learns faster early")
     assert c.testable and c.verdict == "supported"
+
+
+def test_solved_text_sorts_entries_by_seeds_reaching_the_threshold():
+    from reflectrl.report.render import solved_text
+
+    def row(algo, reached, seeds=5):
+        return {"env": "E", "algo": algo, "seeds": seeds, "reached": reached, "threshold": 0.8, "env_range": [0, 1]}
+
+    text = solved_text([row("ppo", 0), row("ppo+count", 5), row("ppo+rnd", 3)])
+    lines = text.splitlines()
+    assert lines[0].startswith("E: return >= 0.8") and "0, to the best, 1" in lines[0]
+    assert lines[1:] == ["  every seed: ppo+count (5/5)", "  some seeds: ppo+rnd (3/5)", "  no seed: ppo (0/5)"]
+    flat = [{**row("ppo", 5), "env_range": [0, 0]}]
+    assert solved_text(flat) == "E: every run's return is 0: no entry solves it"

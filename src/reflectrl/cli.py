@@ -216,11 +216,15 @@ def _parse_algos(text):
 
 
 def _print_report(root, reps: int) -> None:
-    from reflectrl.report.render import claims_text, write_report
+    from reflectrl.report.render import claims_text, solved_text, write_report
 
     path, claims = write_report(root, reps=reps)
     print(f"report: {path}")
     print(f"summary: {path.with_name('report.md')}")
+    table = json.loads(path.with_name("stats.json").read_text())["table"]
+    solved = solved_text(table)
+    if solved:
+        print(solved)
     print(claims_text(claims))
 
 

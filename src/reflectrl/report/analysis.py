@@ -175,6 +175,7 @@ def summary_table(exp: Experiment, reps: int = 2000) -> list[dict]:
                 "p_improve_over_ppo": None if poi is None else poi[0],
                 "p_improve_ci": None if poi is None else [poi[1], poi[2]],
                 "threshold": threshold,
+                "env_range": list(env_range(exp, env_id)),
                 "steps_to_threshold_median": float(np.median(reach)) if reach else math.inf,
                 "reached": int(np.isfinite(reach).sum()),
             })

@@ -104,6 +104,29 @@ def claims_text(claims: list[Claim]) -> str:
     return "\n".join(lines + ([line] if line else []))
 
 
+def solved_text(table: list[dict]) -> str:
+    """Which entries solve each env: how many of their seeds' returns reach the report's
+    threshold (80% of the way from the worst to the best return seen in the env) and stay
+    there (steps to threshold)."""
+    lines = []
+    for env_id in dict.fromkeys(r["env"] for r in table):
+        rows = [r for r in table if r["env"] == env_id and r.get("seeds")]
+        if not rows:
+            continue
+        lo, hi = rows[0].get("env_range", (math.nan, math.nan))
+        if not hi - lo > 1e-9:
+            lines.append(f"{env_id}: every run's return is {_num(lo)}: no entry solves it")
+            continue
+        groups = {"every seed": [], "some seeds": [], "no seed": []}
+        for r in rows:
+            which = "every seed" if r["reached"] >= r["seeds"] else "some seeds" if r["reached"] else "no seed"
+            groups[which].append(f"{r['algo']} ({r['reached']}/{r['seeds']})")
+        lines.append(f"{env_id}: return >= {_num(rows[0]['threshold'])} (80% of the way from the worst return seen, "
+                     f"{_num(lo)}, to the best, {_num(hi)}) reached by")
+        lines += [f"  {name}: {', '.join(entries)}" for name, entries in groups.items() if entries]
+    return "\n".join(lines)
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_")
 
@@ -169,6 +192,9 @@ def write_report(root: Path, reps: int = 2000) -> tuple[Path, list[Claim]]:
     md += [f"> **Warning:** {few_seeds}", ""] if few_seeds else []
     md += ["| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
     md += ["| " + " | ".join(r) + " |" for r in rows]
+    solved = solved_text(table)
+    solved_title = "Which entries solve each env (seeds reaching the threshold):"
+    md += ["", solved_title, "", "```", solved, "```"] if solved else []
     md += ["", notes, "", "## Claims", ""]
     if tested:
         md += ["| claim | verdict | evidence |", "|---|---|---|"]
@@ -197,7 +223,8 @@ def write_report(root: Path, reps: int = 2000) -> tuple[Path, list[Claim]]:
     parts.append("<table><tr>")
     parts += [f"<th>{e(h)}</th>" for h in HEADERS] + ["</tr>"]
     parts += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows]
-    parts += [f"</table><p><small>{e(notes)}</small></p><h2>Claims</h2>"]
+    parts += ["</table>"] + ([f"<p>{e(solved_title)}</p><pre>{e(solved)}</pre>"] if solved else [])
+    parts += [f"<p><small>{e(notes)}</small></p><h2>Claims</h2>"]
     css = {"supported": "supported", "not supported": "not", "inconclusive": "inconclusive", "not tested": "untested"}
     if tested:
         parts += ["<table><tr><th>claim</th><th>verdict</th><th>evidence</th></tr>"]
