@@ -280,7 +280,7 @@ def test_report_renders_in_headless_chromium(cli, tmp_path):
                           "--disable-component-update", "--disable-sync", "--no-first-run",
                           f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=5000", "--dump-dom",
                           probe.as_uri()], capture_output=True, text=True, timeout=120).stdout
-    assert 'data-probe="3:3"' in dom  # curves, final-return intervals and diagnostics for the one env
+    assert 'data-probe="4:4"' in dom  # curves, final-return intervals, diagnostics and exploration of the one env
     assert "Claims" in dom and "ppo[ent_coef=0]" in dom
 
 

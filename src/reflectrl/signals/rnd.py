@@ -42,6 +42,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from reflectrl.errors import UserError
+from reflectrl.nets import flatten_parameters
 from reflectrl.registry import SignalSpec, register_signal
 from reflectrl.signals.base import Batch, RewardStream, Signal, SignalContext, SignalOutput
 
@@ -209,8 +210,10 @@ class RND(Signal):
                 self.target, self.predictor = mlp_nets(in_dim, self.cfg.hidden_sizes, self.cfg.embedding_dim)
         self.target.requires_grad_(False)
         self.obs_shape = shape
-        self.optimizer = torch.optim.Adam(self.predictor.parameters(), lr=self.cfg.lr_multiplier * ctx.learning_rate,
-                                          eps=1e-5)
+        # one flat parameter, one fused Adam and a one-tensor clip: most of a small net's step
+        self.flat = flatten_parameters(self.predictor)
+        self.optimizer = torch.optim.Adam([self.flat], lr=self.cfg.lr_multiplier * ctx.learning_rate, eps=1e-5,
+                                          fused=True)
         self.obs_rms = RunningMeanStd(in_dim)
         self.reward_rms = RunningMeanStd()
         self.filter = RewardForwardFilter(self.cfg.int_gamma)
@@ -283,12 +286,15 @@ class RND(Signal):
             order = torch.randperm(n, generator=self.generator)
             for start in range(0, size * cfg.num_minibatches, size):
                 idx = order[start:start + size]
-                per_row = F.mse_loss(self.predictor(z[idx]), target[idx], reduction="none").mean(-1)
-                mask = (torch.rand(len(idx), generator=self.generator) < cfg.update_proportion).float()
-                loss = (per_row * mask).sum() / torch.clamp(mask.sum(), min=1.0)
-                self.optimizer.zero_grad()
+                mask = torch.rand(len(idx), generator=self.generator) < cfg.update_proportion
+                # CleanRL's (per_row * mask).sum() / max(mask.sum(), 1), on the chosen rows only:
+                # the others' error would be computed and multiplied by 0
+                rows = idx[mask] if bool(mask.any()) else idx[:0]
+                per_row = F.mse_loss(self.predictor(z[rows]), target[rows], reduction="none").mean(-1)
+                loss = per_row.sum() / max(len(rows), 1)
+                self.flat.grad.zero_()
                 loss.backward()
-                nn.utils.clip_grad_norm_(self.predictor.parameters(), cfg.max_grad_norm)
+                nn.utils.clip_grad_norm_([self.flat], cfg.max_grad_norm)
                 self.optimizer.step()
                 losses.append(loss.detach())
         self._last["rnd_predictor_loss"] = float(torch.stack(losses).mean())
