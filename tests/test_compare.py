@@ -105,7 +105,8 @@ def test_report_prints_the_verdict_the_data_gives(cli, tmp_path, gear, ppo, verd
     root = make_experiment(tmp_path / "exp", {"ppo": ppo, "gear": gear})
     code, stdout, err = cli("report", root, "--reps", "200")
     assert code == 0, err
-    claims = stdout[stdout.index("summary:"):].splitlines()[1:]
+    claims = stdout[stdout.index("claim "):].splitlines()  # after the paths and which entries solve the env
+    assert "reached by" in stdout[:stdout.index("claim ")]  # which entries solve the env, before the claims
     assert claims[0].split() == ["claim", "verdict"]
     assert claims[1].startswith("GEAR beats the baseline  ") and claims[1].split("  ")[-1].strip() == verdict
     assert len(claims) == 3 and claims[2].startswith("not testable here (entries missing): RefGRPO")

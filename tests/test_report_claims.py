@@ -305,3 +305,24 @@ def test_solved_text_sorts_entries_by_seeds_reaching_the_threshold():
     assert lines[1:] == ["  every seed: ppo+count (5/5)", "  some seeds: ppo+rnd (3/5)", "  no seed: ppo (0/5)"]
     flat = [{**row("ppo", 5), "env_range": [0, 0]}]
     assert solved_text(flat) == "E: every run's return is 0: no entry solves it"
+
+
+def test_per_run_scores_are_published_with_the_table(tmp_path):
+    curves = {"ppo": [0.0, 0.0, 1.0], "ppo+count": [[0.0] * 10 + [1.0] * 10, 1.0, 1.0]}
+    extra = {"ppo": [[{"unique_states_total": 40 + s}] * 20 for s in range(3)],
+             "ppo+count": [[{"unique_states_total": 90, "first_reward_step": 500}] * 20] * 3}
+    root = make_experiment(tmp_path / "exp", curves, extra=extra)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # 3 seeds
+        write_report(root, reps=REPS)
+    runs = json.loads((root / "report/stats.json").read_text())["runs"]
+    assert [(r["algo"], r["seed"]) for r in runs] == [("ppo", 1), ("ppo", 2), ("ppo", 3),
+                                                      ("ppo+count", 1), ("ppo+count", 2), ("ppo+count", 3)]
+    by = {(r["algo"], r["seed"]): r for r in runs}
+    assert by[("ppo", 1)]["final"] == 0.0 and by[("ppo", 3)]["final"] == 1.0
+    assert by[("ppo+count", 1)]["auc"] == pytest.approx(0.5, abs=0.06) and by[("ppo+count", 1)]["final"] == 1.0
+    assert by[("ppo", 2)]["unique_states_total"] == 41 and by[("ppo", 1)]["first_reward_step"] is None
+    assert by[("ppo", 1)]["steps_to_threshold"] is None and by[("ppo+count", 2)]["steps_to_threshold"] is not None
+    md = (root / "report/report.md").read_text()
+    assert "## Per-run scores" in md
+    assert "| reflectrl/GridWorld-v0 | ppo+count | 1 | finished | 1 | " in md and "| 90 | 500 |" in md

@@ -182,6 +182,26 @@ def summary_table(exp: Experiment, reps: int = 2000) -> list[dict]:
     return rows
 
 
+def per_run_scores(exp: Experiment) -> list[dict]:
+    """Every run's own scores, from which the summary table is computed (published with it):
+    final return, AUC and early AUC (raw returns), steps to the env's threshold, and the
+    exploration metrics it logged last (None where it logged none)."""
+    out = []
+    thresholds = {env_id: _threshold(exp, env_id) for env_id in exp.spec.envs}
+    for r in exp.runs:
+        env_id = r.spec.env_id
+        last = {}
+        for row in r.rows:
+            last.update({k: row[k] for k in ("unique_states_total", "first_reward_step", "rooms_visited")
+                         if row.get(k) is not None})
+        reach = stats.steps_to_threshold(exp.grid, _fill(r.curve), thresholds[env_id], window=GRID // 10)
+        out.append({"env": env_id, "algo": r.spec.entry.label, "seed": r.spec.seed, "status": r.status,
+                    **run_scores(r), "steps_to_threshold": reach if math.isfinite(reach) else None,
+                    "unique_states_total": last.get("unique_states_total"),
+                    "first_reward_step": last.get("first_reward_step"), "rooms_visited": last.get("rooms_visited")})
+    return out
+
+
 def few_seed_rows(table: list[dict]) -> list[dict]:
     """The summary rows whose intervals rest on fewer than MIN_SEEDS_FOR_CI seeds."""
     return [r for r in table if 0 < r.get("seeds", 0) < MIN_SEEDS_FOR_CI]

@@ -22,6 +22,7 @@ from reflectrl.report.analysis import (
     evaluate_claims,
     few_seed_rows,
     load_experiment,
+    per_run_scores,
     summary_table,
 )
 from reflectrl.runs import atomic_write_bytes
@@ -102,6 +103,11 @@ def claims_text(claims: list[Claim]) -> str:
         lines.append("no claim can be tested by this experiment")
     line = not_testable_text(claims)
     return "\n".join(lines + ([line] if line else []))
+
+
+def _count(value) -> str:
+    """A step or state count with thousands separators; – for none."""
+    return "–" if value is None else f"{value:,.0f}"
 
 
 def solved_text(table: list[dict]) -> str:
@@ -203,7 +209,14 @@ def write_report(root: Path, reps: int = 2000) -> tuple[Path, list[Claim]]:
         md += ["No claim can be tested by this experiment."]
     md += ["", untestable] if untestable else []
     md += ["", "## Plots", ""] + [f"### {title}\n\n![{title}]({name})\n" for title, name, _ in figures]
-    md += ["## Runs", "", "| env | algo | seed | status | command |", "|---|---|---|---|---|"]
+    scores = per_run_scores(exp)
+    md += ["## Per-run scores", "", 'What the table above is computed from (stats.json holds them under "runs").', "",
+           "| env | algo | seed | status | final return | AUC | steps to threshold | unique states | first reward |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    md += [f"| {r['env']} | {r['algo']} | {r['seed']} | {r['status']} | {_num(r['final'])} | {_num(r['auc'])} | "
+           f"{_count(r['steps_to_threshold'])} | {_count(r['unique_states_total'])} | "
+           f"{_count(r['first_reward_step'])} |" for r in scores]
+    md += ["", "## Runs", "", "| env | algo | seed | status | command |", "|---|---|---|---|---|"]
     md += [f"| {r.spec.env_id} | {r.spec.entry.label} | {r.spec.seed} | {r.status} | `{' '.join(r.command)}` |"
            for r in exp.runs]
     atomic_write_bytes(out / "report.md", ("\n".join(md) + "\n").encode())
@@ -248,7 +261,7 @@ def write_report(root: Path, reps: int = 2000) -> tuple[Path, list[Claim]]:
     parts.append("</body></html>")
     atomic_write_bytes(out / "index.html", "".join(parts).encode())
 
-    data = {"spec": spec.to_dict(), "table": table, "claims": [c.__dict__ for c in claims],
+    data = {"spec": spec.to_dict(), "table": table, "runs": scores, "claims": [c.__dict__ for c in claims],
             "warnings": [few_seeds] if few_seeds else []}
     atomic_write_bytes(out / "stats.json", (json.dumps(_strict_json(data), indent=2) + "\n").encode())
     return out / "index.html", claims
