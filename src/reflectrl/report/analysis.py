@@ -121,12 +121,16 @@ def run_scores(run: RunData) -> dict:
             "early_auc": float(np.nanmean(early)) if np.isfinite(early).any() else math.nan}
 
 
-def env_range(exp: Experiment, env_id: str) -> tuple[float, float]:
+def observed_range(exp: Experiment, env_id: str) -> tuple[float, float]:
+    """The worst and best return any run logged in the env ((0, 0) before any)."""
     values = np.concatenate([_fill(r.curve) for r in exp.runs if r.spec.env_id == env_id] or [np.array([0.0])])
     values = values[np.isfinite(values)]
-    if values.size == 0:
-        return 0.0, 1.0
-    lo, hi = float(values.min()), float(values.max())
+    return (float(values.min()), float(values.max())) if values.size else (0.0, 0.0)
+
+
+def env_range(exp: Experiment, env_id: str) -> tuple[float, float]:
+    """The observed range, widened to 1 where every return was the same (for normalising)."""
+    lo, hi = observed_range(exp, env_id)
     return (lo, hi) if hi > lo else (lo, lo + 1.0)
 
 
@@ -175,7 +179,7 @@ def summary_table(exp: Experiment, reps: int = 2000) -> list[dict]:
                 "p_improve_over_ppo": None if poi is None else poi[0],
                 "p_improve_ci": None if poi is None else [poi[1], poi[2]],
                 "threshold": threshold,
-                "env_range": list(env_range(exp, env_id)),
+                "env_range": list(observed_range(exp, env_id)),
                 "steps_to_threshold_median": float(np.median(reach)) if reach else math.inf,
                 "reached": int(np.isfinite(reach).sum()),
             })
