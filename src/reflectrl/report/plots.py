@@ -113,10 +113,7 @@ def diagnostics_figure(exp: Experiment, env_id: str, keys: list[str]):
     """One panel per signal metric (and the policy entropy), mean over seeds per algo entry;
     one legend below the panels with every entry drawn in any of them."""
     keys = keys + ["entropy"]
-    cols = min(3, len(keys))
-    nrows = -(-len(keys) // cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.2 * nrows + 0.8), squeeze=False, dpi=DPI,
-                             layout="constrained")
+    fig, axes = _panel_grid(len(keys))
     for ax, key in zip(axes.flat, keys):
         for i, label in enumerate(exp.spec.algos):
             series = []
@@ -127,26 +124,42 @@ def diagnostics_figure(exp: Experiment, env_id: str, keys: list[str]):
                     series.append(np.interp(exp.grid, *zip(*pts)))
             if series:
                 ax.plot(exp.grid, np.mean(series, axis=0), color=COLORS[i % len(COLORS)], label=label)
-        ax.set_title(key, fontsize=10)
-        ax.set_xlabel("env steps", fontsize=TICK_SIZE)
-        ax.grid(alpha=0.3)
-        ax.tick_params(labelsize=TICK_SIZE)
-        ax.xaxis.get_offset_text().set_fontsize(TICK_SIZE)
-        ax.yaxis.get_offset_text().set_fontsize(TICK_SIZE)
-    for ax in list(axes.flat)[len(keys):]:
+        _style_panel(ax, key)
+    _finish_grid(fig, axes, len(keys), exp.spec.algos, f"{env_id}: diagnostics over training (mean over seeds)")
+    return fig  # laid out (constrained) when drawn or saved
+
+
+def _panel_grid(n: int):
+    """A figure of n panels, 3 to a row, laid out (constrained) with room for a legend below."""
+    cols = min(3, n)
+    nrows = -(-n // cols)
+    return plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.2 * nrows + 0.8), squeeze=False, dpi=DPI,
+                        layout="constrained")
+
+
+def _style_panel(ax, title: str) -> None:
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("env steps", fontsize=TICK_SIZE)
+    ax.grid(alpha=0.3)
+    ax.tick_params(labelsize=TICK_SIZE)
+    ax.xaxis.get_offset_text().set_fontsize(TICK_SIZE)
+    ax.yaxis.get_offset_text().set_fontsize(TICK_SIZE)
+
+
+def _finish_grid(fig, axes, used: int, algos: list[str], title: str) -> None:
+    """Blank the unused panels; one legend for the figure, made of the lines drawn (panels
+    only show the entries that log their metric, and an entry drawn in any panel is in it)."""
+    for ax in list(axes.flat)[used:]:
         ax.axis("off")
-    # one legend for the figure, made of the lines drawn: panels only show the entries that
-    # log their metric, and an entry drawn in any panel is in it
     drawn = {}
     for ax in axes.flat:
         for line in ax.get_lines():
             drawn.setdefault(line.get_label(), line)
-    labels = [label for label in exp.spec.algos if label in drawn]
-    fig.suptitle(f"{env_id}: diagnostics over training (mean over seeds)", fontsize=11)
+    labels = [label for label in algos if label in drawn]
+    fig.suptitle(title, fontsize=11)
     if labels:
         fig.legend([drawn[label] for label in labels], labels, loc="outside lower center",
                    ncol=min(4, len(labels)), fontsize=TICK_SIZE)
-    return fig  # laid out (constrained) when drawn or saved
 
 
 def _series(run, key: str, grid: np.ndarray) -> np.ndarray | None:
@@ -173,10 +186,7 @@ def exploration_figure(exp: Experiment, env_id: str):
     """The exploration metrics per algo entry, IQM over seeds with a 95% band as the returns,
     and the share of seeds that have seen a non-zero reward by each step (first_reward_step)."""
     keys = exploration_keys(exp, env_id) + ["first_reward_step"]
-    cols = min(3, len(keys))
-    nrows = -(-len(keys) // cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.2 * nrows + 0.8), squeeze=False, dpi=DPI,
-                             layout="constrained")
+    fig, axes = _panel_grid(len(keys))
     for ax, key in zip(axes.flat, keys):
         for i, label in enumerate(exp.spec.algos):
             runs = exp.select(env_id, label)
@@ -193,21 +203,18 @@ def exploration_figure(exp: Experiment, env_id: str):
                 mid, lo, hi = _band(np.stack(series))
                 ax.plot(exp.grid, mid, color=color, label=label)
                 ax.fill_between(exp.grid, lo, hi, color=color, alpha=0.2)
-        title = "seeds with a non-zero reward by then" if key == "first_reward_step" else key
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("env steps", fontsize=TICK_SIZE)
-        ax.grid(alpha=0.3)
-        ax.tick_params(labelsize=TICK_SIZE)
-        ax.xaxis.get_offset_text().set_fontsize(TICK_SIZE)
-    for ax in list(axes.flat)[len(keys):]:
-        ax.axis("off")
-    drawn = {}
-    for ax in axes.flat:
-        for line in ax.get_lines():
-            drawn.setdefault(line.get_label(), line)
-    labels = [label for label in exp.spec.algos if label in drawn]
-    fig.suptitle(f"{env_id}: exploration (IQM over seeds, 95% CI)", fontsize=11)
-    if labels:
-        fig.legend([drawn[label] for label in labels], labels, loc="outside lower center",
-                   ncol=min(4, len(labels)), fontsize=TICK_SIZE)
+        _style_panel(ax, "seeds with a non-zero reward by then" if key == "first_reward_step" else key)
+    _finish_grid(fig, axes, len(keys), exp.spec.algos, f"{env_id}: exploration (IQM over seeds, 95% CI)")
     return fig
+
+
+def write_gif(path, pngs: list[bytes], ms_per_frame: int) -> None:
+    """PNG frames as one looping GIF, written atomically."""
+    from PIL import Image
+
+    from reflectrl.runs import atomic_write_bytes
+
+    images = [Image.open(io.BytesIO(p)).convert("RGB") for p in pngs]
+    buf = io.BytesIO()
+    images[0].save(buf, format="GIF", save_all=True, append_images=images[1:], duration=ms_per_frame, loop=0)
+    atomic_write_bytes(path, buf.getvalue())

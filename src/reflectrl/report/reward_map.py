@@ -25,6 +25,7 @@ import torch  # noqa: E402
 from reflectrl.config import RunConfig  # noqa: E402
 from reflectrl.envs import make_env  # noqa: E402
 from reflectrl.errors import UserError  # noqa: E402
+from reflectrl.report.plots import write_gif  # noqa: E402
 from reflectrl.runs import RunDir, atomic_write_bytes  # noqa: E402
 
 ACTIONS = ("up", "right", "down", "left")
@@ -180,10 +181,5 @@ def plot_reward_map(run_path, out_dir=None) -> Path:
         png = _figure(cfg, snap, grid, layout, vmax)
         atomic_write_bytes(out / f"step_{snap['global_step']:09d}.png", png)
         frames.append(png)
-    from PIL import Image
-
-    images = [Image.open(io.BytesIO(p)).convert("RGB") for p in frames]
-    buf = io.BytesIO()
-    images[0].save(buf, format="GIF", save_all=True, append_images=images[1:], duration=700, loop=0)
-    atomic_write_bytes(out / "reward_map.gif", buf.getvalue())
+    write_gif(out / "reward_map.gif", frames, ms_per_frame=700)
     return out

@@ -28,6 +28,7 @@ import numpy as np  # noqa: E402
 from reflectrl.config import RunConfig  # noqa: E402
 from reflectrl.envs.statekey import is_montezuma, room_of_key  # noqa: E402
 from reflectrl.errors import UserError  # noqa: E402
+from reflectrl.report.plots import write_gif  # noqa: E402
 from reflectrl.runs import RunDir, atomic_write_bytes  # noqa: E402
 from reflectrl.runs.rundir import STATE_SAMPLES  # noqa: E402
 from reflectrl.runs.state_samples import load_samples  # noqa: E402
@@ -194,10 +195,5 @@ def plot_state_map(run_path, out_dir=None, dims: str | None = None, bins: int = 
         png = _figure(cfg, [row], limits, extent, labels)
         atomic_write_bytes(out / f"step_{row[1]:09d}.png", png)
         frames.append(png)
-    from PIL import Image
-
-    images = [Image.open(io.BytesIO(p)).convert("RGB") for p in frames]
-    buf = io.BytesIO()
-    images[0].save(buf, format="GIF", save_all=True, append_images=images[1:], duration=900, loop=0)
-    atomic_write_bytes(out / "state_map.gif", buf.getvalue())
+    write_gif(out / "state_map.gif", frames, ms_per_frame=900)
     return out
