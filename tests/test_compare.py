@@ -61,7 +61,9 @@ def test_compare_runs_reports_and_skips_finished(cli, tmp_path):
     assert code == 0, err
     assert "4 trained" in stdout and "report:" in stdout
     # no signal entry: every claim needs one, so none is tabled and each is named once as untestable
-    claims = stdout[stdout.index("summary:"):].splitlines()[1:]
+    summary = stdout[stdout.index("summary:"):].splitlines()[1:]
+    assert summary[0].startswith("reflectrl/GridWorld-v0: ") and "reached by" in summary[0]  # which entries solve it
+    claims = stdout[stdout.index("no claim"):].splitlines()
     assert claims[0] == "no claim can be tested by this experiment"
     assert claims[1].startswith("not testable here (entries missing): ") and claims[1].endswith(
         "GEAR beats the baseline (needs gear)") and "not tested" not in stdout
