@@ -17,7 +17,9 @@ MiniGrid: observations are the 7x7x3 symbolic egocentric view, flattened to 147 
 for the MLP policy by default (`encoder=cnn` keeps the view for a small CNN). We chose
 flattening as the default because the view is symbolic (object,
 colour and state indices, not pixels), tiny, and fixed in size, so an MLP learns it well
-on a CPU and every signal sees the same kind of feature vector on every env.
+on a CPU and every signal sees the same kind of feature vector on every env. Measured
+(docs/exploration.md): on DoorKey-5x5, 5 seeds, the MLP's AUC is 0.763 against the CNN's
+0.664, and it runs about 1.5x faster.
 MiniGrid's mission text is dropped with the dict. `make_env` warns about it when the
 mission can vary: for every BabyAI-* id, and for any env whose mission space is not one
 fixed string (MiniGrid's `MissionSpace` with a placeholder that has several values, or a
