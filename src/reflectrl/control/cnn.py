@@ -116,6 +116,14 @@ class CNNActorCritic(ActorCritic):
     def act(self, obs: torch.Tensor, generator: torch.Generator | None = None):
         return super().act(self.encode(obs), generator)
 
+    values_with_actions = True  # the trainer takes each step's value from act_value: one trunk pass
+
+    def act_value(self, obs: torch.Tensor, generator: torch.Generator | None = None):
+        """(action, logprob, value) from one pass of the trunk. Call under no_grad."""
+        h = self.encode(obs)
+        action, logprob = super().act(h, generator)
+        return action, logprob, super().value(h)
+
     def evaluate(self, obs: torch.Tensor, action: torch.Tensor, with_features: bool = False):
         return super().evaluate(self.encode(obs), action, with_features)
 

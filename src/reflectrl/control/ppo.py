@@ -173,11 +173,18 @@ class PPOTrainer:
         ended_at: list[tuple[int, int, np.ndarray]] = []  # (step, env, final observation) of every episode end
         episodes: list[tuple[float, int]] = []
 
+        # a policy whose actor and critic share an expensive trunk (the CNNs) gives each step's
+        # value with its action; the others' values come from one batched pass after the loop
+        shared = getattr(self.agent, "values_with_actions", False)
+        step_values = torch.zeros((T, N)) if shared else None
         next_obs = self.next_obs.numpy()
         self.keys.start(T)
         for t in range(T):
             obs[t] = next_obs
-            action, logprob = self.agent.act(torch.from_numpy(obs[t]), self.generator)
+            if shared:
+                action, logprob, step_values[t] = self.agent.act_value(torch.from_numpy(obs[t]), self.generator)
+            else:
+                action, logprob = self.agent.act(torch.from_numpy(obs[t]), self.generator)
             actions[t], logprobs[t] = action, logprob
             env_action = action.numpy()
             if self.continuous:
@@ -201,13 +208,16 @@ class PPOTrainer:
         # V(s_t) for every step, V(s_T) and V(final observation) at each truncation.
         obs = torch.from_numpy(obs)
         truncated_at = [(t, i, o) for t, i, o in ended_at if not terminations[t, i]]
-        inputs = [obs.reshape(-1, *self.obs_shape), self.next_obs]
+        inputs = ([] if shared else [obs.reshape(-1, *self.obs_shape)]) + [self.next_obs]
         if truncated_at:
             final_obs = torch.as_tensor(np.stack([o for _, _, o in truncated_at]), dtype=torch.float32)
             self._check_finite(final_obs, "observation")
             inputs.append(final_obs)
         all_values = self.agent.value(torch.cat(inputs))
-        values = all_values[:T * N].reshape(T, N)
+        if shared:
+            values, all_values = step_values, torch.cat([step_values.reshape(-1), all_values])
+        else:
+            values = all_values[:T * N].reshape(T, N)
         next_values = torch.empty_like(values)
         next_values[:-1] = values[1:]
         next_values[-1] = all_values[T * N:T * N + N]
