@@ -34,7 +34,10 @@ def mlp(in_dim: int, hidden_sizes: tuple[int, ...], out_dim: int, out_std: float
         layers += [layer_init(nn.Linear(last, width)), nn.Tanh()]
         last = width
     layers.append(layer_init(nn.Linear(last, out_dim), std=out_std))
-    return nn.Sequential(*layers)
+    net = nn.Sequential(*layers)
+    # the Linear layers, in order, for _forward (kept off the module's registry)
+    object.__setattr__(net, "_modules_list", [m for m in net if isinstance(m, nn.Linear)])
+    return net
 
 
 def _hidden(net: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
@@ -62,8 +65,6 @@ class ActorCritic(nn.Module):
         self.actor = mlp(obs_dim, tuple(hidden_sizes), action_dim, out_std=0.01)
         if continuous:
             self.actor_logstd = nn.Parameter(torch.zeros(1, action_dim))
-        for net in (self.actor, self.critic):  # the Linear layers, in order, for _forward
-            object.__setattr__(net, "_modules_list", [m for m in net if isinstance(m, nn.Linear)])
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         return _forward(self.critic, obs).squeeze(-1)

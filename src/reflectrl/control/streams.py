@@ -56,8 +56,6 @@ class ValueStreams:
             else:
                 self.heads = nn.ModuleDict({s.name: mlp(obs_dim, tuple(hidden_sizes), 1, out_std=1.0)
                                             for s in self.streams})
-                for head in self.heads.values():
-                    object.__setattr__(head, "_modules_list", [m for m in head if isinstance(m, nn.Linear)])
         self.flat = flatten_parameters(self.heads)
         self.returns: dict[str, torch.Tensor] = {}
         self.losses: dict[str, float] = {}

@@ -49,10 +49,9 @@ from gymnasium.envs.registration import parse_env_id
 from reflectrl.config import BACKENDS
 from reflectrl.envs import atari
 from reflectrl.envs.statekey import (
-    MONTEZUMA_ROOM,
-    MONTEZUMA_X,
-    MONTEZUMA_Y,
     is_montezuma,
+    montezuma_keys,
+    pack_minigrid_key,
     simhash,
     simhash_observations,
 )
@@ -163,13 +162,7 @@ def minigrid_keys(agent_pos: np.ndarray, direction: np.ndarray, image: np.ndarra
     none = carried[:, 0] == _MINIGRID_EMPTY
     kind = np.where(none, 0, carried[:, 0] + 1)
     color = np.where(none, 0, carried[:, 1] + 1)
-    return x | (y << 8) | (direction.astype(np.int64) << 16) | (kind << 18) | (color << 23)
-
-
-def montezuma_keys(ram: np.ndarray) -> np.ndarray:
-    """`statekey.montezuma_key` of (N, 128) RAM rows."""
-    ram = ram.astype(np.int64)
-    return (ram[:, MONTEZUMA_ROOM] << 16) | (ram[:, MONTEZUMA_X] << 8) | ram[:, MONTEZUMA_Y]
+    return pack_minigrid_key(x, y, direction.astype(np.int64), kind, color)
 
 
 # ----------------------------------------------------------------------------- the vector env

@@ -62,23 +62,33 @@ def gridworld_key(env: gym.Env) -> int:
     return int(row) * base.size + int(col)
 
 
+def pack_minigrid_key(x, y, direction, kind, color):
+    """MiniGrid's key from position (x, y < 256), heading (4) and carried object (type and
+    colour, each +1; 0 when none): ints, or int64 arrays for a batch (the EnvPool path)."""
+    return x | (y << 8) | (direction << 16) | (kind << 18) | (color << 23)
+
+
 def minigrid_key(env: gym.Env) -> int:
-    """Position (x, y < 256), heading (4) and carried object (type, colour; 0 when none)."""
     from minigrid.core.constants import COLOR_TO_IDX, OBJECT_TO_IDX
 
     base = env.unwrapped
     x, y = (int(v) for v in base.agent_pos)
     carrying = base.carrying
     kind, color = (0, 0) if carrying is None else (OBJECT_TO_IDX[carrying.type] + 1, COLOR_TO_IDX[carrying.color] + 1)
-    return x | (y << 8) | (int(base.agent_dir) << 16) | (kind << 18) | (color << 23)
+    return pack_minigrid_key(x, y, int(base.agent_dir), kind, color)
 
 
 MONTEZUMA_ROOM, MONTEZUMA_X, MONTEZUMA_Y = 3, 42, 43  # RAM bytes
 
 
+def montezuma_keys(ram: np.ndarray) -> np.ndarray:
+    """Montezuma's keys (room << 16 | x << 8 | y) of (..., 128) RAM rows."""
+    ram = np.asarray(ram).astype(np.int64)
+    return (ram[..., MONTEZUMA_ROOM] << 16) | (ram[..., MONTEZUMA_X] << 8) | ram[..., MONTEZUMA_Y]
+
+
 def montezuma_key(env: gym.Env) -> int:
-    ram = env.unwrapped.ale.getRAM()
-    return (int(ram[MONTEZUMA_ROOM]) << 16) | (int(ram[MONTEZUMA_X]) << 8) | int(ram[MONTEZUMA_Y])
+    return int(montezuma_keys(env.unwrapped.ale.getRAM()))
 
 
 def room_of_key(keys: np.ndarray) -> np.ndarray:

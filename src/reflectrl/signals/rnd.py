@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from gymnasium.wrappers import utils as gym_utils
 from torch import nn
 from torch.nn import functional as F
 
@@ -96,26 +97,15 @@ class RndConfig:
             bad(f"hidden_sizes={self.hidden_sizes}: give positive layer widths, e.g. 256,256")
 
 
-class RunningMeanStd:
-    """Running mean and variance (float64) with the parallel update of Chan et al., as
-    gym's RunningMeanStd (mean 0, var 1, count 1e-4 before any data)."""
+class RunningMeanStd(gym_utils.RunningMeanStd):
+    """Gymnasium's running mean and variance (the parallel update of Chan et al.; mean 0, var
+    1, count 1e-4 before any data), fed float64 and checkpointable."""
 
     def __init__(self, shape=()):
-        self.mean = np.zeros(shape, np.float64)
-        self.var = np.ones(shape, np.float64)
-        self.count = 1e-4
+        super().__init__(shape=shape)
 
     def update(self, x: np.ndarray) -> None:
-        x = np.asarray(x, np.float64)
-        self.update_from_moments(x.mean(axis=0), x.var(axis=0), x.shape[0])
-
-    def update_from_moments(self, batch_mean, batch_var, batch_count) -> None:
-        delta = batch_mean - self.mean
-        total = self.count + batch_count
-        self.mean = self.mean + delta * batch_count / total
-        m2 = self.var * self.count + batch_var * batch_count + np.square(delta) * self.count * batch_count / total
-        self.var = m2 / total
-        self.count = total
+        super().update(np.asarray(x, np.float64))
 
     def state_dict(self) -> dict:
         return {"mean": self.mean, "var": self.var, "count": self.count}
