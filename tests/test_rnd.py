@@ -177,3 +177,82 @@ def test_pixels_use_the_conv_nets_on_the_last_frame():
     assert np.array_equal(signal.inputs(other), signal.inputs(obs))
     signal.after_update(batch)
     assert signal.metrics()["rnd_predictor_loss"] > 0
+
+
+# ----------------------------------------------------------------------------- stream heads on a CNN trunk
+
+_SMALL_CNN = ("encoder=cnn",)
+
+
+def test_stream_heads_sit_on_the_cnn_trunk_by_default_and_separate_is_the_old_layout():
+    from torch import nn
+
+    from reflectrl.control.ppo import PPOTrainer
+
+    shared = PPOTrainer(_config("ppo+rnd", env="MiniGrid-Empty-5x5-v0", extra=_SMALL_CNN))
+    assert shared.cfg.ppo.stream_heads == "shared" and shared.streams.shared
+    head = shared.streams.heads["rnd"]
+    # the extrinsic critic's shape, reading the trunk: the hidden_sizes MLP above the small CNN
+    linears = [m for m in head if isinstance(m, nn.Linear)]
+    assert [m.in_features for m in linears] == [shared.agent.head_in_dim, 64, 64]
+    separate = PPOTrainer(_config("ppo+rnd", env="MiniGrid-Empty-5x5-v0", extra=(*_SMALL_CNN, "stream_heads=separate")))
+    assert not separate.streams.shared
+    assert type(separate.streams.heads["rnd"]).__name__ == "CNNActorCritic"  # a trunk of its own
+    mlp_run = PPOTrainer(_config("ppo+rnd", env="MiniGrid-Empty-5x5-v0"))
+    assert mlp_run.cfg.ppo.stream_heads == "separate" and not mlp_run.streams.shared
+
+
+def test_shared_stream_heads_need_a_cnn_policy():
+    with pytest.raises(UserError, match="stream_heads=shared needs a CNN policy"):
+        _config("ppo+rnd", env="MiniGrid-Empty-5x5-v0", extra=("stream_heads=shared",))
+    with pytest.raises(UserError, match="stream_heads='both'"):
+        _config("ppo+rnd", env="MiniGrid-Empty-5x5-v0", extra=("stream_heads=both",))
+
+
+def test_shared_heads_read_the_trunk_kept_from_collection_and_train_the_trunk():
+    from reflectrl.control.gae import compute_gae
+    from reflectrl.control.ppo import PPOTrainer
+
+    trainer = PPOTrainer(_config("ppo", env="MiniGrid-Empty-5x5-v0", extra=_SMALL_CNN), signal=_Stream(False))
+    assert trainer.streams.shared
+    rollout, _ = trainer.collect()
+    T, N = rollout.rewards.shape
+    with torch.no_grad():  # the trunk outputs kept while collecting are the trunk's outputs on those states
+        fresh = trainer.agent.encode(torch.cat([rollout.obs.reshape(T * N, -1), rollout.last_obs.reshape(N, -1)]))
+    assert torch.allclose(rollout.trunk[:T * N + N], fresh, atol=1e-6)
+    trainer.apply_signal(rollout)
+    ext, _ = trainer._gae(rollout, rollout.rewards)
+    with torch.no_grad():
+        v = trainer.streams.value("s", fresh)
+    values, last = v[:T * N].reshape(T, N), v[T * N:]
+    zeros = torch.zeros_like(rollout.terminations)
+    adv, ret = compute_gae(torch.ones(T, N), values, torch.cat([values[1:], last[None]]), zeros, zeros, 0.9, 0.95)
+    assert torch.allclose(rollout.advantages, 3.0 * ext + 0.5 * adv, atol=1e-5)
+    # the stream's value loss alone reaches the policy's trunk (CleanRL's critic_int shares it)
+    trainer.flat_params.grad = torch.zeros_like(trainer.flat_params)
+    trainer.streams.value_loss(trainer.agent.encode(rollout.obs.reshape(T * N, -1)[:16]), torch.arange(16)).backward()
+    trunk_grads = [p.grad for p in trainer.agent.trunk.parameters()]
+    assert all(g is not None for g in trunk_grads) and any(g.abs().sum() > 0 for g in trunk_grads)
+    actor_grad = [p.grad for p in trainer.agent.actor.parameters()]
+    assert all(g is None or g.abs().sum() == 0 for g in actor_grad)
+
+
+def test_rnd_on_a_cnn_trunk_resumes_bit_identically(tmp_path, monkeypatch):
+    from reflectrl.control.policies import params_sha256
+
+    rows, resumed = resume_matches(tmp_path, monkeypatch, "ppo+rnd", env="MiniGrid-Empty-5x5-v0", extra=_SMALL_CNN,
+                                   stop_at=3)
+    assert resumed.streams.shared and all(r["rnd_value_loss"] > 0 for r in rows)
+    from reflectrl.control.ppo import PPOTrainer
+
+    full = PPOTrainer(_config("ppo+rnd", env="MiniGrid-Empty-5x5-v0", extra=_SMALL_CNN))
+    full.train(progress=False)
+    assert params_sha256(full.streams.heads) == params_sha256(resumed.streams.heads)
+
+
+def test_a_config_written_before_stream_heads_resumes_with_separate_heads():
+    from reflectrl.config import RunConfig
+
+    d = _config("ppo+rnd", env="MiniGrid-Empty-5x5-v0", extra=_SMALL_CNN).to_dict()
+    assert d["ppo"].pop("stream_heads") == "shared"
+    assert RunConfig.from_dict(d).ppo.stream_heads == "separate"

@@ -69,6 +69,8 @@ class PPOConfig:
     """actor and critic MLP widths, e.g. 64,64 (also above the small CNN; the Nature CNN's heads are linear)"""
     encoder: str = "auto"
     """mlp, cnn, or auto: cnn for pixel images (Atari's Nature CNN), mlp otherwise (MiniGrid's view flattened)"""
+    stream_heads: str = "auto"
+    """value heads of signals' reward streams (RND's): shared (on the CNN trunk, as CleanRL), separate, or auto"""
     # Continuous control: observation/reward normalisation and clipping (CleanRL's wrappers).
     norm_obs: bool | None = None
     """normalise observations with running statistics"""
@@ -102,6 +104,7 @@ ATARI_DEFAULTS = dict(
     ent_coef=0.01, clip_coef=0.1, norm_obs=False, norm_reward=False,
 )
 ENCODERS = ("auto", "mlp", "cnn")
+STREAM_HEADS = ("auto", "shared", "separate")
 BACKENDS = ("gymnasium", "envpool")
 
 
@@ -141,7 +144,10 @@ class RunConfig:
     @classmethod
     def from_dict(cls, d: dict) -> RunConfig:
         d = dict(d)
-        ppo = overrides_mod.from_dict(PPOConfig, d.pop("ppo", {}))
+        ppo_values = dict(d.pop("ppo", {}))
+        if ppo_values and "stream_heads" not in ppo_values:  # written before the knob: its heads were separate
+            ppo_values["stream_heads"] = "separate"
+        ppo = overrides_mod.from_dict(PPOConfig, ppo_values)
         sections = sections_from_dict(d.pop("sections", {}))
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - known
@@ -176,6 +182,8 @@ def resolve_defaults(ppo: PPOConfig, continuous: bool, *, atari: bool = False, p
     values = {k: (defaults[k] if getattr(ppo, k) is None else getattr(ppo, k)) for k in defaults}
     if ppo.encoder == "auto":
         values["encoder"] = "cnn" if pixels else "mlp"
+    if ppo.stream_heads == "auto":
+        values["stream_heads"] = "shared" if values.get("encoder", ppo.encoder) == "cnn" else "separate"
     return dataclasses.replace(ppo, **values)
 
 
@@ -249,6 +257,11 @@ def validate(cfg: RunConfig) -> None:
         raise UserError(f"hidden_sizes={p.hidden_sizes}: give one or more positive layer widths, e.g. 64,64")
     if p.encoder not in ENCODERS:
         raise UserError(f"encoder='{p.encoder}': use one of {', '.join(ENCODERS)}")
+    if p.stream_heads not in STREAM_HEADS:
+        raise UserError(f"stream_heads='{p.stream_heads}': use one of {', '.join(STREAM_HEADS)}")
+    if p.stream_heads == "shared" and p.encoder == "mlp":
+        raise UserError("stream_heads=shared needs a CNN policy (encoder=cnn): an MLP policy's actor and critic "
+                        "share no trunk; use stream_heads=separate or auto")
     if cfg.checkpoint_every < 1:
         raise UserError(f"checkpoint_every={cfg.checkpoint_every}: must be a positive number of env steps")
     if cfg.torch_threads < 1:

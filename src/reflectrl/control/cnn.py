@@ -117,15 +117,26 @@ class CNNActorCritic(ActorCritic):
         return super().act(self.encode(obs), generator)
 
     values_with_actions = True  # the trainer takes each step's value from act_value: one trunk pass
+    shared_trunk = True         # value heads of reward streams may sit on the trunk (control/streams.py)
 
-    def act_value(self, obs: torch.Tensor, generator: torch.Generator | None = None):
-        """(action, logprob, value) from one pass of the trunk. Call under no_grad."""
+    def act_value(self, obs: torch.Tensor, generator: torch.Generator | None = None, with_trunk: bool = False):
+        """(action, logprob, value) from one pass of the trunk, plus the trunk's output with
+        `with_trunk`. Call under no_grad."""
         h = self.encode(obs)
         action, logprob = super().act(h, generator)
-        return action, logprob, super().value(h)
+        out = action, logprob, super().value(h)
+        return (*out, h) if with_trunk else out
 
-    def evaluate(self, obs: torch.Tensor, action: torch.Tensor, with_features: bool = False):
-        return super().evaluate(self.encode(obs), action, with_features)
+    def value_from_trunk(self, h: torch.Tensor) -> torch.Tensor:
+        """The critic on the trunk's output (`encode`)."""
+        return super().value(h)
+
+    def evaluate(self, obs: torch.Tensor, action: torch.Tensor, with_features: bool = False,
+                 with_trunk: bool = False):
+        """As ActorCritic.evaluate; `with_trunk` appends the trunk's output (with its graph)."""
+        h = self.encode(obs)
+        out = super().evaluate(h, action, with_features)
+        return (*out, h) if with_trunk else out
 
     def deterministic_action(self, obs: torch.Tensor) -> torch.Tensor:
         return super().deterministic_action(self.encode(obs))

@@ -61,6 +61,9 @@ class ActorCritic(nn.Module):
         self.continuous = continuous
         self.action_dim = action_dim
         self.feature_dim = hidden_sizes[-1] if hidden_sizes else obs_dim  # width of features()
+        # what the critic reads and its widths: a value head of the same shape on the same
+        # input (control/streams.py's heads on a shared CNN trunk) is mlp(head_in_dim, head_hidden, 1)
+        self.head_in_dim, self.head_hidden = obs_dim, tuple(hidden_sizes)
         self.critic = mlp(obs_dim, tuple(hidden_sizes), 1, out_std=1.0)
         self.actor = mlp(obs_dim, tuple(hidden_sizes), action_dim, out_std=0.01)
         if continuous:

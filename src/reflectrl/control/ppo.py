@@ -41,7 +41,7 @@ from reflectrl.envs import (
 )
 from reflectrl.envs.envpool_backend import check_backend
 from reflectrl.envs.statekey import is_montezuma
-from reflectrl.errors import NonFiniteError
+from reflectrl.errors import NonFiniteError, UserError
 from reflectrl.exploration import ExplorationTracker, RolloutKeys
 from reflectrl.nets import flatten_parameters
 from reflectrl.runs import MetricsLogger, RunDir
@@ -102,6 +102,8 @@ class Rollout:
     last_obs: torch.Tensor | None = None       # the observation after the rollout (N, ...)
     truncated_final: tuple | None = None       # ([(t, env)], final observations) of the truncated steps
     signal_terms: dict | None = None           # each signal's per-step terms ("NAME KIND": (T, N)), for state maps
+    trunk: torch.Tensor | None = None          # the CNN trunk's outputs of obs, last_obs and the truncated finals,
+                                               # in that order (kept for value heads on the trunk: streams.py)
 
 
 class PPOTrainer:
@@ -139,8 +141,10 @@ class PPOTrainer:
                 obs_shape=tuple(self.obs_shape), image_obs=p.encoder == "cnn"))
         self.streams = None  # value heads of the signals' own reward streams (control/streams.py)
         if self.signal is not None and self.signal.reward_streams():
+            shared = p.stream_heads == "shared" or (p.stream_heads == "auto" and p.encoder == "cnn")
+            trunk = (self.agent.head_in_dim, self.agent.head_hidden) if shared else None
             self.streams = ValueStreams(self.signal, tuple(self.obs_shape), p.hidden_sizes, cfg.seed, p.gae_lambda,
-                                        p.encoder)
+                                        p.encoder, trunk=trunk)
             self.optimizer.add_param_group({"params": [self.streams.flat]})
         self.global_step = 0
         self.iteration = 0
@@ -177,11 +181,16 @@ class PPOTrainer:
         # value with its action; the others' values come from one batched pass after the loop
         shared = getattr(self.agent, "values_with_actions", False)
         step_values = torch.zeros((T, N)) if shared else None
+        keep_trunk = self.streams is not None and self.streams.shared  # reward streams' heads read the trunk
+        step_trunk = torch.zeros((T, N, self.agent.head_in_dim)) if keep_trunk else None
         next_obs = self.next_obs.numpy()
         self.keys.start(T)
         for t in range(T):
             obs[t] = next_obs
-            if shared:
+            if keep_trunk:
+                action, logprob, step_values[t], step_trunk[t] = self.agent.act_value(
+                    torch.from_numpy(obs[t]), self.generator, with_trunk=True)
+            elif shared:
                 action, logprob, step_values[t] = self.agent.act_value(torch.from_numpy(obs[t]), self.generator)
             else:
                 action, logprob = self.agent.act(torch.from_numpy(obs[t]), self.generator)
@@ -213,7 +222,13 @@ class PPOTrainer:
             final_obs = torch.as_tensor(np.stack([o for _, _, o in truncated_at]), dtype=torch.float32)
             self._check_finite(final_obs, "observation")
             inputs.append(final_obs)
-        all_values = self.agent.value(torch.cat(inputs))
+        trunk = None
+        if keep_trunk:
+            trunk = self.agent.encode(torch.cat(inputs))
+            all_values = self.agent.value_from_trunk(trunk)
+            trunk = torch.cat([step_trunk.reshape(T * N, -1), trunk])
+        else:
+            all_values = self.agent.value(torch.cat(inputs))
         if shared:
             values, all_values = step_values, torch.cat([step_values.reshape(-1), all_values])
         else:
@@ -235,7 +250,8 @@ class PPOTrainer:
         rollout = Rollout(obs, actions, logprobs, rewards, terminations, truncations, values, next_values,
                           next_obs=next_obs, state_keys=torch.from_numpy(self.keys.state_keys),
                           next_state_keys=torch.from_numpy(self.keys.next_state_keys), last_obs=self.next_obs,
-                          truncated_final=([(t, i) for t, i, _ in truncated_at], final_obs) if truncated_at else None)
+                          truncated_final=([(t, i) for t, i, _ in truncated_at], final_obs) if truncated_at else None,
+                          trunk=trunk)
         return rollout, episodes
 
     # ------------------------------------------------------------------ estimate
@@ -302,6 +318,7 @@ class PPOTrainer:
         b_weights = None if rollout.weights is None else rollout.weights.reshape(-1)
         aux = self.signal is not None and self.signal.wants_feature_grad
         streams = self.streams
+        on_trunk = streams is not None and streams.shared  # the streams' heads read this pass's trunk output
         batch_size, mb_size = p.batch_size, p.minibatch_size
         grad = self.flat_params.grad
         # Each minibatch's log-ratios are kept so KL and clip-fraction statistics cost a few
@@ -312,7 +329,11 @@ class PPOTrainer:
             order = torch.randperm(batch_size, generator=self.generator)
             for start in range(0, batch_size, mb_size):
                 idx = order[start:start + mb_size]
-                if aux:
+                if on_trunk:
+                    newlogprob, entropy, newvalue, *features, trunk = self.agent.evaluate(
+                        b_obs[idx], b_actions[idx], aux, with_trunk=True)
+                    features = features[0] if aux else None
+                elif aux:
                     newlogprob, entropy, newvalue, features = self.agent.evaluate(b_obs[idx], b_actions[idx], True)
                 else:
                     newlogprob, entropy, newvalue = self.agent.evaluate(b_obs[idx], b_actions[idx])
@@ -342,7 +363,7 @@ class PPOTrainer:
                     if extra is not None:
                         loss = loss + extra
                 if streams is not None:
-                    loss = loss + p.vf_coef * streams.value_loss(b_obs[idx], idx)
+                    loss = loss + p.vf_coef * streams.value_loss(trunk if on_trunk else b_obs[idx], idx)
                 self._check_finite(loss, "loss")
 
                 grad.zero_()
@@ -500,7 +521,11 @@ class PPOTrainer:
         if self.signal is not None:
             self.signal.load_state_dict(state["signal"])
         if self.streams is not None:
-            self.streams.load_state_dict(state["streams"])
+            try:
+                self.streams.load_state_dict(state["streams"])
+            except RuntimeError:
+                raise UserError(f"the checkpoint's reward-stream value heads do not match stream_heads="
+                                f"{self.cfg.ppo.stream_heads} of this run's config; was config.json edited?") from None
         if state.get("exploration"):  # a checkpoint from before the exploration metrics starts them afresh
             self.exploration.load_state_dict(state["exploration"]["tracker"])
             self.keys.current = state["exploration"]["current_keys"].copy()

@@ -5,10 +5,20 @@ CleanRL's ppo_rnd_envpool.py).
 A signal declares its streams once, after bind (`Signal.reward_streams()`: name, gamma,
 episodic, coef), and gives each stream's (T, N) rewards in every `after_advantages`
 (`SignalOutput.streams`). For each stream the PPO trainer keeps a value head of the critic's
-shape (an MLP on the observation, CleanRL's init; with a CNN encoder, a CNN actor-critic of
-the policy's kind whose critic is used, so the head has its own trunk where CleanRL shares
-the policy's), its own weights drawn from a generator derived from the run's seed, so the
-trainer's random stream is untouched, and each iteration:
+shape, with CleanRL's init and its own weights drawn from a generator derived from the run's
+seed (so the trainer's random stream is untouched). Where the head sits is `stream_heads`:
+
+* `shared` (what `auto` picks under a CNN policy): on the policy's CNN trunk, as CleanRL's
+  ppo_rnd_envpool.py puts `critic_int` beside `critic_ext`: the critic's head shape (a linear
+  layer on the Nature CNN's 512 units; the `hidden_sizes` MLP above the small MiniGrid CNN)
+  reading the trunk's output. Collection keeps each step's trunk output from the pass that
+  picks its action, and the stream's value loss trains the trunk too.
+* `separate` (what `auto` picks under an MLP policy, whose actor and critic have no common
+  trunk, as CleanRL's ppo.py): a network of its own on the observation, an MLP of the critic's
+  shape, or under a CNN policy a second CNN actor-critic of the policy's kind whose critic is
+  used (what every run before `stream_heads` did).
+
+Each iteration:
 
 1. V_s over the rollout with the head as it was during collection (as CleanRL records the
    intrinsic values while collecting);
@@ -41,16 +51,22 @@ from reflectrl.signals.base import RewardStream, Signal
 
 class ValueStreams:
     def __init__(self, signal: Signal, obs_shape: tuple[int, ...], hidden_sizes, seed: int, gae_lambda: float,
-                 encoder: str = "mlp"):
+                 encoder: str = "mlp", trunk: tuple[int, tuple[int, ...]] | None = None):
+        """`trunk`: (its output width, the critic's hidden widths above it) to put the heads on
+        the policy's shared trunk; None for heads with networks of their own."""
         self.streams: list[RewardStream] = list(signal.reward_streams())
         self.extrinsic_coef = float(signal.extrinsic_coef)
         obs_dim = int(math.prod(obs_shape))
-        self.cnn = encoder == "cnn"
+        self.shared = trunk is not None
+        self.cnn = encoder == "cnn" and not self.shared
         self.gae_lambda = gae_lambda
         digest = hashlib.sha256(f"value_streams:{seed}".encode()).digest()
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
-            if self.cnn:
+            if self.shared:
+                width, widths = trunk
+                self.heads = nn.ModuleDict({s.name: mlp(width, tuple(widths), 1, out_std=1.0) for s in self.streams})
+            elif self.cnn:
                 self.heads = nn.ModuleDict({s.name: make_policy(tuple(obs_shape), 1, False, encoder, hidden_sizes)
                                             for s in self.streams})
             else:
@@ -61,6 +77,7 @@ class ValueStreams:
         self.losses: dict[str, float] = {}
 
     def value(self, name: str, obs: torch.Tensor) -> torch.Tensor:
+        """V_s of observations, or with shared heads of the policy trunk's outputs."""
         if self.cnn:
             return self.heads[name].value(obs)
         return _forward(self.heads[name], obs).squeeze(-1)
@@ -72,13 +89,16 @@ class ValueStreams:
         if missing:
             raise RuntimeError(f"the signal declared reward streams {missing} but gave no rewards for them")
         T, N = extrinsic.shape
-        obs = rollout.obs.reshape(T * N, -1)
         combined = extrinsic if self.extrinsic_coef == 1.0 else self.extrinsic_coef * extrinsic
         for s in self.streams:
-            inputs = [obs, rollout.last_obs.reshape(N, -1)]
             truncated = rollout.truncated_final if s.episodic else None
-            if truncated is not None:
-                inputs.append(truncated[1].reshape(len(truncated[0]), -1))
+            if self.shared:  # the trunk's outputs of every step, the last observation and the truncated finals
+                n = T * N + N + (len(truncated[0]) if truncated is not None else 0)
+                inputs = [rollout.trunk[:n]]
+            else:
+                inputs = [rollout.obs.reshape(T * N, -1), rollout.last_obs.reshape(N, -1)]
+                if truncated is not None:
+                    inputs.append(truncated[1].reshape(len(truncated[0]), -1))
             v = self.value(s.name, torch.cat(inputs))
             values = v[:T * N].reshape(T, N)
             next_values = torch.empty_like(values)
@@ -97,6 +117,8 @@ class ValueStreams:
         return combined
 
     def value_loss(self, obs: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """The heads' loss on minibatch rows `idx`: `obs` are the rows' observations, or with
+        shared heads the policy trunk's outputs on them (from the update's forward pass)."""
         total = 0.0
         for s in self.streams:
             loss = 0.5 * (self.value(s.name, obs) - self.returns[s.name][idx]).square().mean()
