@@ -201,3 +201,80 @@ def test_reward_map_on_minigrid_by_agent_position(cli, tmp_path, mode):
         assert maps[-1][0][layout.goal] == 0.0
     code, _, _ = cli("plot", "reward-map", out)
     assert code == 0 and (out / "reward_map" / "reward_map.gif").read_bytes()[:3] == b"GIF"
+
+
+# ----------------------------------------------------------------------------- its own CNN (shaping.encoder=cnn)
+
+def _trainer(env, *extra, algo="ppo+shaping"):
+    from test_exploration import _config
+
+    from reflectrl.control.ppo import PPOTrainer
+
+    return PPOTrainer(_config(algo, env=env, extra=("shaping.update_every=1", *extra)))
+
+
+@pytest.mark.parametrize("mode", ["direct", "potential"])
+def test_shaper_with_its_own_cnn_reads_the_image_and_trains_its_trunk(mode):
+    from reflectrl.nets import ImageEncoder
+
+    trainer = _trainer("MiniGrid-Empty-5x5-v0", "shaping.encoder=cnn", f"shaping.mode={mode}", "encoder=cnn")
+    shaper, target = trainer.signal.shaper, trainer.signal.target
+    assert isinstance(shaper.encoder, ImageEncoder) and shaper.encoder.obs_shape == (7, 7, 3)
+    assert shaper.net[0].in_features == (64 if mode == "potential" else 2 * 64 + 7)  # MiniGrid: 7 actions, one-hot
+    obs = torch.rand(5, 7 * 7 * 3) * 5
+    with torch.no_grad():  # F reads encoder(s): the flat view and the shaped one give the same F
+        flat = shaper(obs, torch.eye(7)[[0, 1, 2, 0, 1]], obs, torch.zeros(5))
+        shaped = shaper(obs.reshape(5, 7, 7, 3), torch.eye(7)[[0, 1, 2, 0, 1]], obs.reshape(5, 7, 7, 3), torch.zeros(5))
+    assert torch.allclose(flat, shaped)
+    enc_before = [p.detach().clone() for p in shaper.encoder.parameters()]
+    target_before = [p.detach().clone() for p in target.encoder.parameters()]
+    rollout, _ = trainer.collect()
+    batch = trainer.apply_signal(rollout)
+    trainer.update(rollout)
+    trainer.signal.after_update(batch)  # update_every=1: a distillation
+    moved = [not torch.equal(a, b) for a, b in zip(enc_before, shaper.encoder.parameters())]
+    assert all(moved)  # the distillation trains the shaper's own trunk
+    tau = trainer.signal.cfg.tau
+    assert all(not torch.equal(a, b) for a, b in zip(target_before, target.encoder.parameters()))  # Polyak
+    for a, b in zip(target.encoder.parameters(), shaper.encoder.parameters()):
+        assert (a - b).abs().max() > 0 and tau < 1
+
+
+def test_shaper_with_its_own_cnn_does_not_touch_the_policys_encoder():
+    trainer = _trainer("MiniGrid-Empty-5x5-v0", "shaping.encoder=cnn", "encoder=cnn")
+    assert trainer.signal.shaper.encoder is not None
+    assert not any(p is q for p in trainer.signal.shaper.parameters() for q in trainer.agent.parameters())
+    # the shaper is given the observations, not the policy's features
+    rollout, _ = trainer.collect()
+    obs = rollout.obs.reshape(rollout.rewards.numel(), -1)
+    given, _ = trainer.signal._encoded(obs, obs, trainer.agent.features)
+    assert given is obs
+
+
+def test_shaping_encoder_cnn_needs_an_image(cli, tmp_path):
+    for env, knob, needle in (
+            ("CartPole-v1", "shaping.encoder=cnn", "shaping.encoder=cnn: the policy reads observations of shape (4,)"),
+            ("MiniGrid-Empty-5x5-v0", "shaping.encoder=cnn", "--set encoder=cnn"),  # the MLP flattens the view
+            ("CartPole-v1", "shaping.encoder=resnet", "shaping.encoder='resnet': use one of policy, cnn")):
+        out = tmp_path / "run"
+        code, _, err = cli("train", "--algo", "sdrs", "--env", env, "--total-steps", "1024", "--out", out,
+                           "--set", knob)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
+        assert not out.exists()
+
+
+def test_shaper_with_its_own_cnn_resumes_bit_identically(tmp_path, monkeypatch):
+    from test_exploration import resume_matches
+
+    from reflectrl.control.policies import params_sha256
+    from reflectrl.control.ppo import PPOTrainer
+
+    extra = ("shaping.update_every=1", "shaping.encoder=cnn", "encoder=cnn")
+    rows, resumed = resume_matches(tmp_path, monkeypatch, "ppo+shaping", env="MiniGrid-Empty-5x5-v0", extra=extra,
+                                   stop_at=3)
+    from test_exploration import _config
+
+    full = PPOTrainer(_config("ppo+shaping", env="MiniGrid-Empty-5x5-v0", extra=extra))
+    full.train(progress=False)
+    assert params_sha256(full.signal.target) == params_sha256(resumed.signal.target)
+    assert all("label_loss" in r for r in rows[1:])

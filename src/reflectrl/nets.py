@@ -1,9 +1,21 @@
-"""Small network utilities shared by trainers and signals."""
+"""Network building blocks shared by trainers and signals: the flat-parameter helper,
+CleanRL's layer init, the signals' ReLU heads, and the image encoders (the Nature CNN and
+the small MiniGrid CNN; control/cnn.py puts actor-critic heads on them)."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
+
+from reflectrl.errors import UserError
+
+
+def layer_init(layer: nn.Linear, std: float = math.sqrt(2.0), bias_const: float = 0.0) -> nn.Linear:
+    nn.init.orthogonal_(layer.weight, std)
+    nn.init.constant_(layer.bias, bias_const)
+    return layer
 
 
 def flatten_parameters(module: nn.Module) -> nn.Parameter:
@@ -49,3 +61,94 @@ def relu_mlp(in_dim: int, hidden_sizes, near_zero_output: bool = True) -> nn.Seq
         nn.init.uniform_(out.weight, -1e-3, 1e-3)
         nn.init.zeros_(out.bias)
     return nn.Sequential(*layers, out)
+
+
+# ----------------------------------------------------------------------------- image encoders
+
+NATURE_MIN_SIDE = 36  # the smallest side the Nature CNN's three convolutions accept
+SMALL_MIN_SIDE = 7    # likewise for the small MiniGrid CNN
+
+
+def image_layout(shape: tuple[int, ...]) -> tuple[tuple[int, int, int], bool]:
+    """((channels, height, width), channels_last) of an image observation's shape."""
+    if len(shape) == 2:
+        return (1, *shape), False
+    if len(shape) != 3:
+        raise UserError(f"observation of shape {tuple(shape)} is not an image: a CNN needs rank 2 or 3; "
+                        "use --set encoder=mlp")
+    if shape[-1] <= 4 < shape[0]:
+        return (shape[2], shape[0], shape[1]), True
+    return tuple(shape), False
+
+
+def cnn_fits(shape: tuple[int, ...]) -> bool:
+    """Whether an image of this shape is large enough for one of the CNNs."""
+    if len(shape) not in (2, 3):
+        return False
+    _, height, width = image_layout(shape)[0]
+    return min(height, width) >= SMALL_MIN_SIDE
+
+
+def nature_cnn(channels: int) -> nn.Sequential:
+    return nn.Sequential(
+        layer_init(nn.Conv2d(channels, 32, 8, stride=4)), nn.ReLU(),
+        layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
+        layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(),
+        nn.Flatten(),
+    )
+
+
+def small_cnn(channels: int) -> nn.Sequential:
+    return nn.Sequential(
+        layer_init(nn.Conv2d(channels, 16, 2)), nn.ReLU(), nn.MaxPool2d(2),
+        layer_init(nn.Conv2d(16, 32, 2)), nn.ReLU(),
+        layer_init(nn.Conv2d(32, 64, 2)), nn.ReLU(),
+        nn.Flatten(),
+    )
+
+
+def image_trunk(obs_shape: tuple[int, ...]) -> tuple[nn.Sequential, int, bool, bool]:
+    """(trunk, its output width, pixels, channels_last) of the CNN for an image observation:
+    the Nature CNN with its linear 512 layer for pixels, the small CNN for symbolic views."""
+    (channels, height, width), channels_last = image_layout(tuple(obs_shape))
+    pixels = min(height, width) >= NATURE_MIN_SIDE
+    if not pixels and min(height, width) < SMALL_MIN_SIDE:
+        raise UserError(f"image observation of shape {tuple(obs_shape)} is too small for a CNN "
+                        f"(sides >= {SMALL_MIN_SIDE}); use --set encoder=mlp")
+    trunk = nature_cnn(channels) if pixels else small_cnn(channels)
+    with torch.no_grad():
+        trunk_dim = trunk(torch.zeros(1, channels, height, width)).shape[1]
+    if pixels:
+        trunk.append(layer_init(nn.Linear(trunk_dim, 512)))
+        trunk.append(nn.ReLU())
+        trunk_dim = 512
+    return trunk.to(memory_format=torch.channels_last), trunk_dim, pixels, channels_last  # ~1.5x faster on CPU
+
+
+def run_trunk(trunk: nn.Module, obs: torch.Tensor, obs_shape: tuple[int, ...], channels_last: bool,
+              scale: float) -> torch.Tensor:
+    """The trunk's output for observations given flat (B, obs_dim) or shaped (B, *obs_shape)."""
+    x = obs.reshape(-1, *obs_shape)
+    if len(obs_shape) == 2:
+        x = x.unsqueeze(1)
+    if channels_last:
+        x = x.permute(0, 3, 1, 2)  # already the channels-last layout the trunk runs in
+    else:
+        x = x.contiguous(memory_format=torch.channels_last)
+    if scale != 1.0:
+        x = x * scale
+    return trunk(x)
+
+
+class ImageEncoder(nn.Module):
+    """A CNN trunk of its own for an image observation (the policy's kind: `image_trunk`),
+    read as flat or shaped observations: e.g. SDRS's shaper with `shaping.encoder=cnn`."""
+
+    def __init__(self, obs_shape: tuple[int, ...]):
+        super().__init__()
+        self.trunk, self.out_dim, pixels, self.channels_last = image_trunk(obs_shape)
+        self.obs_shape = tuple(obs_shape)
+        self.scale = 1.0 / 255.0 if pixels else 1.0
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return run_trunk(self.trunk, obs, self.obs_shape, self.channels_last, self.scale)

@@ -25,87 +25,39 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import nn
 
-from reflectrl.control.policies import ActorCritic, layer_init
-from reflectrl.errors import UserError
+from reflectrl.control.policies import ActorCritic
 
-NATURE_MIN_SIDE = 36  # the smallest side the Nature CNN's three convolutions accept
-SMALL_MIN_SIDE = 7    # likewise for the small MiniGrid CNN
-
-
-def image_layout(shape: tuple[int, ...]) -> tuple[tuple[int, int, int], bool]:
-    """((channels, height, width), channels_last) of an image observation's shape."""
-    if len(shape) == 2:
-        return (1, *shape), False
-    if len(shape) != 3:
-        raise UserError(f"observation of shape {tuple(shape)} is not an image: a CNN needs rank 2 or 3; "
-                        "use --set encoder=mlp")
-    if shape[-1] <= 4 < shape[0]:
-        return (shape[2], shape[0], shape[1]), True
-    return tuple(shape), False
-
-
-def cnn_fits(shape: tuple[int, ...]) -> bool:
-    """Whether an image of this shape is large enough for one of the CNNs."""
-    if len(shape) not in (2, 3):
-        return False
-    _, height, width = image_layout(shape)[0]
-    return min(height, width) >= SMALL_MIN_SIDE
-
-
-def nature_cnn(channels: int) -> nn.Sequential:
-    return nn.Sequential(
-        layer_init(nn.Conv2d(channels, 32, 8, stride=4)), nn.ReLU(),
-        layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
-        layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(),
-        nn.Flatten(),
-    )
-
-
-def small_cnn(channels: int) -> nn.Sequential:
-    return nn.Sequential(
-        layer_init(nn.Conv2d(channels, 16, 2)), nn.ReLU(), nn.MaxPool2d(2),
-        layer_init(nn.Conv2d(16, 32, 2)), nn.ReLU(),
-        layer_init(nn.Conv2d(32, 64, 2)), nn.ReLU(),
-        nn.Flatten(),
-    )
+# the image encoders are the shared layer's (nets.py), so that signals may build their own
+from reflectrl.nets import (  # noqa: F401  (re-exported)
+    NATURE_MIN_SIDE,
+    SMALL_MIN_SIDE,
+    ImageEncoder,
+    cnn_fits,
+    image_layout,
+    image_trunk,
+    nature_cnn,
+    run_trunk,
+    small_cnn,
+)
 
 
 class CNNActorCritic(ActorCritic):
     """A CNN trunk under the MLP policy's actor and critic heads (see the module docstring)."""
 
     def __init__(self, obs_shape: tuple[int, ...], action_dim: int, continuous: bool, hidden_sizes=(64, 64)):
-        (channels, height, width), channels_last = image_layout(tuple(obs_shape))
-        pixels = min(height, width) >= NATURE_MIN_SIDE
-        if not pixels and min(height, width) < SMALL_MIN_SIDE:
-            raise UserError(f"image observation of shape {tuple(obs_shape)} is too small for a CNN "
-                            f"(sides >= {SMALL_MIN_SIDE}); use --set encoder=mlp")
-        trunk = nature_cnn(channels) if pixels else small_cnn(channels)
-        with torch.no_grad():
-            trunk_dim = trunk(torch.zeros(1, channels, height, width)).shape[1]
+        trunk, trunk_dim, pixels, channels_last = image_trunk(obs_shape)
         if pixels:
-            trunk.append(layer_init(nn.Linear(trunk_dim, 512)))
-            trunk.append(nn.ReLU())
-            trunk_dim, hidden_sizes = 512, ()  # linear heads on the shared 512 units
+            hidden_sizes = ()  # linear heads on the shared 512 units
         super().__init__(trunk_dim, action_dim, continuous, tuple(hidden_sizes))
-        self.trunk = trunk.to(memory_format=torch.channels_last)  # about 1.5x faster convolutions on CPU
+        self.trunk = trunk
         self.obs_shape = tuple(obs_shape)
         self.channels_last, self.pixels = channels_last, pixels
         self.scale = 1.0 / 255.0 if pixels else 1.0
 
     def encode(self, obs: torch.Tensor) -> torch.Tensor:
         """The trunk's output for observations given flat (B, obs_dim) or shaped (B, *obs_shape)."""
-        x = obs.reshape(-1, *self.obs_shape)
-        if len(self.obs_shape) == 2:
-            x = x.unsqueeze(1)
-        if self.channels_last:
-            x = x.permute(0, 3, 1, 2)  # already the channels-last layout the trunk runs in
-        else:
-            x = x.contiguous(memory_format=torch.channels_last)
-        if self.scale != 1.0:
-            x = x * self.scale
-        return self.trunk(x)
+        return run_trunk(self.trunk, obs, self.obs_shape, self.channels_last, self.scale)
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         return super().value(self.encode(obs))

@@ -16,15 +16,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from reflectrl.nets import flatten_parameters  # noqa: F401  (re-exported)
+from reflectrl.nets import flatten_parameters, layer_init  # noqa: F401  (re-exported)
 
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
-
-
-def layer_init(layer: nn.Linear, std: float = math.sqrt(2.0), bias_const: float = 0.0) -> nn.Linear:
-    nn.init.orthogonal_(layer.weight, std)
-    nn.init.constant_(layer.bias, bias_const)
-    return layer
 
 
 def mlp(in_dim: int, hidden_sizes: tuple[int, ...], out_dim: int, out_std: float) -> nn.Sequential:

@@ -17,10 +17,16 @@
    before the first update (on the first rollout's transitions, `prior_epochs` epochs), and
    F_target starts from it.
 
-Pixels: on images read by the policy's CNN (Atari), F reads the policy's features of s and
-s' in place of the pixels (the same encoder for s', as seed 002 section 3.2 allows), computed
-with the encoder as it is whenever F is applied or fit; the buffer keeps the observations,
-which the critic's labels need anyway.
+Images (seed 002 section 3.2: s' goes through "the same encoder, or a small CNN of its own"),
+chosen by `encoder`:
+* `policy` (the default): on images read by the policy's CNN (Atari), F reads the policy's
+  features of s and s' in place of the pixels, computed with the encoder as it is whenever F
+  is applied or fit (F's fit does not train the policy's encoder); elsewhere the observation.
+* `cnn` (under a CNN policy): F has a CNN trunk of its own, of the policy's kind (the Nature
+  CNN on pixels, the small CNN on MiniGrid's view), one trunk for s and s', trained with F by
+  the distillation and followed by F_target's Polyak average; the policy's encoder is left
+  alone.
+Either way the buffer keeps the observations, which the critic's labels need anyway.
 
 The logged and evaluated return stays the env's true return; the trainer's `rewards` here
 are what it learns from before shaping.
@@ -39,12 +45,13 @@ import torch
 from torch import nn
 
 from reflectrl.errors import UserError
-from reflectrl.nets import relu_mlp
+from reflectrl.nets import ImageEncoder, cnn_fits, relu_mlp
 from reflectrl.registry import SignalSpec, register_signal
 from reflectrl.signals.base import Batch, Signal, SignalContext
 from reflectrl.signals.fit import HeadFitter
 
 MODES = ("direct", "potential", "off")
+ENCODERS = ("policy", "cnn")
 
 
 @dataclass
@@ -73,6 +80,8 @@ class ShapingConfig:
     """minibatch size of the distillation"""
     hidden_sizes: tuple[int, ...] = (64, 64)
     """shaper widths"""
+    encoder: str = "policy"
+    """what F reads of an image: policy (the policy CNN's features, else the observation) or cnn (its own CNN)"""
     warmup_steps: int = 0
     """env steps with no shaping at the start"""
     ramp_steps: int = 0
@@ -92,6 +101,8 @@ class ShapingConfig:
 
         if self.mode not in MODES:
             bad(f"mode='{self.mode}': use one of {', '.join(MODES)}")
+        if self.encoder not in ENCODERS:
+            bad(f"encoder='{self.encoder}': use one of {', '.join(ENCODERS)}")
         for name in ("eta", "scale", "lr_multiplier", "warn_ratio"):
             value = getattr(self, name)
             if not math.isfinite(value) or value <= 0:
@@ -142,20 +153,28 @@ def polyak(target: nn.Module, source: nn.Module, tau: float) -> None:
 
 
 class RewardShaper(nn.Module):
-    """F(s, a, s') = eta * tanh(MLP), or gamma * Phi(s') (1 - terminal) - Phi(s)."""
+    """F(s, a, s') = eta * tanh(MLP), or gamma * Phi(s') (1 - terminal) - Phi(s); with an
+    `encoder` (a module), the MLP reads encoder(s) and encoder(s') in place of s and s'."""
 
-    def __init__(self, obs_dim, action_dim, hidden_sizes, mode, eta, gamma, hard_clip):
+    def __init__(self, obs_dim, action_dim, hidden_sizes, mode, eta, gamma, hard_clip, encoder: nn.Module = None):
         super().__init__()
         self.mode, self.eta, self.gamma, self.hard_clip, self.action_dim = mode, eta, gamma, hard_clip, action_dim
+        self.encoder = encoder
+        if encoder is not None:
+            obs_dim = encoder.out_dim
         self.net = relu_mlp(obs_dim if mode == "potential" else 2 * obs_dim + action_dim, hidden_sizes)
 
+    def _read(self, obs: torch.Tensor) -> torch.Tensor:
+        return obs if self.encoder is None else self.encoder(obs)
+
     def potential(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.eta * torch.tanh(self.net(obs).squeeze(-1))
+        return self.eta * torch.tanh(self.net(self._read(obs)).squeeze(-1))
 
     def forward(self, obs, actions, next_obs, terminations) -> torch.Tensor:
         if self.mode == "potential":
             return self.gamma * self.potential(next_obs) * (1.0 - terminations.float()) - self.potential(obs)
-        f = self.eta * torch.tanh(self.net(torch.cat([obs, actions, next_obs], -1)).squeeze(-1))
+        x = torch.cat([self._read(obs), actions, self._read(next_obs)], -1)
+        f = self.eta * torch.tanh(self.net(x).squeeze(-1))
         return f.clamp(-self.hard_clip, self.hard_clip) if math.isfinite(self.hard_clip) else f
 
 
@@ -175,10 +194,16 @@ class SelfDistilledShaping(Signal):
 
     def bind(self, ctx: SignalContext) -> None:
         super().bind(ctx)
+        self.own_encoder = self.cfg.encoder == "cnn"
+        if self.own_encoder and not (ctx.image_obs and cnn_fits(ctx.obs_shape)):
+            raise UserError(f"shaping.encoder=cnn: the policy reads observations of shape {ctx.obs_shape}, not images; "
+                            "it needs a CNN policy on images (Atari, or MiniGrid with --set encoder=cnn), "
+                            "or use shaping.encoder=policy")
         with self.own_rng():
+            encoder = ImageEncoder(ctx.obs_shape) if self.own_encoder else None
             in_dim = ctx.feature_dim if ctx.image_obs else ctx.obs_dim  # pixels: F reads the policy's features
             self.shaper = RewardShaper(in_dim, ctx.action_dim, self.cfg.hidden_sizes, self.cfg.mode,
-                                       self.cfg.eta, ctx.gamma, self.cfg.hard_clip)
+                                       self.cfg.eta, ctx.gamma, self.cfg.hard_clip, encoder=encoder)
         # F's forward (a tanh, or a difference of potentials) is fit through autograd
         self.fitter = HeadFitter(self.shaper, lr=self.cfg.lr_multiplier * ctx.learning_rate, forward=self.shaper)
         self.target = copy.deepcopy(self.shaper).requires_grad_(False)
@@ -258,8 +283,9 @@ class SelfDistilledShaping(Signal):
         return obs, actions, next_obs, terms, labels
 
     def _encoded(self, obs, next_obs, features_fn, chunk: int = 1024):
-        """What F reads for s and s': the observations, or on CNN-read images the policy's features."""
-        if not self.ctx.image_obs:
+        """What F is given for s and s': the observations, or on CNN-read images the policy's
+        features (with its own CNN, the observations: F encodes them itself)."""
+        if not self.ctx.image_obs or self.own_encoder:
             return obs, next_obs
         with torch.no_grad():  # in chunks: a CNN's activations over several rollouts at once are large
             return tuple(torch.cat([features_fn(x[i:i + chunk]) for i in range(0, len(x), chunk)])
