@@ -296,3 +296,49 @@ def test_set_routing_to_algo_entries(tmp_path):
     assert sets["ppo"] == ["num_envs=2"]
     assert sets["refgrpo"] == ["calibration.alpha=0.2", "num_envs=2", "calibration.clip=none"]
     assert sets["refgrpo[alpha=0]"][-1] == "calibration.alpha=0"  # the entry's own override wins
+
+
+# ----------------------------------------------------------------------------- --preset
+
+def test_compare_needs_env_algos_and_steps_without_a_preset(cli, tmp_path):
+    out = tmp_path / "exp"
+    code, _, err = cli("compare", "--algos", "ppo", "--out", out)
+    assert_one_line_error(code, err, "compare needs --env, --total-steps (or a --preset that gives them)")
+    code, _, err = cli("compare", "--preset", "atari57", "--out", out)
+    assert_one_line_error(code, err, "--preset 'atari57': no such preset; use one of hard-exploration, maze15")
+    assert not out.exists()
+
+
+def test_a_preset_fills_the_experiment_and_flags_replace_its_values(cli, tmp_path):
+    from reflectrl.experiments.presets import PRESETS
+
+    out = tmp_path / "exp"
+    # the preset's env and --set items; its algos, seeds and budget replaced by the flags, a --set added
+    code, _, err = cli("compare", "--preset", "maze15", "--algos", "ppo", "--seeds", "1", "--total-steps", "256",
+                       "--set", "num_envs=2", "num_steps=64", "num_minibatches=2", "update_epochs=1",
+                       "--out", out, "--no-progress", "--no-report")
+    assert code == 0, err
+    spec = json.loads((out / "experiment.json").read_text())
+    assert spec["envs"] == list(PRESETS["maze15"].envs) and spec["algos"] == ["ppo"]
+    assert spec["seeds"] == 1 and spec["total_steps"] == 256
+    assert spec["sets"] == ["env.size=15", "env.layout=maze", "num_envs=2", "num_steps=64", "num_minibatches=2",
+                            "update_epochs=1"]
+    config = json.loads((out / "runs" / "reflectrl_GridWorld-v0" / "ppo" / "seed1" / "config.json").read_text())
+    assert config["env"] == {"size": 15, "layout": "maze"}
+
+
+def test_the_presets_are_what_the_docs_ran():
+    """The maze preset is `make demo`'s experiment, and every preset's entries parse."""
+    from reflectrl.experiments.presets import PRESETS
+
+    makefile = (Path(__file__).parents[1] / "Makefile").read_text()
+    demo_algos = re.search(r"^DEMO_ALGOS \?= (.+)$", makefile, re.M).group(1)
+    maze = PRESETS["maze15"]
+    assert demo_algos == ",".join(maze.algos)
+    demo = makefile[makefile.index("demo: setup"):]
+    assert f"--seeds {maze.seeds}" in demo and f"--total-steps {maze.total_steps}" in demo
+    assert "--set " + " ".join(maze.sets) in demo
+    hard = PRESETS["hard-exploration"]
+    assert hard.sets == ("backend=envpool",) and len(hard.envs) == 4 and hard.seeds >= 3
+    for preset in PRESETS.values():
+        assert [e.label for e in parse_algos(",".join(preset.algos))] == list(preset.algos)

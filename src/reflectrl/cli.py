@@ -55,10 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     cmp = sub.add_parser("compare", help="run every (env, algo, seed) and write the report")
-    cmp.add_argument("--env", required=True, help="env id(s), comma-separated")
-    cmp.add_argument("--algos", required=True, help="algo entries, e.g. ppo,refgrpo,refgrpo[alpha=0]")
-    cmp.add_argument("--seeds", type=int, default=5, help="seeds 1..N per (env, algo) (default 5)")
-    cmp.add_argument("--total-steps", type=int, required=True)
+    cmp.add_argument("--preset", default=None, help="a named experiment whose envs, algos, seeds, steps and --set "
+                     "the other flags replace (--set adds to it): " + _presets_help())
+    cmp.add_argument("--env", default=None, help="env id(s), comma-separated (required without --preset)")
+    cmp.add_argument("--algos", default=None, help="algo entries, e.g. ppo,refgrpo,refgrpo[alpha=0] "
+                     "(required without --preset)")
+    cmp.add_argument("--seeds", type=int, default=None, help="seeds 1..N per (env, algo) (default 5)")
+    cmp.add_argument("--total-steps", type=int, default=None, help="env steps per run (required without --preset)")
     cmp.add_argument("--out", required=True, help="experiment directory (re-run to resume)")
     cmp.add_argument("--wrapper", default=None, help="reward wrapper for every run: sparse or delayed:K")
     cmp.add_argument("--set", action="append", nargs="+", metavar="KEY=VALUE",
@@ -195,9 +198,23 @@ def _compare(args) -> int:
     from reflectrl.experiments.runner import run_experiment
     from reflectrl.experiments.spec import ExperimentSpec
 
-    spec = ExperimentSpec(envs=[e.strip() for e in args.env.split(",") if e.strip()],
-                          algos=[e.label for e in _parse_algos(args.algos)], seeds=args.seeds,
-                          total_steps=args.total_steps, wrapper=args.wrapper, sets=_flatten(args.set))
+    envs, algos, seeds, total_steps, sets = args.env, args.algos, args.seeds, args.total_steps, _flatten(args.set)
+    if args.preset is not None:
+        from reflectrl.experiments.presets import get_preset
+
+        preset = get_preset(args.preset)
+        envs = envs if envs is not None else ",".join(preset.envs)
+        algos = algos if algos is not None else ",".join(preset.algos)
+        seeds = seeds if seeds is not None else preset.seeds
+        total_steps = total_steps if total_steps is not None else preset.total_steps
+        sets = [*preset.sets, *sets]
+    missing = [flag for flag, value in (("--env", envs), ("--algos", algos), ("--total-steps", total_steps))
+               if value is None]
+    if missing:
+        raise UserError(f"compare needs {', '.join(missing)} (or a --preset that gives them)")
+    spec = ExperimentSpec(envs=[e.strip() for e in envs.split(",") if e.strip()],
+                          algos=[e.label for e in _parse_algos(algos)], seeds=5 if seeds is None else seeds,
+                          total_steps=total_steps, wrapper=args.wrapper, sets=sets)
     root = Path(args.out)
     result = run_experiment(root, spec, backend=args.backend, workers=args.workers,
                             ray_address=args.ray_address, progress=not args.no_progress)
@@ -207,6 +224,12 @@ def _compare(args) -> int:
     if not args.no_report:
         _print_report(root, reps=2000)
     return EXIT_FAILED if result.failed else 0
+
+
+def _presets_help() -> str:
+    from reflectrl.experiments.presets import presets_help
+
+    return presets_help()
 
 
 def _parse_algos(text):
