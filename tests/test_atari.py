@@ -122,6 +122,25 @@ def test_nature_cnn_shapes_and_features():
     assert features.shape == (5, 512) and features.requires_grad and entropy.shape == (5,)
 
 
+def test_the_update_batch_layout_is_channels_last_and_changes_no_value():
+    torch.manual_seed(0)
+    agent = make_policy((4, 84, 84), 6, False, "cnn")
+    flat = torch.randint(0, 256, (12, 4 * 84 * 84)).float()
+    batch = agent.batch_layout(flat)
+    assert batch.shape == (12, 4, 84, 84) and batch.is_contiguous(memory_format=torch.channels_last)
+    idx = torch.tensor([3, 0, 7, 7, 11])
+    assert batch[idx].is_contiguous(memory_format=torch.channels_last)  # each minibatch's gather stays so
+    action = torch.tensor([0, 1, 2, 3, 4])
+    for got, want in zip(agent.evaluate(batch[idx], action), agent.evaluate(flat[idx], action)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)  # bit for bit: the same convolution inputs
+    mlp = make_policy((6,), 2, False, "mlp")
+    obs = torch.rand(3, 6)
+    assert mlp.batch_layout(obs) is obs
+    hwc = make_policy((7, 7, 3), 7, False, "cnn", (64, 64))
+    view = torch.rand(3, 7 * 7 * 3)
+    assert hwc.batch_layout(view) is view  # HWC images are permuted to channels-last views already
+
+
 def test_small_cnn_for_minigrid_views_and_hwc_pixels():
     torch.manual_seed(0)
     agent = make_policy((7, 7, 3), 7, False, "cnn", (64, 64))

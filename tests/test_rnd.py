@@ -256,3 +256,12 @@ def test_a_config_written_before_stream_heads_resumes_with_separate_heads():
     d = _config("ppo+rnd", env="MiniGrid-Empty-5x5-v0", extra=_SMALL_CNN).to_dict()
     assert d["ppo"].pop("stream_heads") == "shared"
     assert RunConfig.from_dict(d).ppo.stream_heads == "separate"
+
+
+def test_shared_heads_in_an_edited_config_of_an_mlp_run_are_refused():
+    from reflectrl.control.ppo import PPOTrainer
+
+    cfg = _config("ppo+rnd", env="MiniGrid-Empty-5x5-v0")
+    cfg.ppo.stream_heads = "shared"  # as an edited config.json would have it (resume does not re-validate)
+    with pytest.raises(UserError, match="stream_heads=shared needs a CNN policy"):
+        PPOTrainer(cfg)

@@ -253,7 +253,7 @@ def test_shaper_with_its_own_cnn_does_not_touch_the_policys_encoder():
 
 def test_shaping_encoder_cnn_needs_an_image(cli, tmp_path):
     for env, knob, needle in (
-            ("CartPole-v1", "shaping.encoder=cnn", "shaping.encoder=cnn: the policy reads observations of shape (4,)"),
+            ("CartPole-v1", "shaping.encoder=cnn", "shaping.encoder=cnn: the policy's encoder is mlp"),
             ("MiniGrid-Empty-5x5-v0", "shaping.encoder=cnn", "--set encoder=cnn"),  # the MLP flattens the view
             ("CartPole-v1", "shaping.encoder=resnet", "shaping.encoder='resnet': use one of policy, cnn")):
         out = tmp_path / "run"
@@ -278,3 +278,28 @@ def test_shaper_with_its_own_cnn_resumes_bit_identically(tmp_path, monkeypatch):
     full.train(progress=False)
     assert params_sha256(full.signal.target) == params_sha256(resumed.signal.target)
     assert all("label_loss" in r for r in rows[1:])
+
+
+def test_compare_refuses_shaping_encoder_cnn_on_an_mlp_policy_before_anything_starts(cli, tmp_path):
+    out = tmp_path / "exp"
+    code, _, err = cli("compare", "--env", "MiniGrid-Empty-5x5-v0", "--algos", "ppo,ppo+shaping[encoder=cnn]",
+                       "--seeds", "1", "--total-steps", "1024", "--out", out, "--no-progress")
+    assert code == 2 and "shaping.encoder=cnn: the policy's encoder is mlp" in err
+    assert len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_predictions_in_chunks_equal_one_pass():
+    from reflectrl.signals.fit import predict_in_chunks
+
+    torch.manual_seed(0)
+    shaper = RewardShaper(5, 3, (16,), "direct", eta=1.0, gamma=0.9, hard_clip=math.inf)
+    rows = (torch.rand(10, 5), torch.eye(3)[torch.randint(0, 3, (10,))], torch.rand(10, 5), torch.zeros(10))
+    with torch.no_grad():
+        whole = shaper(*rows)
+        calls = []
+        chunked = predict_in_chunks(lambda p: calls.append(len(p[0])) or shaper(*p), rows, chunk=4)
+    assert calls == [4, 4, 2]
+    torch.testing.assert_close(chunked, whole)
+    single = predict_in_chunks(lambda x: x.sum(-1), torch.ones(3, 2), chunk=4)
+    assert single.tolist() == [2.0, 2.0, 2.0]

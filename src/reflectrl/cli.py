@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--env", default=None, help="env id(s), comma-separated (required without --preset)")
     cmp.add_argument("--algos", default=None, help="algo entries, e.g. ppo,refgrpo,refgrpo[alpha=0] "
                      "(required without --preset)")
-    cmp.add_argument("--seeds", type=int, default=None, help="seeds 1..N per (env, algo) (default 5)")
+    cmp.add_argument("--seeds", type=int, default=None, help="seeds 1..N per (env, algo) (default 5, or the preset's)")
     cmp.add_argument("--total-steps", type=int, default=None, help="env steps per run (required without --preset)")
     cmp.add_argument("--out", required=True, help="experiment directory (re-run to resume)")
     cmp.add_argument("--wrapper", default=None, help="reward wrapper for every run: sparse or delayed:K")

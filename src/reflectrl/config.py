@@ -270,17 +270,17 @@ def validate(cfg: RunConfig) -> None:
         raise UserError(f"state_map_snapshots={cfg.state_map_snapshots}: must be >= 0 (0 keeps none)")
     if cfg.backend not in BACKENDS:
         raise UserError(f"backend='{cfg.backend}': use one of {', '.join(BACKENDS)}")
-    validate_sections(cfg.algo, algo, cfg.sections)
+    validate_sections(cfg.algo, algo, cfg.sections, run=cfg)
 
 
-def validate_sections(text: str, algo, sections: dict) -> None:
+def validate_sections(text: str, algo, sections: dict, run=None) -> None:
     """The knob sections of an algo's signals: none for a signal it does not run, each valid,
     and each asking only for what the trainer provides."""
     check_sections(algo, sections, text)
     for name in algo.signals:
         section = sections.get(name) or signal_spec(name).config()
         section.validate()
-        signal_spec(name).check(section, algo.trainer, text)
+        signal_spec(name).check(section, algo.trainer, text, run=run)
 
 
 def add_algo_section(cfg: RunConfig, family: str = "control") -> None:

@@ -43,6 +43,8 @@ class SignalSpec:
     aliases: dict = field(default_factory=dict)  # {trainer: the legacy algo name of trainer+NAME}
     neutral: str = ""                  # the knob setting under which it changes nothing, e.g. "alpha=0"
     trainer_checks: dict = field(default_factory=dict)  # {trainer: check(config) raising UserError}
+    run_check: Callable | None = None  # check(config, the run's whole config) raising UserError: what its
+                                       # knobs need of the rest of the run (e.g. the policy's encoder)
     on_finish: dict | str = field(default_factory=dict)  # {trainer: "module:function(run_dir)"} (or one for all)
 
     def __hash__(self):
@@ -51,7 +53,7 @@ class SignalSpec:
     def wants_for(self, config) -> set:
         return set(self.wants(config) if callable(self.wants) else self.wants)
 
-    def check(self, config, trainer: str, text: str) -> None:
+    def check(self, config, trainer: str, text: str, run=None) -> None:
         """One line naming what this signal, so configured, needs and the trainer lacks."""
         missing = self.wants_for(config) - set(TRAINERS[trainer].provides)
         if missing:
@@ -60,6 +62,8 @@ class SignalSpec:
                             f"which trainer '{trainer}' does not provide")
         if trainer in self.trainer_checks:
             self.trainer_checks[trainer](config)
+        if self.run_check is not None and run is not None:
+            self.run_check(config, run)
 
 
 @dataclass(frozen=True)

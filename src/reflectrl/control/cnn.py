@@ -59,6 +59,15 @@ class CNNActorCritic(ActorCritic):
         """The trunk's output for observations given flat (B, obs_dim) or shaped (B, *obs_shape)."""
         return run_trunk(self.trunk, obs, self.obs_shape, self.channels_last, self.scale)
 
+    def batch_layout(self, obs: torch.Tensor) -> torch.Tensor:
+        """A batch of observations laid out as `encode` reads them without a copy: channels-first
+        images (Atari's frame stacks) as one channels-last tensor, so that each minibatch
+        gathered from it is channels-last already (one copy per update instead of one per
+        minibatch); others as given. The values are unchanged."""
+        if len(self.obs_shape) != 3 or self.channels_last:
+            return obs
+        return obs.reshape(-1, *self.obs_shape).contiguous(memory_format=torch.channels_last)
+
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         return super().value(self.encode(obs))
 

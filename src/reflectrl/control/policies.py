@@ -66,6 +66,10 @@ class ActorCritic(nn.Module):
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         return _forward(self.critic, obs).squeeze(-1)
 
+    def batch_layout(self, obs: torch.Tensor) -> torch.Tensor:
+        """The update's batch of observations as this policy reads it fastest (flat here)."""
+        return obs
+
     def features(self, obs: torch.Tensor) -> torch.Tensor:
         """The actor's last hidden layer, for signals that read the policy's features."""
         return _hidden(self.actor, obs)

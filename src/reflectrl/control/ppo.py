@@ -142,6 +142,9 @@ class PPOTrainer:
         self.streams = None  # value heads of the signals' own reward streams (control/streams.py)
         if self.signal is not None and self.signal.reward_streams():
             shared = p.stream_heads == "shared" or (p.stream_heads == "auto" and p.encoder == "cnn")
+            if shared and not getattr(self.agent, "shared_trunk", False):
+                raise UserError(f"stream_heads={p.stream_heads} needs a CNN policy (encoder=cnn): this run's "
+                                f"encoder={p.encoder} has no trunk to share; use stream_heads=separate")
             trunk = (self.agent.head_in_dim, self.agent.head_hidden) if shared else None
             self.streams = ValueStreams(self.signal, tuple(self.obs_shape), p.hidden_sizes, cfg.seed, p.gae_lambda,
                                         p.encoder, trunk=trunk)
@@ -309,7 +312,7 @@ class PPOTrainer:
 
     def update(self, rollout: Rollout) -> dict:
         p = self.cfg.ppo
-        b_obs = rollout.obs.reshape(-1, self.obs_dim)
+        b_obs = self.agent.batch_layout(rollout.obs.reshape(-1, self.obs_dim))
         b_actions = rollout.actions.reshape(-1, *self.action_shape)
         b_logprobs = rollout.logprobs.reshape(-1)
         b_advantages = rollout.advantages.reshape(-1)

@@ -118,7 +118,8 @@ def pool_task(env_id: str, env_kwargs: dict[str, Any] | None = None) -> tuple[st
         kind, task, kwargs = "minigrid", env_id, env_kwargs
     if task not in _envpool_ids() or (kind == "minigrid" and not env_id.startswith("MiniGrid-")):
         raise UserError(f"env '{env_id}' is not one of the Atari and MiniGrid envs that EnvPool ships (all that "
-                        "backend=envpool runs); the default backend runs it: drop --set backend=envpool")
+                        "backend=envpool runs); the default backend runs it: drop backend=envpool "
+                        "(given by --set or a --preset)")
     return task, kwargs, kind
 
 

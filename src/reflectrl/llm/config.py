@@ -165,6 +165,6 @@ def validate_llm(cfg: LLMRunConfig) -> None:
     for name, allowed in (("loss_type", LOSS_TYPES), ("scale_rewards", SCALE_REWARDS)):
         if getattr(g, name) not in allowed:
             raise UserError(f"{name}='{getattr(g, name)}': use one of {', '.join(allowed)}")
-    validate_sections(cfg.algo, algo, cfg.sections)
+    validate_sections(cfg.algo, algo, cfg.sections, run=cfg)
     for name in algo.signals:
         cfg.sections.setdefault(name, signal_spec(name).config())

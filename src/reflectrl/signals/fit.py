@@ -54,6 +54,20 @@ _threshold_backward = torch.ops.aten.threshold_backward.default
 _fused_adam = getattr(torch, "_fused_adam_", None)
 
 
+PREDICT_CHUNK = 2048  # rows per forward pass of a module head's predictions
+
+
+def predict_in_chunks(forward: Callable, x, chunk: int = PREDICT_CHUNK) -> torch.Tensor:
+    """forward(x) (x a tensor, or a tuple of row-aligned tensors), run on at most `chunk`
+    rows at a time when there are more (fewer rows: one call, as before)."""
+    parts = x if isinstance(x, (tuple, list)) else (x,)
+    n = parts[0].shape[0]
+    call = (lambda p: forward(p)) if isinstance(x, (tuple, list)) else (lambda p: forward(p[0]))
+    if n <= chunk:
+        return call(parts)
+    return torch.cat([call(tuple(t[i:i + chunk] for t in parts)) for i in range(0, n, chunk)])
+
+
 # ----------------------------------------------------------------------------- one-hot rows
 
 @dataclass
@@ -268,10 +282,12 @@ class HeadFitter:
 
     @torch.no_grad()
     def predict(self, x) -> torch.Tensor:
-        """The head's (B,) predictions, without gradient."""
+        """The head's (B,) predictions, without gradient (a module's, in chunks of
+        `PREDICT_CHUNK` rows: a CNN's activations over a whole buffer at once are large)."""
         x = self.prepare(x)
         if not self._own_passes():
-            return self._module_forward(x)
+            with torch.no_grad():
+                return predict_in_chunks(self._module_forward, x)
         out = self._mlp_forward(self._layers(), x)[-1].view(-1)
         return out.index_select(0, x.inverse) if isinstance(x, OneHotRows) and x.distinct is not None else out
 

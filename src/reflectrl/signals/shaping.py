@@ -48,7 +48,7 @@ from reflectrl.errors import UserError
 from reflectrl.nets import ImageEncoder, cnn_fits, relu_mlp
 from reflectrl.registry import SignalSpec, register_signal
 from reflectrl.signals.base import Batch, Signal, SignalContext
-from reflectrl.signals.fit import HeadFitter
+from reflectrl.signals.fit import HeadFitter, predict_in_chunks
 
 MODES = ("direct", "potential", "off")
 ENCODERS = ("policy", "cnn")
@@ -229,8 +229,9 @@ class SelfDistilledShaping(Signal):
                                    "weight": curriculum(batch.global_step, self.cfg.warmup_steps, self.cfg.ramp_steps),
                                    "state": {k: v.clone() for k, v in self.target.state_dict().items()}})
         obs, next_obs = self._encoded(tr["obs"], tr["next_obs"], batch.features_fn)
-        with torch.no_grad():
-            f = self.target(obs, tr["actions"], next_obs, tr["terminations"]).reshape(batch.values.shape)
+        with torch.no_grad():  # in chunks: with its own CNN, F's activations over a big rollout are large
+            f = predict_in_chunks(lambda p: self.target(*p), (obs, tr["actions"], next_obs, tr["terminations"]))
+            f = f.reshape(batch.values.shape)
         shaping = weight * f
         r = batch.rewards
         mean_abs_r = r.abs().mean().item()
@@ -325,8 +326,17 @@ class SelfDistilledShaping(Signal):
         self.snapshots = state["snapshots"]
 
 
+def _check_encoder(cfg: ShapingConfig, run) -> None:
+    """shaping.encoder=cnn needs a policy that reads images with a CNN (checked before a run starts)."""
+    ppo = getattr(run, "ppo", None)
+    if cfg.encoder == "cnn" and ppo is not None and ppo.encoder == "mlp":  # ("auto" is not resolved yet)
+        raise UserError(f"shaping.encoder=cnn: the policy's encoder is {ppo.encoder}, so it reads no images; "
+                        "it needs a CNN policy on images (Atari, or MiniGrid with --set encoder=cnn), "
+                        "or use shaping.encoder=policy")
+
+
 register_signal(SignalSpec(
     name="shaping", config=ShapingConfig, factory=SelfDistilledShaping, step_kinds=("env_step",),
     summary="SDRS: a shaper (or potential) distilled from the agent's own advantages adds a dense reward",
-    wants=frozenset({"next_obs"}), aliases={"ppo": "sdrs"}, neutral="mode=off",
+    wants=frozenset({"next_obs"}), aliases={"ppo": "sdrs"}, neutral="mode=off", run_check=_check_encoder,
 ))
