@@ -30,8 +30,7 @@ def run_reflectrl(env_id: str, total: int, backend: str = "gymnasium") -> float:
     from reflectrl.control.ppo import PPOTrainer, resolve_config
 
     # EnvPool steps its envs on min(envs, cores) threads unless told: one, as every other part here
-    env = {"num_threads": 1} if backend == "envpool" else {}
-    cfg = RunConfig(env_id=env_id, seed=1, total_steps=total, backend=backend, env=env, ppo=PPOConfig(
+    cfg = RunConfig(env_id=env_id, seed=1, total_steps=total, backend=backend, envpool_threads=1, ppo=PPOConfig(
         num_envs=N_ENVS, num_steps=N_STEPS, update_epochs=EPOCHS, num_minibatches=N_ENVS * N_STEPS // MINIBATCH))
     resolve_config(cfg)
     assert cfg.ppo.encoder == "cnn" and cfg.ppo.clip_coef == 0.1

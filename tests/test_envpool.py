@@ -242,6 +242,23 @@ def test_resume_restarts_the_episodes_with_a_warning():
     resumed.close()
 
 
+def test_envpool_threads_reach_the_pool_and_survive_a_snapshot():
+    cfg = new_run_config(env_id="MiniGrid-Empty-5x5-v0", total_steps=1024,
+                         overrides=["backend=envpool", "envpool_threads=1"])
+    envs = make_vector_env(cfg)
+    envs.reset(seed=1)
+    assert envs._pool.config["num_threads"] == 1
+    copy, _ = snapshot.loads(snapshot.dumps(envs))
+    copy.reset(seed=1)
+    assert copy._pool.config["num_threads"] == 1
+    default = make_vector_env(new_run_config(env_id="MiniGrid-Empty-5x5-v0", total_steps=1024,
+                                             overrides=["backend=envpool"]))
+    default.reset(seed=1)
+    assert default.num_threads == 0  # EnvPool's own choice
+    for v in (envs, copy, default):
+        v.close()
+
+
 # ----------------------------------------------------------------------------- bad input
 
 
@@ -262,6 +279,7 @@ def test_bad_backend_input_is_one_line():
     for env_id in ("CartPole-v1", "reflectrl/GridWorld-v0", "ALE/Pong-ram-v5"):
         assert "the default backend runs it" in _error("backend=envpool", env_id=env_id)
     assert "use one of gymnasium, envpool" in _error("backend=ray")
+    assert "envpool_threads=-1: must be >= 0" in _error("backend=envpool", "envpool_threads=-1")
     assert "--wrapper sparse is not supported with backend=envpool" in _error("backend=envpool", wrapper="sparse")
     assert "norm_obs/norm_reward" in _error("backend=envpool", "norm_obs=true")
     assert "with {'no_such_knob': 1}" in _error("backend=envpool", "env.no_such_knob=1")

@@ -128,6 +128,8 @@ class RunConfig:
     """torch's intra-op threads"""
     backend: str = "gymnasium"
     """training envs: gymnasium, or envpool (EnvPool's C++ vector envs for Atari and MiniGrid: the envpool extra)"""
+    envpool_threads: int = 0
+    """EnvPool's worker threads with backend=envpool (0: EnvPool's default, min(num_envs, cores))"""
     state_map_snapshots: int = 5
     """points of training whose visited states, rewards and signal terms are kept for `plot state-map`"""
     ppo: PPOConfig = field(default_factory=PPOConfig)
@@ -170,7 +172,7 @@ def sections_from_dict(values: dict) -> dict:
 _dataclass_from_dict = overrides_mod.from_dict  # the name other modules used
 
 
-RUN_KNOBS = ("checkpoint_every", "torch_threads", "backend", "state_map_snapshots")
+RUN_KNOBS = ("checkpoint_every", "torch_threads", "backend", "envpool_threads", "state_map_snapshots")
 EVAL_MAX_STEPS = 10_000  # `eval`'s cap on an episode's steps when the env has no time limit
 SEED_MAX = 2**32 - 1     # numpy's and Gymnasium's seeds are unsigned 32-bit integers
 
@@ -268,6 +270,8 @@ def validate(cfg: RunConfig) -> None:
         raise UserError(f"torch_threads={cfg.torch_threads}: must be >= 1")
     if cfg.state_map_snapshots < 0:
         raise UserError(f"state_map_snapshots={cfg.state_map_snapshots}: must be >= 0 (0 keeps none)")
+    if cfg.envpool_threads < 0:
+        raise UserError(f"envpool_threads={cfg.envpool_threads}: must be >= 0 (0: EnvPool's default)")
     if cfg.backend not in BACKENDS:
         raise UserError(f"backend='{cfg.backend}': use one of {', '.join(BACKENDS)}")
     validate_sections(cfg.algo, algo, cfg.sections, run=cfg)

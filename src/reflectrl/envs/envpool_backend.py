@@ -187,8 +187,9 @@ class EnvPoolVectorEnv:
     """EnvPool's vector env with the interface of a same-step-autoresetting Gymnasium vector env."""
 
     def __init__(self, env_id: str, num_envs: int, *, env_kwargs: dict[str, Any] | None = None,
-                 keep_image: bool = False, seed: int = 0, restored: bool = False):
+                 keep_image: bool = False, seed: int = 0, restored: bool = False, num_threads: int = 0):
         self.env_id, self.num_envs, self.keep_image = env_id, int(num_envs), keep_image
+        self.num_threads = int(num_threads)  # EnvPool's worker threads (0: its default, min(envs, cores))
         self.env_kwargs = dict(env_kwargs or {})
         self.task, self.kwargs, self.kind = pool_task(env_id, self.env_kwargs)
         spec = _make_spec(env_id, self.task, self.kwargs, self.env_kwargs)
@@ -209,7 +210,7 @@ class EnvPoolVectorEnv:
 
     def __reduce__(self):
         # EnvPool's envs cannot be saved: a restored copy rebuilds them and restarts their episodes
-        return _restore, (self.env_id, self.num_envs, self.env_kwargs, self.keep_image, self.seed)
+        return _restore, (self.env_id, self.num_envs, self.env_kwargs, self.keep_image, self.seed, self.num_threads)
 
     # ------------------------------------------------------------------ helpers
 
@@ -231,7 +232,8 @@ class EnvPoolVectorEnv:
         if self._pool is not None:
             self._pool.close()
         self.seed = int(seed)
-        self._pool = envpool.make_gymnasium(self.task, num_envs=self.num_envs, seed=self.seed, **self.kwargs)
+        self._pool = envpool.make_gymnasium(self.task, num_envs=self.num_envs, seed=self.seed,
+                                            num_threads=self.num_threads, **self.kwargs)
         self._fresh.clear()
 
     def _clear_stats(self, ids) -> None:
@@ -310,9 +312,9 @@ class EnvPoolVectorEnv:
             self._pool = None
 
 
-def _restore(env_id, num_envs, env_kwargs, keep_image, seed) -> EnvPoolVectorEnv:
+def _restore(env_id, num_envs, env_kwargs, keep_image, seed, num_threads=0) -> EnvPoolVectorEnv:
     return EnvPoolVectorEnv(env_id, num_envs, env_kwargs=env_kwargs, keep_image=keep_image, seed=seed,
-                            restored=True)
+                            restored=True, num_threads=num_threads)
 
 
 def make_vector_env(cfg) -> EnvPoolVectorEnv:
@@ -320,4 +322,4 @@ def make_vector_env(cfg) -> EnvPoolVectorEnv:
     check_backend(cfg)
     p = cfg.ppo
     return EnvPoolVectorEnv(cfg.env_id, p.num_envs, env_kwargs=dict(cfg.env), keep_image=p.encoder == "cnn",
-                            seed=cfg.seed)
+                            seed=cfg.seed, num_threads=cfg.envpool_threads)
