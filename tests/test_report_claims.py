@@ -326,3 +326,29 @@ def test_per_run_scores_are_published_with_the_table(tmp_path):
     md = (root / "report/report.md").read_text()
     assert "## Per-run scores" in md
     assert "| reflectrl/GridWorld-v0 | ppo+count | 1 | finished | 1 | " in md and "| 90 | 500 |" in md
+
+
+def test_summary_table_gives_the_iqm_of_unique_states_and_report_md_shows_it(tmp_path):
+    from reflectrl.report.analysis import load_experiment, summary_table
+    from reflectrl.report.render import write_report
+
+    # each seed's last logged unique_states_total: 10, 20, 30, 40, 1000 (the last row carrying it counts)
+    counts = [10, 20, 30, 40, 1000]
+    extra = {"ppo": [[{"unique_states_total": c // 2}, {"unique_states_total": c}] for c in counts],
+             "ppo+count": [[] for _ in counts]}
+    root = make_experiment(tmp_path / "exp", {"ppo": [1.0] * 5, "ppo+count": [1.0] * 5}, extra=extra)
+    table = {r["algo"]: r for r in summary_table(load_experiment(root), reps=200)}
+    # IQM of 5 values: the mean of the middle 50% (scipy's trimmed mean with 25% cut each side: 20, 30, 40)
+    assert table["ppo"]["unique_states_iqm"] == pytest.approx(30.0)
+    lo, hi = table["ppo"]["unique_states_ci"]
+    assert 10 <= lo <= 30 <= hi <= 1000
+    assert table["ppo+count"]["unique_states_iqm"] is None  # logged none
+    write_report(root, reps=200)
+    md = (root / "report" / "report.md").read_text()
+    header = [x for x in md.splitlines() if x.startswith("| env | algo | seeds |")][0]
+    assert header.endswith("| unique states IQM [95% CI] |")
+    results = md[md.index(header):md.index("## Claims")].splitlines()  # the summary, not the per-run table
+    (ppo_row,) = [x for x in results if x.startswith(f"| {ENV} | ppo | 5 |")]
+    assert ppo_row.split(" | ")[-1].startswith("30 [")
+    (count_row,) = [x for x in results if x.startswith(f"| {ENV} | ppo+count | 5 |")]
+    assert count_row.rstrip(" |").endswith("–")

@@ -112,6 +112,24 @@ def _fill(curve: np.ndarray) -> np.ndarray:
     return c
 
 
+def last_logged(run: RunData, key: str):
+    """The last value of a metric the run logged (None if it logged none)."""
+    for row in reversed(run.rows):
+        if row.get(key) is not None:
+            return row[key]
+    return None
+
+
+def unique_states_matrix(exp: Experiment, label: str, env_id: str) -> np.ndarray:
+    """(seeds, 1) distinct exploration state keys each run visited over training (nan: none logged)."""
+    col = []
+    for seed in range(1, exp.spec.seeds + 1):
+        match = [r for r in exp.select(env_id, label) if r.spec.seed == seed]
+        value = last_logged(match[0], "unique_states_total") if match else None
+        col.append(math.nan if value is None else float(value))
+    return np.array([col], dtype=float).T
+
+
 def run_scores(run: RunData) -> dict:
     c = _fill(run.curve)
     tail = c[int(0.9 * GRID):]
@@ -172,6 +190,8 @@ def summary_table(exp: Experiment, reps: int = 2000) -> list[dict]:
                 poi = stats.interval([final, base], stats.probability_of_improvement, reps)
             reach = [stats.steps_to_threshold(exp.grid, _fill(r.curve), threshold, window=GRID // 10)
                      for r in exp.select(env_id, label)]
+            unique = _complete(unique_states_matrix(exp, label, env_id))
+            u = stats.interval([unique], stats.iqm, reps) if unique.size else (None, None, None)
             rows.append({
                 "env": env_id, "algo": label, "seeds": int(final.shape[0]),
                 "final_iqm": f[0], "final_ci": [f[1], f[2]],
@@ -182,6 +202,7 @@ def summary_table(exp: Experiment, reps: int = 2000) -> list[dict]:
                 "env_range": list(observed_range(exp, env_id)),
                 "steps_to_threshold_median": float(np.median(reach)) if reach else math.inf,
                 "reached": int(np.isfinite(reach).sum()),
+                "unique_states_iqm": u[0], "unique_states_ci": None if u[0] is None else [u[1], u[2]],
             })
     return rows
 
@@ -194,10 +215,7 @@ def per_run_scores(exp: Experiment) -> list[dict]:
     thresholds = {env_id: _threshold(exp, env_id) for env_id in exp.spec.envs}
     for r in exp.runs:
         env_id = r.spec.env_id
-        last = {}
-        for row in r.rows:
-            last.update({k: row[k] for k in ("unique_states_total", "first_reward_step", "rooms_visited")
-                         if row.get(k) is not None})
+        last = {k: last_logged(r, k) for k in ("unique_states_total", "first_reward_step", "rooms_visited")}
         reach = stats.steps_to_threshold(exp.grid, _fill(r.curve), thresholds[env_id], window=GRID // 10)
         out.append({"env": env_id, "algo": r.spec.entry.label, "seed": r.spec.seed, "status": r.status,
                     **run_scores(r), "steps_to_threshold": reach if math.isfinite(reach) else None,

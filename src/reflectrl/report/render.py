@@ -50,7 +50,7 @@ def _table_rows(table: list[dict]) -> list[list[str]]:
     out = []
     for r in table:
         if not r.get("seeds"):
-            out.append([r["env"], r["algo"], "0", "–", "–", "–", "–", "–", "–"])
+            out.append([r["env"], r["algo"], "0", "–", "–", "–", "–", "–", "–", "–"])
             continue
         mark = f" {FEW_SEEDS_MARK}" if r["seeds"] < MIN_SEEDS_FOR_CI else ""
         # P(improve) resamples this entry's seeds and the baseline's
@@ -60,12 +60,18 @@ def _table_rows(table: list[dict]) -> list[list[str]]:
                     "–" if r["p_improve_over_ppo"] is None
                     else f"{_num(r['p_improve_over_ppo'])} {_ci(r['p_improve_ci'])}{p_mark}",
                     f"{_num(r['steps_to_threshold_median'])} "
-                    f"({r['reached']}/{r['seeds']} reach {_num(r['threshold'])})"])
+                    f"({r['reached']}/{r['seeds']} reach {_num(r['threshold'])})",
+                    "–" if r.get("unique_states_iqm") is None
+                    else f"{_count(r['unique_states_iqm'])} {_ci_count(r['unique_states_ci'])}{mark}"])
     return out
 
 
 HEADERS = ["env", "algo", "seeds", "final return IQM", "95% CI", "norm. AUC IQM", "95% CI",
-           "P(improve over ppo)", "steps to threshold (median)"]
+           "P(improve over ppo)", "steps to threshold (median)", "unique states IQM [95% CI]"]
+
+
+def _ci_count(pair) -> str:
+    return f"[{_count(pair[0])}, {_count(pair[1])}]"
 
 
 def few_seeds_warning(table: list[dict]) -> str | None:
@@ -189,7 +195,10 @@ def write_report(root: Path, reps: int = 2000) -> tuple[Path, list[Claim]]:
              "learning curve, min-max normalised per env over every run of the experiment. IQM and 95% "
              "stratified-bootstrap CIs over seeds. P(improve): probability that a run of the algo ends above a run "
              "of ppo. Steps to threshold: the first step from which the return, averaged over the next 10% of "
-             "training, reaches 80% of the way from the worst to the best return seen in the env.")
+             "training, reaches 80% of the way from the worst to the best return seen in the env. Unique states: "
+             "the distinct exploration state keys a run visited over training (unique_states_total: the grid "
+             "world's or MiniGrid's cell, heading and carried object, Montezuma's room and position, else a "
+             "SimHash of the observation).")
     if few_seeds:
         notes += " " + FEW_SEEDS_NOTE
 
