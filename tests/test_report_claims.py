@@ -8,6 +8,7 @@ import subprocess
 import sys
 import warnings
 
+import numpy as np
 import pytest
 
 from reflectrl.experiments.spec import SPEC_FILE, ExperimentSpec
@@ -346,9 +347,122 @@ def test_summary_table_gives_the_iqm_of_unique_states_and_report_md_shows_it(tmp
     write_report(root, reps=200)
     md = (root / "report" / "report.md").read_text()
     header = [x for x in md.splitlines() if x.startswith("| env | algo | seeds |")][0]
-    assert header.endswith("| unique states IQM [95% CI] |")
+    assert header.endswith("| unique states IQM [95% CI] | vs ppo (final) |")
     results = md[md.index(header):md.index("## Claims")].splitlines()  # the summary, not the per-run table
     (ppo_row,) = [x for x in results if x.startswith(f"| {ENV} | ppo | 5 |")]
-    assert ppo_row.split(" | ")[-1].startswith("30 [")
+    assert ppo_row.split(" | ")[-2].startswith("30 [")
+    assert ppo_row.rstrip(" |").endswith("–")  # no comparison of ppo with itself
     (count_row,) = [x for x in results if x.startswith(f"| {ENV} | ppo+count | 5 |")]
-    assert count_row.rstrip(" |").endswith("–")
+    assert count_row.split(" | ")[-2] == "–"
+    # every seed of both returned 1.0: the difference is exactly 0, inside any margin
+    assert count_row.split(" | ")[-1].startswith("equivalent (+0 [+0, +0])")
+
+
+# ------------------------------------------- unfinished runs, per-run CSV, Holm, seed flips
+
+def _run_path(root, label, seed):
+    from reflectrl.experiments.spec import read_spec
+
+    (run,) = [r for r in read_spec(root).runs(root) if r.entry.label == label and r.seed == seed]
+    return run.path
+
+
+def test_unfinished_runs_are_excluded_from_the_statistics_and_listed(tmp_path):
+    import csv
+
+    root = make_experiment(tmp_path / "exp", {"ppo": [0.2, 0.3, 0.4], "gear": [0.5, 0.6, 9.0]})
+    run_json = _run_path(root, "gear", 3) / "run.json"
+    assert run_json.exists()
+    run_json.write_text(json.dumps({"status": "interrupted", "command": []}))
+    exp = load_experiment(root)
+    table = {r["algo"]: r for r in summary_table(exp, reps=REPS)}
+    assert table["gear"]["seeds"] == 2 and sorted(table["gear"]["final_seeds"]) == [0.5, 0.6]
+    assert table["gear"]["env_range"] == [0.2, 0.6]  # the unfinished run's 9.0 is not in the range either
+    assert [(s.seed, st) for s, st in exp.excluded] == [(3, "interrupted")]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        write_report(root, reps=REPS)
+    out = root / "report"
+    assert "1 run(s) excluded from the statistics (not finished)" in (out / "report.md").read_text()
+    assert json.loads((out / "stats.json").read_text())["excluded"] == [
+        {"env": ENV, "algo": "gear", "seed": 3, "status": "interrupted"}]
+    rows = list(csv.DictReader((out / "runs.csv").read_text().splitlines()))
+    assert len(rows) == 6  # every run, finished or not, with its status
+    (gear3,) = [r for r in rows if r["algo"] == "gear" and r["seed"] == "3"]
+    assert gear3["status"] == "interrupted" and float(gear3["final"]) == 9.0
+    # the table recomputes from the finished rows of the CSV
+    finals = sorted(float(r["final"]) for r in rows if r["algo"] == "gear" and r["status"] == "finished")
+    assert finals == sorted(table["gear"]["final_seeds"])
+
+
+def test_a_report_with_no_finished_run_says_so(tmp_path):
+    from reflectrl.errors import UserError
+
+    root = make_experiment(tmp_path / "exp", {"ppo": [0.2, 0.3]})
+    for seed in (1, 2):
+        (_run_path(root, "ppo", seed) / "run.json").write_text(json.dumps({"status": "running"}))
+    with pytest.raises(UserError, match="no run in .* has finished yet"):
+        write_report(root, reps=REPS)
+
+
+def _pending(statement, samples):
+    from reflectrl.report import stats
+    from reflectrl.report.analysis import _Test
+
+    return _Test(statement, float(np.mean(samples[0])), samples, _verdict_greater,
+                 lambda s: stats.p_value_above(s, 0.0), lambda ci: "")
+
+
+def test_holm_turns_a_lone_supported_claim_inconclusive_when_two_are_tested():
+    from reflectrl.report.analysis import Claim, _decide
+
+    # 1000 resamples, 15 at or below 0: p = 0.015 < 0.025 and the CI's lower end is above 0
+    samples = np.concatenate([np.full(15, -0.1), np.linspace(0.05, 1.0, 985)])
+    alone = [Claim("a", "", "")]
+    _decide(alone, [(0, _pending("a", [samples] * 5))])
+    assert alone[0].verdict == "supported" and alone[0].p_value == pytest.approx(0.015)
+    two = [Claim("a", "", ""), Claim("b", "", "")]
+    _decide(two, [(0, _pending("a", [samples] * 5)), (1, _pending("b", [samples] * 5))])
+    assert [c.verdict for c in two] == ["inconclusive", "inconclusive"]  # Holm: 2 x 0.015 = 0.03
+    assert two[0].p_holm == pytest.approx(0.03)
+
+
+def test_a_verdict_that_changes_with_the_bootstrap_seed_is_flagged_and_inconclusive():
+    from reflectrl.report.analysis import Claim, _decide
+
+    above = np.linspace(0.05, 1.0, 1000)
+    straddles = np.linspace(-0.5, 1.0, 1000)
+    claims = [Claim("c", "", "")]
+    _decide(claims, [(0, _pending("c", [above, above, straddles, above, above]))])
+    (c,) = claims
+    assert c.verdicts_by_seed == ["supported", "supported", "inconclusive", "supported", "supported"]
+    assert not c.stable and c.verdict == "inconclusive" and "FLIPS" in c.evidence
+
+
+def test_versus_ppo_column_separates_better_worse_equivalent_and_inconclusive(tmp_path):
+    root = make_experiment(tmp_path / "exp", {
+        "ppo": [0.50, 0.52, 0.48, 0.51, 0.49],
+        "gear": [0.90, 0.92, 0.88, 0.91, 0.89],          # clearly above
+        "ppo+count": [0.10, 0.12, 0.08, 0.11, 0.09],     # clearly below
+        "ppo+rnd": [0.50, 0.52, 0.48, 0.51, 0.49],       # the same scores: inside the margin
+        "ppo+calibration": [0.0, 1.0, 0.1, 0.9, 0.5],   # too spread to say
+    })
+    table = {r["algo"]: r for r in summary_table(load_experiment(root), reps=2000)}
+    assert table["ppo"].get("vs_ppo") is None
+    assert {k: table[k]["vs_ppo"] for k in ("gear", "ppo+count", "ppo+rnd", "ppo+calibration")} == {
+        "gear": "better", "ppo+count": "worse", "ppo+rnd": "equivalent", "ppo+calibration": "inconclusive"}
+    # the margin is 5% of the observed range (0 to 1) in return units
+    assert table["gear"]["margin"] == pytest.approx(0.05)
+    assert table["gear"]["vs_ppo_tests"] == 4 and len(table["gear"]["vs_ppo_by_seed"]) == 5
+
+
+def test_versus_ppo_draws_no_verdict_from_fewer_than_five_seeds(tmp_path):
+    # every gear seed above every ppo seed: a bootstrap over 3 seeds would call it better
+    root = make_experiment(tmp_path / "exp", {"ppo": [0.1, 0.2, 0.3], "gear": [0.7, 0.8, 0.9]})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        table = {r["algo"]: r for r in summary_table(load_experiment(root), reps=REPS)}
+        write_report(root, reps=REPS)
+    assert table["gear"]["vs_ppo"] == "too few seeds"
+    assert table["gear"]["vs_ppo_diff"] == pytest.approx(0.6)
+    assert "too few seeds (+0.6 [" in (root / "report" / "report.md").read_text()

@@ -79,6 +79,16 @@ def test_final_intervals_grow_with_entries_and_bars_clear_the_frame(n):
         assert box.x0 + 5 <= x0 and x1 <= box.x1 - 5, (x0, x1, box)  # and at either end
 
 
+def test_final_intervals_show_each_seed_on_its_entry_row():
+    rows = fake_table(2)
+    rows[0]["final_seeds"], rows[1]["final_seeds"] = [0.1, -0.5, 0.7], [1.5, 1.2]
+    fig = plots.final_intervals_figure(rows, ENV)
+    points = [line for line in fig.axes[0].get_lines() if line.get_marker() == "o"]
+    assert [sorted(line.get_xdata()) for line in points] == [[-0.5, 0.1, 0.7], [1.2, 1.5]]
+    for i, line in enumerate(points):  # on the entry's row, spread within it
+        assert np.all(np.abs(np.asarray(line.get_ydata()) - i) <= 0.2)
+
+
 def test_final_intervals_height_is_per_entry_and_the_png_matches():
     heights = [plots.final_intervals_figure(fake_table(n), ENV).get_size_inches()[1] for n in (1, 2, 6)]
     assert heights[1] - heights[0] == pytest.approx(plots.ROW_INCHES)

@@ -76,3 +76,75 @@ def test_claim_verdicts():
     assert _verdict_greater((-0.2, -0.3, -0.05)) == "not supported"
     assert _verdict_greater((0.0, 0.0, 0.0)) == "not supported"  # every seed tied: no improvement
     assert _verdict_greater((0.05, -0.1, 0.2)) == "inconclusive"
+
+
+# ------------------------------------------------------- vectorised bootstrap, tests, rliable
+
+def test_vectorised_statistics_match_one_resample_at_a_time():
+    rng = np.random.default_rng(3)
+    x, y = rng.normal(size=(6, 3)), rng.normal(size=(4, 3))
+    batch = np.stack([x, x[::-1] * 2, x + 1])
+    assert stats.iqm(batch).tolist() == pytest.approx([stats.iqm(b) for b in batch])
+    ybatch = np.stack([y, y * 0, y - 1])
+    assert stats.probability_of_improvement(batch, ybatch).tolist() == pytest.approx(
+        [stats.probability_of_improvement(a, b) for a, b in zip(batch, ybatch)])
+    # a statistic written for one matrix gives the same samples as its batched form
+    a = stats.stratified_bootstrap([x, y], stats.iqm_difference, reps=500, seed=2)
+    b = stats.stratified_bootstrap([x, y], lambda p, q: float(stats.iqm(p) - stats.iqm(q)), reps=500, seed=2)
+    assert np.allclose(a, b)
+
+
+def test_bootstrap_chunks_do_not_change_the_samples(monkeypatch):
+    m = np.random.default_rng(4).normal(size=(5, 2))
+    whole = stats.stratified_bootstrap([m], stats.iqm, reps=1000, seed=1)
+    monkeypatch.setattr(stats, "_CHUNK_ELEMENTS", 37)  # a few resamples per chunk
+    # one matrix: the generator's stream is drawn in the same order, so the samples are the same
+    assert np.array_equal(stats.stratified_bootstrap([m], stats.iqm, reps=1000, seed=1), whole)
+
+
+def test_holm_known_answers():
+    # sorted 0.01, 0.03, 0.04 -> 3 x 0.01, 2 x 0.03, max(0.06, 1 x 0.04) (monotone)
+    assert stats.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert stats.holm([0.5]) == [0.5]
+    assert stats.holm([0.9, 0.8]) == pytest.approx([1.0, 1.0])  # capped at 1
+    assert stats.holm([]) == []
+
+
+def test_one_sided_p_values_and_tost():
+    samples = np.array([-0.2, -0.1, 0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7])
+    assert stats.p_value_above(samples, 0.0) == 0.3  # three resamples at or below 0
+    assert stats.p_value_below(samples, 0.0) == 0.8
+    # equivalence within 1: every resample inside (-1, 1)
+    assert stats.tost_p_value(samples, 1.0) == 0.0
+    # within 0.5: 2 of 10 resamples at or above +0.5
+    assert stats.tost_p_value(samples, 0.5) == 0.3
+    assert stats.tost_p_value(np.zeros(10), 0.0) == 1.0  # a zero margin can never show equivalence
+
+
+def test_pointwise_band_matches_a_bootstrap_per_point():
+    curves = np.random.default_rng(5).normal(size=(6, 4))
+    mid, lo, hi = stats.pointwise_interval(curves, reps=4000, seed=0)
+    for t in range(4):
+        p, a, b = stats.interval([curves[:, t:t + 1]], stats.iqm, reps=4000, seed=9)
+        assert mid[t] == pytest.approx(p)
+        assert (lo[t], hi[t]) == pytest.approx((a, b), abs=0.12)
+
+
+def test_iqm_intervals_and_probability_of_improvement_match_rliable():
+    pytest.importorskip("rliable")  # the test extra installs it
+    from rliable import library as rly
+    from rliable import metrics
+
+    rng = np.random.default_rng(11)
+    for n, tasks in ((5, 1), (10, 3), (7, 4)):
+        x, y = rng.normal(size=(n, tasks)), rng.normal(0.3, 1.0, size=(n, tasks))
+        assert stats.iqm(x) == pytest.approx(metrics.aggregate_iqm(x))
+        points, cis = rly.get_interval_estimates({"x": x}, lambda s: np.array([metrics.aggregate_iqm(s)]),
+                                                 reps=20000, random_state=np.random.RandomState(0))
+        point, lo, hi = stats.interval([x], stats.iqm, reps=20000, seed=0)
+        assert point == pytest.approx(points["x"][0])
+        # two independent bootstraps of 20,000 resamples: the endpoints agree within Monte-Carlo error
+        spread = hi - lo
+        assert (lo, hi) == pytest.approx((cis["x"][0, 0], cis["x"][1, 0]), abs=0.05 * spread)
+        assert stats.probability_of_improvement(x, y) == pytest.approx(
+            metrics.probability_of_improvement(x, y))

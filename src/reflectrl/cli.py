@@ -18,6 +18,7 @@ import sys
 import warnings
 
 from reflectrl.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, UserError
+from reflectrl.report import BOOTSTRAP_REPS
 
 
 class _Parser(argparse.ArgumentParser):
@@ -74,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     rep = sub.add_parser("report", help="write the HTML and Markdown report of an experiment")
     rep.add_argument("exp_dir", metavar="DIR")
-    rep.add_argument("--reps", type=int, default=2000, help="bootstrap resamples (default 2000)")
+    rep.add_argument("--reps", type=int, default=BOOTSTRAP_REPS,
+                     help=f"bootstrap resamples (default {BOOTSTRAP_REPS:,})")
 
     plot = sub.add_parser("plot", help="draw a run's pictures")
     plot_sub = plot.add_subparsers(dest="plot_command", parser_class=_Parser, required=True)
@@ -222,7 +224,7 @@ def _compare(args) -> int:
     for run, why in result.failed:
         print(f"  failed: {run.path} ({why}); see {run.path.with_suffix('.log')}", file=sys.stderr)
     if not args.no_report:
-        _print_report(root, reps=2000)
+        _print_report(root, reps=BOOTSTRAP_REPS)
     return EXIT_FAILED if result.failed else 0
 
 

@@ -8,11 +8,17 @@ Per run scores:
 * early AUC: the same over the first 25% of training.
 For aggregates across envs, scores are min-max normalised per env over all runs'
 curves in the experiment (0 = the worst value seen in that env, 1 = the best).
+
+Only finished runs enter the statistics and the plots; the others (running, interrupted,
+failed, or never started) are listed by `Experiment.excluded`. Every verdict (a claim's,
+and each entry's comparison with ppo in the summary table) is taken at several bootstrap
+seeds and flagged where it changes; the verdicts of one family are Holm-corrected.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +31,10 @@ from reflectrl.runs.files import has_metrics, read_logged_rows, run_config, run_
 
 GRID = 50
 BASELINE = "ppo"
+# The margin of the non-inferiority and equivalence tests, as a share of each env's observed
+# return range (the report states it in the env's return units).
+MARGIN_SHARE = 0.05
+ALPHA = 0.05  # two-sided level of every test (one-sided tests at ALPHA / 2, TOST at ALPHA)
 # With fewer seeds than this, a stratified bootstrap over the seeds can only resample the
 # same 2-4 values: its "95% CI" is about the range of the seeds, not a reliable interval.
 MIN_SEEDS_FOR_CI = 5
@@ -64,7 +74,19 @@ class Experiment:
     missing: list[RunSpec] = field(default_factory=list)
 
     def select(self, env_id: str, label: str) -> list[RunData]:
-        return [r for r in self.runs if r.spec.env_id == env_id and r.spec.entry.label == label]
+        """The finished runs of one (env, algo entry)."""
+        return [r for r in self.runs if r.done and r.spec.env_id == env_id and r.spec.entry.label == label]
+
+    @property
+    def finished(self) -> list[RunData]:
+        return [r for r in self.runs if r.done]
+
+    @property
+    def excluded(self) -> list[tuple[RunSpec, str]]:
+        """The runs left out of the statistics, with their status ("not started" for a run
+        that logged nothing)."""
+        return ([(r.spec, r.status) for r in self.runs if not r.done]
+                + [(spec, "not started") for spec in self.missing])
 
 
 def _curve(rows: list[dict], total_steps: int) -> np.ndarray:
@@ -141,7 +163,7 @@ def run_scores(run: RunData) -> dict:
 
 def observed_range(exp: Experiment, env_id: str) -> tuple[float, float]:
     """The worst and best return any run logged in the env ((0, 0) before any)."""
-    values = np.concatenate([_fill(r.curve) for r in exp.runs if r.spec.env_id == env_id] or [np.array([0.0])])
+    values = np.concatenate([_fill(r.curve) for r in exp.finished if r.spec.env_id == env_id] or [np.array([0.0])])
     values = values[np.isfinite(values)]
     return (float(values.min()), float(values.max())) if values.size else (0.0, 0.0)
 
@@ -172,11 +194,41 @@ def _complete(m: np.ndarray) -> np.ndarray:
     return m[np.isfinite(m).all(axis=1)]
 
 
-def summary_table(exp: Experiment, reps: int = 2000) -> list[dict]:
+def margin_of(exp: Experiment, env_id: str) -> float:
+    """The non-inferiority / equivalence margin in the env's return units."""
+    lo, hi = env_range(exp, env_id)
+    return MARGIN_SHARE * (hi - lo)
+
+
+def _versus_baseline(final: np.ndarray, base: np.ndarray, margin: float, reps: int, seed: int) -> dict:
+    """The IQM difference of final returns (entry - ppo) at one bootstrap seed: its 95% CI,
+    the two-sided p-value of "they differ" and the TOST p-value of "equal within margin"."""
+    samples = stats.stratified_bootstrap([final, base], stats.iqm_difference, reps, seed)
+    lo, hi = np.percentile(samples, [100 * ALPHA / 2, 100 * (1 - ALPHA / 2)])
+    p_diff = min(1.0, 2 * min(stats.p_value_above(samples, 0.0), stats.p_value_below(samples, 0.0)))
+    return {"ci": [float(lo), float(hi)], "p_diff": p_diff, "p_equiv": stats.tost_p_value(samples, margin)}
+
+
+def _family_verdicts(tests: list[dict], point: list[float]) -> list[str]:
+    """better / worse (Holm-corrected two-sided test of the difference), else equivalent
+    (Holm-corrected TOST within the margin), else inconclusive; one per test of the family."""
+    p_diff, p_equiv = stats.holm([t["p_diff"] for t in tests]), stats.holm([t["p_equiv"] for t in tests])
+    return ["better" if pd < ALPHA and d > 0 else "worse" if pd < ALPHA and d < 0 else
+            "equivalent" if pe < ALPHA else "inconclusive" for pd, pe, d in zip(p_diff, p_equiv, point)]
+
+
+def summary_table(exp: Experiment, reps: int = stats.BOOTSTRAP_REPS) -> list[dict]:
+    """One row per (env, algo entry) with finished runs. Entries other than ppo also carry
+    their comparison with it ("vs_ppo": better, worse, equivalent within the env's margin,
+    inconclusive, or "too few seeds" under MIN_SEEDS_FOR_CI on either side), Holm-corrected
+    over every comparison in the table and taken at each of stats.VERDICT_SEEDS (vs_ppo_stable
+    is False where the seeds disagree)."""
     rows = []
+    family: list[tuple[dict, list[dict]]] = []  # (row, one test per verdict seed)
     for env_id in exp.spec.envs:
         base = _complete(score_matrix(exp, BASELINE, "final", False, [env_id])) if BASELINE in exp.spec.algos else None
         threshold = _threshold(exp, env_id)
+        margin = margin_of(exp, env_id)
         for label in exp.spec.algos:
             final = _complete(score_matrix(exp, label, "final", False, [env_id]))
             auc = _complete(score_matrix(exp, label, "auc", True, [env_id]))
@@ -192,18 +244,42 @@ def summary_table(exp: Experiment, reps: int = 2000) -> list[dict]:
                      for r in exp.select(env_id, label)]
             unique = _complete(unique_states_matrix(exp, label, env_id))
             u = stats.interval([unique], stats.iqm, reps) if unique.size else (None, None, None)
-            rows.append({
+            row = {
                 "env": env_id, "algo": label, "seeds": int(final.shape[0]),
-                "final_iqm": f[0], "final_ci": [f[1], f[2]],
+                "final_iqm": f[0], "final_ci": [f[1], f[2]], "final_seeds": final[:, 0].tolist(),
                 "auc_iqm": a[0], "auc_ci": [a[1], a[2]],
                 "p_improve_over_ppo": None if poi is None else poi[0],
                 "p_improve_ci": None if poi is None else [poi[1], poi[2]],
                 "threshold": threshold,
                 "env_range": list(observed_range(exp, env_id)),
+                "margin": margin,
                 "steps_to_threshold_median": float(np.median(reach)) if reach else math.inf,
                 "reached": int(np.isfinite(reach).sum()),
                 "unique_states_iqm": u[0], "unique_states_ci": None if u[0] is None else [u[1], u[2]],
-            })
+            }
+            rows.append(row)
+            if base is not None and base.shape[0] >= 2 and final.shape[0] >= 2 and label != BASELINE:
+                row["vs_ppo_diff"] = f[0] - stats.iqm(base)
+                if min(base.shape[0], final.shape[0]) < MIN_SEEDS_FOR_CI:
+                    # a bootstrap over 2-4 seeds would call a difference "significant" that a rank test
+                    # over them never could (3 vs 3 seeds: the smallest two-sided p is 0.1)
+                    row.update({"vs_ppo": "too few seeds", "vs_ppo_stable": True,
+                                "vs_ppo_ci": _versus_baseline(final, base, margin, reps, 0)["ci"]})
+                else:
+                    family.append((row, [_versus_baseline(final, base, margin, reps, seed)
+                                         for seed in stats.VERDICT_SEEDS]))
+    if family:
+        points = [row["vs_ppo_diff"] for row, _ in family]
+        by_seed = [_family_verdicts([tests[j] for _, tests in family], points)
+                   for j in range(len(stats.VERDICT_SEEDS))]
+        p_diff = stats.holm([tests[0]["p_diff"] for _, tests in family])
+        p_equiv = stats.holm([tests[0]["p_equiv"] for _, tests in family])
+        for i, (row, tests) in enumerate(family):
+            verdicts = [v[i] for v in by_seed]
+            row.update({"vs_ppo": verdicts[0] if len(set(verdicts)) == 1 else "inconclusive",
+                        "vs_ppo_ci": tests[0]["ci"], "vs_ppo_p_holm": p_diff[i],
+                        "vs_ppo_p_equiv_holm": p_equiv[i], "vs_ppo_stable": len(set(verdicts)) == 1,
+                        "vs_ppo_by_seed": verdicts, "vs_ppo_tests": len(family)})
     return rows
 
 
@@ -245,6 +321,10 @@ class Claim:
     # what the experiment lacks to test the claim at all ("gear", "a sparse-reward env");
     # "" for a claim it can test (a "not tested" claim with "" lacks data, e.g. finished seeds)
     missing: str = ""
+    p_value: float | None = None   # one-sided bootstrap p-value of the claim (bootstrap seed 0)
+    p_holm: float | None = None    # the same, Holm-corrected over the claims tested together
+    stable: bool = True            # the verdict is the same at every one of stats.VERDICT_SEEDS
+    verdicts_by_seed: list[str] = field(default_factory=list)
 
     @property
     def testable(self) -> bool:
@@ -262,13 +342,10 @@ def _method_label(exp: Experiment, algo: str) -> str | None:
     return same[0].label if same else None
 
 
-def _diff_interval(exp: Experiment, label: str, key: str, envs: list[str], reps: int):
-    a = score_matrix(exp, label, key, True, envs)
-    b = score_matrix(exp, BASELINE, key, True, envs)
-    a, b = _complete(a), _complete(b)
-    if a.shape[0] < 2 or b.shape[0] < 2:
-        return None
-    return stats.interval([a, b], lambda x, y: stats.iqm(x) - stats.iqm(y), reps), a.shape[0], b.shape[0]
+def _diff_matrices(exp: Experiment, label: str, key: str, envs: list[str]):
+    a = _complete(score_matrix(exp, label, key, True, envs))
+    b = _complete(score_matrix(exp, BASELINE, key, True, envs))
+    return None if a.shape[0] < 2 or b.shape[0] < 2 else (a, b)
 
 
 def _verdict_greater(ci) -> str:
@@ -302,15 +379,55 @@ def _fmt(ci) -> str:
     return f"{ci[0]:+.3f} [{ci[1]:+.3f}, {ci[2]:+.3f}]"
 
 
-def evaluate_claims(exp: Experiment, reps: int = 2000, margin: float = 0.05) -> list[Claim]:
+@dataclass
+class _Test:
+    """A claim under test: its bootstrap at each verdict seed, the CI rule and the
+    one-sided p-value of what it asserts."""
+    statement: str
+    point: float
+    samples: list[np.ndarray]            # one array of bootstrap samples per verdict seed
+    decide: Callable[[tuple], str]       # the CI rule on (point, lo, hi)
+    p_of: Callable[[np.ndarray], float]  # one-sided p-value from the samples
+    evidence: Callable[[tuple], str]
+
+    def ci(self, j: int) -> tuple[float, float, float]:
+        lo, hi = np.percentile(self.samples[j], [100 * ALPHA / 2, 100 * (1 - ALPHA / 2)])
+        return self.point, float(lo), float(hi)
+
+
+def _holm_verdicts(tests: list[_Test], j: int) -> tuple[list[str], list[float], list[float]]:
+    """Each test's verdict at verdict seed j: the CI rule, with "supported" kept only where
+    the Holm-corrected one-sided p-value is below ALPHA / 2 (the CI rule's own level)."""
+    p = [t.p_of(t.samples[j]) for t in tests]
+    adjusted = stats.holm(p)
+    verdicts = []
+    for t, q in zip(tests, adjusted):
+        v = t.decide(t.ci(j))
+        verdicts.append("inconclusive" if v == "supported" and q >= ALPHA / 2 else v)
+    return verdicts, p, adjusted
+
+
+def _margin_units(exp: Experiment, envs: list[str]) -> str:
+    return ", ".join(f"{margin_of(exp, e):.3g} return on {e}" for e in envs)
+
+
+def evaluate_claims(exp: Experiment, reps: int = stats.BOOTSTRAP_REPS, margin: float = MARGIN_SHARE) -> list[Claim]:
     claims: list[Claim] = []
+    tests: list[tuple[int, _Test]] = []  # (index in claims, test)
     has_base = BASELINE in exp.spec.algos
     envs = exp.spec.envs
 
     def untested(statement, why, missing=""):
         claims.append(Claim(statement, "not tested", why, missing))
 
-    def compare(statement, algo, key, envs_, decide, what):
+    def pending(test: _Test):
+        claims.append(Claim(test.statement, "", ""))
+        tests.append((len(claims) - 1, test))
+
+    def bootstrap(matrices, statistic):
+        return [stats.stratified_bootstrap(matrices, statistic, reps, seed) for seed in stats.VERDICT_SEEDS]
+
+    def compare(statement, algo, key, envs_, decide, what, null, units=""):
         label = _method_label(exp, algo)
         if label is None or not has_base:
             needs = [a for a, ok in ((algo, label is not None), (BASELINE, has_base)) if not ok]
@@ -318,39 +435,70 @@ def evaluate_claims(exp: Experiment, reps: int = 2000, margin: float = 0.05) -> 
         if not envs_:
             return untested(statement, "no sparse-reward env in the experiment (GridWorld, MiniGrid, BabyAI, "
                             "or any env with --wrapper sparse/delayed)", NO_SPARSE_ENV)
-        res = _diff_interval(exp, label, key, envs_, reps)
-        if res is None:
-            return untested(statement, "needs at least 2 finished seeds of each")
-        ci, n_a, n_b = res
-        claims.append(Claim(statement, decide(ci), f"IQM difference in normalised {what}, {label} - {BASELINE}: "
-                            f"{_fmt(ci)} (95% stratified bootstrap CI; {n_a} vs {n_b} seeds x {len(envs_)} env(s)"
-                            f"{_few_seeds_note(min(n_a, n_b))})"))
+        pair = _diff_matrices(exp, label, key, envs_)
+        if pair is None:
+            return untested(statement, f"needs at least 2 finished seeds of '{label}' and of '{BASELINE}'")
+        a, b = pair
+
+        def evidence(ci, label=label, n_a=a.shape[0], n_b=b.shape[0]):
+            return (f"IQM difference in normalised {what}, {label} - {BASELINE}: {_fmt(ci)} (95% stratified "
+                    f"bootstrap CI; {n_a} vs {n_b} seeds x {len(envs_)} env(s){units}{_few_seeds_note(min(n_a, n_b))})")
+
+        pending(_Test(statement, stats.iqm_difference(a, b), bootstrap([a, b], stats.iqm_difference), decide,
+                      lambda s, null=null: stats.p_value_above(s, null), evidence))
 
     compare("RefGRPO learns faster early than PPO", "refgrpo", "early_auc", envs, _verdict_greater,
-            "area under the first 25% of the learning curve")
+            "area under the first 25% of the learning curve", 0.0)
     compare(f"RefGRPO's final return >= PPO's (margin {margin:.0%} of each env's range)", "refgrpo", "final", envs,
-            lambda ci: _verdict_non_inferior(ci, margin), "final return")
+            lambda ci: _verdict_non_inferior(ci, margin), "final return", -margin,
+            units=f"; margin: {_margin_units(exp, envs)}" if margin == MARGIN_SHARE else "")
 
     statement = "RefGRPO's calibration loss falls and settles"
     label = _method_label(exp, "refgrpo")
-    runs = [r for r in exp.runs if label and r.spec.entry.label == label]
+    runs = [r for r in exp.finished if label and r.spec.entry.label == label]
     losses = [[row["calibration_loss"] for row in r.rows if row.get("calibration_loss") is not None] for r in runs]
     losses = [x for x in losses if len(x) >= 10]
     if label is None:
         untested(statement, "needs 'refgrpo' in --algos", "refgrpo")
     elif not losses:
-        untested(statement, "no refgrpo run logged calibration_loss over 10 or more iterations")
+        untested(statement, "no finished refgrpo run logged calibration_loss over 10 or more iterations")
     else:
         ratios = np.array([[np.mean(x[-max(1, len(x) // 10):]) / max(np.mean(x[:max(1, len(x) // 10)]), 1e-12)]
                            for x in losses])
-        ci = stats.interval([ratios], stats.iqm, reps)
-        claims.append(Claim(statement, _verdict_falls(ci),
-                            f"IQM ratio of calibration loss, last 10% / first 10% of training: {ci[0]:.3f} "
-                            f"[{ci[1]:.3f}, {ci[2]:.3f}] over {len(losses)} runs{_few_seeds_note(len(losses))}"))
+
+        n_runs = len(losses)
+
+        def ratio_evidence(ci, n=n_runs):
+            return (f"IQM ratio of calibration loss, last 10% / first 10% of training: {ci[0]:.3f} "
+                    f"[{ci[1]:.3f}, {ci[2]:.3f}] over {n} runs{_few_seeds_note(n)}")
+
+        pending(_Test(statement, stats.iqm(ratios), bootstrap([ratios], stats.iqm), _verdict_falls,
+                      lambda s: stats.p_value_below(s, 1.0), ratio_evidence))
 
     sparse = [e for e in envs
               if e.startswith(SPARSE_ENV_PREFIXES) or (exp.spec.wrapper or "").startswith(("sparse", "delayed"))]
     compare("Shaping (SDRS) helps on sparse-reward tasks", "sdrs", "auc", sparse, _verdict_greater,
-            "area under the learning curve")
-    compare("GEAR beats the baseline", "gear", "final", envs, _verdict_greater, "final return")
+            "area under the learning curve", 0.0)
+    compare("GEAR beats the baseline", "gear", "final", envs, _verdict_greater, "final return", 0.0)
+
+    _decide(claims, tests)
     return claims
+
+
+def _decide(claims: list[Claim], tests: list[tuple[int, _Test]]) -> None:
+    """Replace each pending claim (claims[i] for (i, test) in tests) by its verdict: Holm over
+    the tests together, at every verdict seed, with the seeds' disagreement flagged."""
+    if not tests:
+        return
+    family = [t for _, t in tests]
+    by_seed = [_holm_verdicts(family, j) for j in range(len(family[0].samples))]
+    verdicts0, p0, adjusted0 = by_seed[0]
+    for k, (i, t) in enumerate(tests):
+        seen = [v[0][k] for v in by_seed]
+        note = f"; one-sided p = {p0[k]:.4f}, Holm-corrected over the {len(tests)} claims tested: {adjusted0[k]:.4f}"
+        if len(set(seen)) > 1:
+            note += (f"; the verdict FLIPS across bootstrap seeds {list(stats.VERDICT_SEEDS)} ({', '.join(seen)}): "
+                     "inconclusive")
+        verdict = verdicts0[k] if len(set(seen)) == 1 else "inconclusive"
+        claims[i] = Claim(t.statement, verdict, t.evidence(t.ci(0)) + note, "", p0[k], adjusted0[k],
+                          len(set(seen)) == 1, seen)

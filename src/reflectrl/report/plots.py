@@ -29,20 +29,20 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 
-def _band(curves: np.ndarray, reps: int = 300) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Pointwise IQM across seeds with a 95% bootstrap band; curves is (seeds, GRID)."""
-    mid, lo, hi = [], [], []
-    rng = np.random.default_rng(0)
-    for col in curves.T:
-        col = col[np.isfinite(col)]
-        if col.size == 0:
-            mid.append(np.nan), lo.append(np.nan), hi.append(np.nan)
+def _band(curves: np.ndarray, reps: int = stats.BOOTSTRAP_REPS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Pointwise IQM across seeds with a 95% band from the tables' bootstrap (whole runs
+    resampled); curves is (seeds, GRID). At each point the runs with a value there count
+    (points with the same such runs are bootstrapped together)."""
+    curves = np.asarray(curves, dtype=float)
+    mid, lo, hi = (np.full(curves.shape[1], np.nan) for _ in range(3))
+    finite = np.isfinite(curves)
+    for mask in {tuple(col) for col in finite.T}:
+        rows = np.array(mask, dtype=bool)
+        if not rows.any():
             continue
-        samples = [stats.iqm(rng.choice(col, col.size)) for _ in range(reps)]
-        mid.append(stats.iqm(col))
-        lo.append(np.percentile(samples, 2.5))
-        hi.append(np.percentile(samples, 97.5))
-    return np.array(mid), np.array(lo), np.array(hi)
+        cols = (finite == rows[:, None]).all(axis=0)
+        mid[cols], lo[cols], hi[cols] = stats.pointwise_interval(curves[np.ix_(rows, cols)], reps)
+    return mid, lo, hi
 
 
 def learning_curves(exp: Experiment, env_id: str) -> bytes:
@@ -77,18 +77,21 @@ def final_intervals_figure(table: list[dict], env_id: str):
     half a row of room above the first and below the last, and a margin on either side."""
     rows = [r for r in table if r["env"] == env_id and r.get("seeds")]
     n = max(1, len(rows))
-    fig, ax = plt.subplots(figsize=(6.4, 1.5 + ROW_INCHES * n), dpi=DPI)
+    fig, ax = plt.subplots(figsize=(6.4, 1.8 + ROW_INCHES * n), dpi=DPI)  # two title lines
     for i, row in enumerate(rows):
         lo, hi = row["final_ci"]
         color = COLORS[i % len(COLORS)]
         ax.plot([lo, hi], [i, i], color=color, lw=8, alpha=0.5, solid_capstyle="butt")
         ax.plot([row["final_iqm"]], [i], "|", color="k", ms=14)
+        seeds = row.get("final_seeds") or []
+        offsets = np.linspace(-0.15, 0.15, len(seeds)) if len(seeds) > 1 else np.zeros(len(seeds))
+        ax.plot(seeds, i + offsets, "o", color=color, mec="k", mew=0.5, ms=5, label="one seed" if i == 0 else None)
     ax.set_yticks(range(len(rows)), [r["algo"] for r in rows])
     ax.set_ylim(n - 0.5, -0.5)  # first entry on top
     ax.margins(x=0.08)
     few = any(r.get("seeds", 0) < 5 for r in rows)
-    ax.set(title=f"{env_id}: final return, IQM and 95% CI" + ("\n(< 5 seeds: the seeds' range, †)" if few else ""),
-           xlabel="return")
+    ax.set(title=f"{env_id}: final return\nIQM (|), 95% CI (bar), each seed (o)"
+           + ("; < 5 seeds: the seeds' range, †" if few else ""), xlabel="final return (mean of the last 10%)")
     ax.grid(axis="x", alpha=0.3)
     ax.tick_params(labelsize=TICK_SIZE)
     fig.tight_layout()
@@ -97,7 +100,7 @@ def final_intervals_figure(table: list[dict], env_id: str):
 
 def diagnostic_keys(exp: Experiment) -> list[str]:
     keys = []
-    for run in exp.runs:
+    for run in exp.finished:
         for row in run.rows[:1] + run.rows[-1:]:
             for key, value in row.items():
                 if key not in STANDARD_METRICS and isinstance(value, (int, float)) and key not in keys:
@@ -125,6 +128,7 @@ def diagnostics_figure(exp: Experiment, env_id: str, keys: list[str]):
             if series:
                 ax.plot(exp.grid, np.mean(series, axis=0), color=COLORS[i % len(COLORS)], label=label)
         _style_panel(ax, key)
+        ax.set_ylabel(key, fontsize=TICK_SIZE)
     _finish_grid(fig, axes, len(keys), exp.spec.algos, f"{env_id}: diagnostics over training (mean over seeds)")
     return fig  # laid out (constrained) when drawn or saved
 
@@ -174,7 +178,7 @@ def _series(run, key: str, grid: np.ndarray) -> np.ndarray | None:
 
 def exploration_keys(exp: Experiment, env_id: str) -> list[str]:
     """The exploration series some run of the env logged."""
-    runs = [r for r in exp.runs if r.spec.env_id == env_id]
+    runs = [r for r in exp.finished if r.spec.env_id == env_id]
     return [k for k in EXPLORATION_SERIES if any(k in row for r in runs for row in r.rows[-1:])]
 
 

@@ -1,11 +1,14 @@
 """Write an experiment's report: DIR/report/index.html (self-contained: plots embedded as
 base64 PNGs, no scripts or links to fetch, opens offline), DIR/report/report.md (the same
-tables and claims, with the PNGs beside it) and DIR/report/stats.json (every number)."""
+tables and claims, with the PNGs beside it), DIR/report/stats.json (every number) and
+DIR/report/runs.csv (each run's own scores, from which every table can be recomputed)."""
 
 from __future__ import annotations
 
 import base64
+import csv
 import html
+import io
 import json
 import math
 import re
@@ -13,9 +16,11 @@ import warnings
 from pathlib import Path
 
 from reflectrl.errors import UserError
-from reflectrl.report import plots
+from reflectrl.report import plots, stats
 from reflectrl.report.analysis import (
+    ALPHA,
     BASELINE,
+    MARGIN_SHARE,
     MIN_SEEDS_FOR_CI,
     NO_SPARSE_ENV,
     Claim,
@@ -50,7 +55,7 @@ def _table_rows(table: list[dict]) -> list[list[str]]:
     out = []
     for r in table:
         if not r.get("seeds"):
-            out.append([r["env"], r["algo"], "0", "–", "–", "–", "–", "–", "–", "–"])
+            out.append([r["env"], r["algo"], "0"] + ["–"] * (len(HEADERS) - 3))
             continue
         mark = f" {FEW_SEEDS_MARK}" if r["seeds"] < MIN_SEEDS_FOR_CI else ""
         # P(improve) resamples this entry's seeds and the baseline's
@@ -62,12 +67,72 @@ def _table_rows(table: list[dict]) -> list[list[str]]:
                     f"{_num(r['steps_to_threshold_median'])} "
                     f"({r['reached']}/{r['seeds']} reach {_num(r['threshold'])})",
                     "–" if r.get("unique_states_iqm") is None
-                    else f"{_count(r['unique_states_iqm'])} {_ci_count(r['unique_states_ci'])}{mark}"])
+                    else f"{_count(r['unique_states_iqm'])} {_ci_count(r['unique_states_ci'])}{mark}",
+                    _versus_text(r)])
     return out
 
 
 HEADERS = ["env", "algo", "seeds", "final return IQM", "95% CI", "norm. AUC IQM", "95% CI",
-           "P(improve over ppo)", "steps to threshold (median)", "unique states IQM [95% CI]"]
+           "P(improve over ppo)", "steps to threshold (median)", "unique states IQM [95% CI]", "vs ppo (final)"]
+UNSTABLE_MARK = "‡"
+
+
+def _versus_text(r: dict) -> str:
+    """An entry's verdict against ppo, with the difference's CI; ‡ where the verdict changes
+    with the bootstrap seed."""
+    if r.get("vs_ppo") is None:
+        return "–"
+    lo, hi = r["vs_ppo_ci"]
+    mark = "" if r["vs_ppo_stable"] else f" {UNSTABLE_MARK}"
+    return f"{r['vs_ppo']} ({r['vs_ppo_diff']:+.3g} [{lo:+.3g}, {hi:+.3g}]){mark}"
+
+
+def versus_note(table: list[dict]) -> str:
+    """How the "vs ppo" column is decided, with each env's margin in its return units."""
+    few = [r for r in table if r.get("vs_ppo") == "too few seeds"]
+    few_text = (f" 'too few seeds': fewer than {MIN_SEEDS_FOR_CI} seeds on either side, where a bootstrap "
+                "would find differences a rank test over the seeds could not; the difference and its interval "
+                "are shown, no verdict is drawn." if few else "")
+    rows = [r for r in table if r.get("vs_ppo") is not None and r.get("vs_ppo_tests")]
+    if not rows:
+        return few_text.strip()
+    margins = {r["env"]: r["margin"] for r in rows}
+    flips = [f"{r['algo']} on {r['env']}" for r in rows if not r["vs_ppo_stable"]]
+    text = (f"vs ppo: the IQM difference of final returns (entry - ppo) with its 95% CI; 'better' or 'worse' when a "
+            f"two-sided bootstrap test of the difference holds at {ALPHA:g} after Holm's correction over the "
+            f"{rows[0]['vs_ppo_tests']} comparisons of this table; else 'equivalent' when a TOST (two one-sided "
+            f"tests, each at {ALPHA:g}) puts the difference inside the margin, +-{MARGIN_SHARE:.0%} of the env's "
+            f"observed return range ("
+            + "; ".join(f"{env}: +-{m:.3g}" for env, m in margins.items())
+            + "), also Holm-corrected; 'inconclusive' otherwise. Each verdict is taken at bootstrap seeds "
+            f"{list(stats.VERDICT_SEEDS)}")
+    text += (f"; {UNSTABLE_MARK} marks one that changes with the seed ({'; '.join(flips)}), written inconclusive."
+             if flips else "; none changes with the seed.")
+    return text + few_text
+
+
+def runs_csv(scores: list[dict]) -> bytes:
+    """Every run's scores as CSV (env, entry, seed, final score, AUC, steps to threshold,
+    status, ...): what the summary table is computed from (unfinished runs are listed, and
+    excluded from the table)."""
+    fields = ["env", "algo", "seed", "status", "final", "auc", "early_auc", "steps_to_threshold",
+              "unique_states_total", "first_reward_step", "rooms_visited"]
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for row in scores:
+        writer.writerow({k: "" if row.get(k) is None or (isinstance(row.get(k), float) and math.isnan(row[k]))
+                         else row[k] for k in fields})
+    return buf.getvalue().encode()
+
+
+def excluded_text(exp) -> str | None:
+    """One line listing the runs left out of the statistics (not finished), or None."""
+    if not exp.excluded:
+        return None
+    return (f"{len(exp.excluded)} run(s) excluded from the statistics (not finished): "
+            + "; ".join(f"{spec.env_id} / {spec.entry.label} / seed {spec.seed} ({status})"
+                        for spec, status in exp.excluded))
 
 
 def _ci_count(pair) -> str:
@@ -154,13 +219,16 @@ def _strict_json(x):
     return x
 
 
-def write_report(root: Path, reps: int = 2000) -> tuple[Path, list[Claim]]:
+def write_report(root: Path, reps: int = stats.BOOTSTRAP_REPS) -> tuple[Path, list[Claim]]:
     """Write the report; returns the HTML page's path and the claims (all of them, testable or
     not). Warns (UserWarning) when an (env, algo entry) has fewer than MIN_SEEDS_FOR_CI seeds."""
     root = Path(root)
     exp = load_experiment(root)
     if not exp.runs:
         raise UserError(f"no run in {root} has logged anything yet; run 'reflectrl compare' first")
+    if not exp.finished:
+        raise UserError(f"no run in {root} has finished yet (the statistics use finished runs only); "
+                        "let 'reflectrl compare' finish, or re-run it to resume")
     table = summary_table(exp, reps)
     claims = evaluate_claims(exp, reps)
     tested = [c for c in claims if c.testable]
@@ -174,7 +242,7 @@ def write_report(root: Path, reps: int = 2000) -> tuple[Path, list[Claim]]:
     keys = plots.diagnostic_keys(exp)
     figures: list[tuple[str, str, bytes]] = []  # (section, file name, png)
     for env_id in exp.spec.envs:
-        if not any(r.spec.env_id == env_id for r in exp.runs):
+        if not any(r.spec.env_id == env_id for r in exp.finished):
             continue
         s = _slug(env_id)
         figures.append((f"{env_id}: learning curves", f"curves_{s}.png", plots.learning_curves(exp, env_id)))
@@ -187,7 +255,7 @@ def write_report(root: Path, reps: int = 2000) -> tuple[Path, list[Claim]]:
 
     rows = _table_rows(table)
     spec = exp.spec
-    done = sum(r.done for r in exp.runs)
+    done = len(exp.finished)
     intro = (f"{len(spec.envs)} env(s) x {len(spec.algos)} algo entries x {spec.seeds} seeds, "
              f"{spec.total_steps:,} env steps each; {done} of {len(spec.runs(root))} runs finished"
              + (f"; wrapper {spec.wrapper}" if spec.wrapper else ""))
@@ -201,6 +269,13 @@ def write_report(root: Path, reps: int = 2000) -> tuple[Path, list[Claim]]:
              "SimHash of the observation).")
     if few_seeds:
         notes += " " + FEW_SEEDS_NOTE
+    versus = versus_note(table)
+    excluded = excluded_text(exp)
+    n_tested = len(tested)
+    claims_intro = (f"{n_tested} claim(s) tested; 'supported' needs the 95% CI's rule and a one-sided p-value below "
+                    f"{ALPHA / 2:g} after Holm's correction over the {n_tested}; each verdict is taken at bootstrap "
+                    f"seeds {list(stats.VERDICT_SEEDS)} ({reps:,} resamples each) and flagged where it changes."
+                    if tested else "")
 
     # ---- Markdown
     md = [f"# reflectrl experiment report: {root.name}", "", intro, "", "## Results", ""]
@@ -210,8 +285,10 @@ def write_report(root: Path, reps: int = 2000) -> tuple[Path, list[Claim]]:
     solved = solved_text(table)
     solved_title = "Which entries solve each env (seeds reaching the threshold):"
     md += ["", solved_title, "", "```", solved, "```"] if solved else []
-    md += ["", notes, "", "## Claims", ""]
+    md += ["", notes, ""] + ([versus, ""] if versus else []) + ([f"> {excluded}", ""] if excluded else [])
+    md += ["## Claims", ""]
     if tested:
+        md += [claims_intro, ""]
         md += ["| claim | verdict | evidence |", "|---|---|---|"]
         md += [f"| {c.statement} | **{c.verdict}** | {c.evidence} |" for c in tested]
     else:
@@ -219,7 +296,8 @@ def write_report(root: Path, reps: int = 2000) -> tuple[Path, list[Claim]]:
     md += ["", untestable] if untestable else []
     md += ["", "## Plots", ""] + [f"### {title}\n\n![{title}]({name})\n" for title, name, _ in figures]
     scores = per_run_scores(exp)
-    md += ["## Per-run scores", "", 'What the table above is computed from (stats.json holds them under "runs").', "",
+    md += ["## Per-run scores", "", 'What the table above is computed from (runs.csv; stats.json holds them under '
+           '"runs"); runs not finished are listed here and left out of the table.', "",
            "| env | algo | seed | status | final return | AUC | steps to threshold | unique states | first reward |",
            "|---|---|---|---|---|---|---|---|---|"]
     md += [f"| {r['env']} | {r['algo']} | {r['seed']} | {r['status']} | {_num(r['final'])} | {_num(r['auc'])} | "
@@ -246,9 +324,13 @@ def write_report(root: Path, reps: int = 2000) -> tuple[Path, list[Claim]]:
     parts += [f"<th>{e(h)}</th>" for h in HEADERS] + ["</tr>"]
     parts += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows]
     parts += ["</table>"] + ([f"<p>{e(solved_title)}</p><pre>{e(solved)}</pre>"] if solved else [])
-    parts += [f"<p><small>{e(notes)}</small></p><h2>Claims</h2>"]
+    parts += [f"<p><small>{e(notes)}</small></p>"]
+    parts += [f"<p><small>{e(versus)}</small></p>"] if versus else []
+    parts += [f"<p class='warning'>{e(excluded)}</p>"] if excluded else []
+    parts += ["<h2>Claims</h2>"]
     css = {"supported": "supported", "not supported": "not", "inconclusive": "inconclusive", "not tested": "untested"}
     if tested:
+        parts += [f"<p>{e(claims_intro)}</p>"]
         parts += ["<table><tr><th>claim</th><th>verdict</th><th>evidence</th></tr>"]
         parts += [f"<tr><td>{e(c.statement)}</td><td class='{css[c.verdict]}'>{e(c.verdict)}</td>"
                   f"<td>{e(c.evidence)}</td></tr>" for c in tested]
@@ -270,7 +352,12 @@ def write_report(root: Path, reps: int = 2000) -> tuple[Path, list[Claim]]:
     parts.append("</body></html>")
     atomic_write_bytes(out / "index.html", "".join(parts).encode())
 
+    atomic_write_bytes(out / "runs.csv", runs_csv(scores))
     data = {"spec": spec.to_dict(), "table": table, "runs": scores, "claims": [c.__dict__ for c in claims],
-            "warnings": [few_seeds] if few_seeds else []}
+            "bootstrap": {"reps": reps, "verdict_seeds": list(stats.VERDICT_SEEDS), "alpha": ALPHA,
+                          "margin_share": MARGIN_SHARE},
+            "excluded": [{"env": sp.env_id, "algo": sp.entry.label, "seed": sp.seed, "status": st}
+                         for sp, st in exp.excluded],
+            "warnings": [w for w in (few_seeds, excluded) if w]}
     atomic_write_bytes(out / "stats.json", (json.dumps(_strict_json(data), indent=2) + "\n").encode())
     return out / "index.html", claims

@@ -1,5 +1,6 @@
 """rliable-style statistics over seeds (Agarwal et al. 2021, "Deep RL at the Edge of the
-Statistical Precipice"), written out in numpy to match rliable's definitions:
+Statistical Precipice"), written out in numpy to match rliable's definitions (a test
+checks them against the `rliable` package):
 
 * interquartile mean (IQM): the mean of the middle 50% of scores, trimming
   int(0.25 * n) from each end, as `scipy.stats.trim_mean(x, 0.25)`;
@@ -8,7 +9,12 @@ Statistical Precipice"), written out in numpy to match rliable's definitions:
 * probability of improvement P(X > Y): per task, the Mann-Whitney statistic
   (ties count half), averaged over tasks.
 
-A score matrix is (runs, tasks): one row per seed, one column per env.
+A score matrix is (runs, tasks): one row per seed, one column per env. The bootstrap is
+vectorised: a statistic receives a batch of resampled matrices, (resamples, runs, tasks),
+and returns one value per resample (`iqm`, `mean`, `probability_of_improvement` and
+`iqm_difference` do; any other callable is applied one resample at a time). From the
+bootstrap samples come one-sided p-values for the report's verdicts, Holm's correction
+for testing several of them, and the TOST equivalence test.
 """
 
 from __future__ import annotations
@@ -17,30 +23,88 @@ from collections.abc import Callable
 
 import numpy as np
 
+from reflectrl.report import BOOTSTRAP_REPS
 
-def iqm(scores) -> float:
-    x = np.sort(np.asarray(scores, dtype=float).ravel())
-    k = int(0.25 * x.size)
-    return float(x[k:x.size - k].mean()) if x.size else float("nan")
+VERDICT_SEEDS = (0, 1, 2, 3, 4)  # the bootstrap seeds a verdict must agree under (a flip is flagged)
+_CHUNK_ELEMENTS = 4_000_000  # resampled values held at once
 
 
-def stratified_bootstrap(matrices: list[np.ndarray], statistic: Callable[..., float], reps: int = 2000,
+def _as_batch(scores) -> tuple[np.ndarray, bool]:
+    """(batch, values) view of a score matrix or a batch of them; True when batched."""
+    x = np.asarray(scores, dtype=float)
+    if x.ndim <= 2:
+        return x.reshape(1, -1), False
+    return x.reshape(x.shape[0], -1), True
+
+
+def iqm(scores):
+    """The interquartile mean of a score matrix (a float), or of each matrix in a batch
+    (resamples, runs, tasks) -> (resamples,)."""
+    x, batched = _as_batch(scores)
+    n = x.shape[1]
+    if n == 0:
+        out = np.full(x.shape[0], np.nan)
+    else:
+        k = int(0.25 * n)
+        out = np.sort(x, axis=1)[:, k:n - k].mean(axis=1)
+    return out if batched else float(out[0])
+
+
+def mean(scores):
+    x, batched = _as_batch(scores)
+    out = x.mean(axis=1) if x.shape[1] else np.full(x.shape[0], np.nan)
+    return out if batched else float(out[0])
+
+
+def iqm_difference(x, y):
+    """IQM(x) - IQM(y), per resample when batched."""
+    return iqm(x) - iqm(y)
+
+
+def probability_of_improvement(x: np.ndarray, y: np.ndarray):
+    """P(X > Y) averaged over tasks; x and y are (runs, tasks) with the same tasks, or
+    batches of them (resamples, runs, tasks) -> (resamples,)."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    batched = x.ndim == 3
+    if not batched:
+        x, y = np.atleast_2d(x)[None], np.atleast_2d(y)[None]
+    xt, yt = x[:, :, None, :], y[:, None, :, :]  # pairs: (batch, n, m, tasks)
+    # (count of x > y) + (count of x >= y) = 2 x (wins + ties / 2)
+    twice = (xt > yt).sum(axis=(1, 2), dtype=np.int64) + (xt >= yt).sum(axis=(1, 2), dtype=np.int64)
+    out = (twice / (2 * x.shape[1] * y.shape[1])).mean(axis=1)
+    return out if batched else float(out[0])
+
+
+def stratified_bootstrap(matrices: list[np.ndarray], statistic: Callable[..., float], reps: int = BOOTSTRAP_REPS,
                          seed: int = 0) -> np.ndarray:
-    """`statistic(*resampled)` for `reps` stratified resamples of each (runs, tasks) matrix."""
+    """`statistic(*resampled)` for `reps` stratified resamples of each (runs, tasks) matrix,
+    in chunks of resamples (each task's column resampled on its own)."""
     rng = np.random.default_rng(seed)
+    matrices = [np.asarray(m, dtype=float) for m in matrices]
+    per_rep = max(1, sum(m.size for m in matrices))
+    chunk = max(1, min(reps, _CHUNK_ELEMENTS // per_rep))
     out = np.empty(reps)
-    for r in range(reps):
-        resampled = []
+    done = 0
+    while done < reps:
+        k = min(chunk, reps - done)
+        batch = []
         for m in matrices:
-            n = m.shape[0]
-            idx = rng.integers(0, n, size=m.shape)  # each task (column) resampled on its own
-            resampled.append(np.take_along_axis(m, idx, axis=0))
-        out[r] = statistic(*resampled)
+            n, t = m.shape
+            idx = rng.integers(0, n, size=(k, n, t))
+            batch.append(m[idx, np.arange(t)])
+        try:
+            values = statistic(*batch)
+        except (TypeError, ValueError):  # a statistic that takes one matrix at a time, and says so
+            values = None
+        if np.shape(values) != (k,):  # a statistic that takes one matrix at a time
+            values = [statistic(*(b[i] for b in batch)) for i in range(k)]
+        out[done:done + k] = values
+        done += k
     return out
 
 
-def interval(matrices: list[np.ndarray], statistic: Callable[..., float], reps: int = 2000, size: float = 0.95,
-             seed: int = 0) -> tuple[float, float, float]:
+def interval(matrices: list[np.ndarray], statistic: Callable[..., float], reps: int = BOOTSTRAP_REPS,
+             size: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
     """(point estimate, lower, upper) with a percentile bootstrap CI."""
     point = statistic(*matrices)
     samples = stratified_bootstrap(matrices, statistic, reps, seed)
@@ -48,14 +112,57 @@ def interval(matrices: list[np.ndarray], statistic: Callable[..., float], reps: 
     return float(point), float(lo), float(hi)
 
 
-def probability_of_improvement(x: np.ndarray, y: np.ndarray) -> float:
-    """P(X > Y) averaged over tasks; x and y are (runs, tasks) with the same tasks."""
-    x, y = np.atleast_2d(x), np.atleast_2d(y)
-    probs = []
-    for t in range(x.shape[1]):
-        xt, yt = x[:, t][:, None], y[:, t][None, :]
-        probs.append(float(((xt > yt) + 0.5 * (xt == yt)).mean()))
-    return float(np.mean(probs))
+def pointwise_interval(curves: np.ndarray, reps: int = BOOTSTRAP_REPS, size: float = 0.95,
+                       seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """IQM across runs at each point of (runs, points) learning curves, with a percentile
+    bootstrap band: whole runs are resampled (the bootstrap of the tables, one task)."""
+    curves = np.asarray(curves, dtype=float)
+    mid = iqm(curves[:, :, None].transpose(1, 0, 2))  # each point's column as a batch entry
+    samples = np.empty((reps, curves.shape[1]))
+    rng = np.random.default_rng(seed)
+    n = curves.shape[0]
+    chunk = max(1, _CHUNK_ELEMENTS // max(1, curves.size))
+    for start in range(0, reps, chunk):
+        k = min(chunk, reps - start)
+        resampled = curves[rng.integers(0, n, size=(k, n))]  # (k, n, points)
+        x = np.sort(resampled, axis=1)
+        trim = int(0.25 * n)
+        samples[start:start + k] = x[:, trim:n - trim].mean(axis=1)
+    lo, hi = np.percentile(samples, [100 * (1 - size) / 2, 100 * (1 + size) / 2], axis=0)
+    return mid, lo, hi
+
+
+def p_value_above(samples: np.ndarray, null: float) -> float:
+    """One-sided bootstrap p-value for "the statistic is above `null`": the share of
+    resamples at or below it (the percentile CI's lower end is above `null` exactly when
+    this is below (1 - size) / 2)."""
+    return float(np.mean(np.asarray(samples) <= null))
+
+
+def p_value_below(samples: np.ndarray, null: float) -> float:
+    """One-sided bootstrap p-value for "the statistic is below `null`"."""
+    return float(np.mean(np.asarray(samples) >= null))
+
+
+def tost_p_value(samples: np.ndarray, margin: float) -> float:
+    """Two one-sided tests for equivalence within (-margin, margin): the larger of the two
+    one-sided p-values; equivalence is shown at level a when this is below a (the (1 - 2a)
+    CI lies inside the margins)."""
+    return max(p_value_above(samples, -margin), p_value_below(samples, margin))
+
+
+def holm(p_values: list[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (family-wise error control for several tests):
+    the i-th smallest p times (m - i + 1), made monotone, capped at 1."""
+    p = np.asarray(p_values, dtype=float)
+    m = p.size
+    order = np.argsort(p, kind="stable")
+    adjusted = np.empty(m)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        adjusted[i] = running
+    return adjusted.tolist()
 
 
 def steps_to_threshold(steps: np.ndarray, values: np.ndarray, threshold: float, window: int = 1) -> float:
