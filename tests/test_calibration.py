@@ -262,6 +262,7 @@ def test_shared_trunk_trains_the_actor(cli, tmp_path):
 @pytest.mark.parametrize("knob, needle", [
     ("calibration.alpha=-0.1", "calibration.alpha=-0.1"),
     ("calibration.epochs=0", "calibration.epochs=0"),
+    ("calibration.max_ratio=0", "calibration.max_ratio=0.0"),
     ("calibration.bonus_target=raw", "calibration.bonus_target='raw'"),
     ("calibration.inputs=pixels", "calibration.inputs='pixels'"),
     ("calibration.clip=soft", "calibration.clip='soft'"),
@@ -280,3 +281,24 @@ def test_bad_knobs(cli, tmp_path, knob, needle):
 def test_calibration_knobs_need_refgrpo(cli, tmp_path):
     code, _, err = cli("train", "--algo", "ppo", *FAST, "--out", tmp_path / "run", "--set", "calibration.alpha=0.1")
     assert code == 2 and "apply to --algo refgrpo" in err
+
+
+def test_bonus_budget_scales_the_term_to_its_share_of_the_reward():
+    a = torch.tensor(A)
+    prediction = torch.tensor(F) * (a.std() + 1e-8) + a.mean()
+    free = torch.tensor(expected(1.0, prediction))
+    assert free.abs().mean().item() > 0.5  # mean |r| = 1: a budget of 0.5 binds
+    signal = make(F, alpha=1.0, clip="none", max_ratio=0.5)
+    out = signal.after_advantages(batch(A, R))
+    term = out.reward.reshape(-1)
+    assert term.abs().mean().item() == pytest.approx(0.5)  # exactly at the budget
+    assert term.tolist() == pytest.approx((free * 0.5 / free.abs().mean()).tolist())  # shape kept, only scaled
+    assert signal.metrics()["calibration_budget_scale"] == pytest.approx(0.5 / free.abs().mean().item())
+    assert signal.metrics()["bonus_to_reward"] == pytest.approx(0.5)
+    # a budget that does not bind changes nothing
+    loose = make(F, alpha=1.0, clip="none", max_ratio=1e6)
+    assert loose.after_advantages(batch(A, R)).reward.reshape(-1).tolist() == pytest.approx(free.tolist())
+    assert loose.metrics()["calibration_budget_scale"] == 1.0
+    # no reward in the batch: no budget, no bonus
+    none = make(F, alpha=1.0, clip="none", max_ratio=0.5).after_advantages(batch(A, [0.0] * 4))
+    assert none.reward.abs().max().item() == 0.0

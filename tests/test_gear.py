@@ -210,6 +210,8 @@ def test_temperature_inf_equals_ppo_bit_for_bit(cli, tmp_path):
 @pytest.mark.parametrize("knob, needle", [
     ("gear.top_frac=0", "gear.top_frac=0.0"),
     ("gear.temperature=0", "gear.temperature=0.0"),
+    ("gear.temperature_start=-1", "gear.temperature_start=-1.0"),
+    ("gear.warmup_steps=-5", "gear.warmup_steps=-5"),
     ("gear.w_min=1.5", "w_min=1.5"),
     ("gear.distill_on=losers", "gear.distill_on='losers'"),
     ("gear.return_kind=mc", "gear.return_kind='mc'"),
@@ -229,3 +231,32 @@ def test_returns_to_go_bootstrap_where_a_trajectory_is_cut():
     boot = col(0.0, 10.0, 20.0)          # values after steps 1 and 2 (0 would be a termination)
     g = returns_to_go(rewards, ids, 0.5, boot)
     assert g.squeeze(1).tolist() == pytest.approx([1 + 0.5 * (1 + 0.5 * 10), 1 + 0.5 * 10, 1 + 0.5 * 20])
+
+
+def test_temperature_schedule_known_answers():
+    from reflectrl.signals.reweighting import scheduled_temperature
+
+    cfg = GEARConfig(temperature=2.0, warmup_steps=100, temperature_steps=200)
+    assert math.isinf(scheduled_temperature(0, cfg)) and math.isinf(scheduled_temperature(99, cfg))
+    assert math.isinf(scheduled_temperature(100, cfg))  # the ramp starts at 1 / inf = 0
+    assert scheduled_temperature(200, cfg) == pytest.approx(4.0)  # halfway: 1/T = 0.25
+    assert scheduled_temperature(300, cfg) == pytest.approx(2.0) and scheduled_temperature(10**6, cfg) == 2.0
+    ramp = GEARConfig(temperature=1.0, temperature_start=4.0, temperature_steps=100)
+    assert scheduled_temperature(0, ramp) == pytest.approx(4.0)
+    assert scheduled_temperature(50, ramp) == pytest.approx(1 / (0.5 / 4 + 0.5 / 1))
+    assert scheduled_temperature(7, GEARConfig(temperature=3.0)) == 3.0  # no schedule
+
+
+def test_warm_up_keeps_weights_at_one_while_the_head_distils():
+    gen = torch.Generator().manual_seed(1)
+    signal = GEARReweighting(GEARConfig(warmup_steps=1000))
+    signal.bind(ctx())
+    signal.after_update(synthetic_batch(gen))
+    assert signal.distilled
+    b = synthetic_batch(gen)
+    b.global_step = 999
+    assert signal.after_advantages(b) is None and math.isinf(signal.metrics()["gear_temperature"])
+    b.global_step = 1000
+    out = signal.after_advantages(b)
+    assert out.weights.shape == (64, 8) and not out.weights.eq(1).all()
+    assert signal.metrics()["gear_temperature"] == 2.0

@@ -303,3 +303,70 @@ def test_predictions_in_chunks_equal_one_pass():
     torch.testing.assert_close(chunked, whole)
     single = predict_in_chunks(lambda x: x.sum(-1), torch.ones(3, 2), chunk=4)
     assert single.tolist() == [2.0, 2.0, 2.0]
+
+
+# ------------------------------------------------------ loop-proof modes: bootstrap and advice
+
+def test_bootstrap_shaping_is_the_critics_own_potential_difference():
+    trainer = _trainer("reflectrl/GridWorld-v0", "shaping.mode=bootstrap", "shaping.value_scale=0.3")
+    rollout, _ = trainer.collect()
+    batch = trainer.apply_signal(rollout)
+    shaping = rollout.learn_rewards - rollout.rewards
+    gamma = trainer.signal.ctx.gamma
+    alive = 1.0 - batch.terminations.float()
+    expected = 0.3 * (gamma * batch.next_values * alive - batch.values)
+    assert torch.allclose(shaping, expected, atol=1e-6)
+    assert shaping.abs().max() > 0  # the critic's values are not all zero
+    trainer.update(rollout)
+    trainer.signal.after_update(batch)  # nothing is distilled
+    assert trainer.signal.buffer == []
+
+
+def test_advice_potential_learns_the_value_of_minus_f_so_its_differences_give_f_back():
+    """A state that loops onto itself and a stand-in F = 0.1 everywhere: the value of -F is
+    -0.1 / (1 - gamma) = -1 at gamma 0.9, and gamma Phi - Phi = 0.1 = F."""
+    from reflectrl.signals.base import Batch
+
+    trainer = _trainer("reflectrl/GridWorld-v0", "shaping.mode=advice", "gamma=0.9", "shaping.lr_multiplier=40",
+                       "shaping.epochs=20", "shaping.buffer_rollouts=1")
+    signal = trainer.signal
+    signal.target = lambda obs, actions, next_obs, terms: torch.full((obs.shape[0],), 0.1)
+    T, N = 32, 2
+    obs = torch.zeros(T * N, trainer.obs_dim)
+    obs[:, 0] = 1.0
+    item_batch = Batch(obs=obs.reshape(T, N, -1), actions=torch.zeros(T, N, dtype=torch.long),
+                       rewards=torch.zeros(T, N), terminations=torch.zeros(T, N, dtype=torch.bool),
+                       truncations=torch.zeros(T, N, dtype=torch.bool), values=torch.zeros(T, N),
+                       next_values=torch.zeros(T, N), next_obs=obs.reshape(T, N, -1))
+    signal.buffer = [{**signal._transitions(item_batch), "rewards": item_batch.rewards, "shape": (T, N),
+                      "truncations": item_batch.truncations, "raw_terminations": item_batch.terminations}]
+    for _ in range(60):
+        signal._fit_advice(trainer._gae_with, None)
+    f = signal._advice_shaping(obs, obs, torch.zeros(T * N))
+    assert f.mean().item() == pytest.approx(0.1, rel=0.1)
+    # ending the episode there cuts the potential of s': the term is -Phi(s) = +1
+    ended = signal._advice_shaping(obs[:1], obs[:1], torch.ones(1))
+    assert ended.item() == pytest.approx(1.0, rel=0.1)
+
+
+@pytest.mark.slow
+def test_bootstrap_and_advice_train_log_and_resume_bit_identically(tmp_path, monkeypatch):
+    from test_exploration import resume_matches
+
+    for mode in ("bootstrap", "advice"):
+        rows, _ = resume_matches(tmp_path / mode, monkeypatch, "ppo+shaping",
+                                 extra=(f"shaping.mode={mode}", "shaping.update_every=1"))
+        assert "shaping_mean" in rows[-1]
+        assert ("advice_loss" in rows[-1]) == (mode == "advice")
+
+
+@pytest.mark.parametrize("knob, needle", [
+    (("shaping.mode=bootstrap", "shaping.value_scale=0"), "shaping.value_scale=0.0"),
+    (("shaping.mode=advice", "shaping.encoder=cnn"), "mode=advice reads the policy's features"),
+    (("shaping.mode=bootstrap", "shaping.prior=math:sqrt"), "mode=bootstrap distils no shaper"),
+])
+def test_bad_loop_proof_knobs(cli, tmp_path, knob, needle):
+    out = tmp_path / "run"
+    code, _, err = cli("train", "--algo", "sdrs", *FAST, *knob, "--out", out)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
+    assert not out.exists()

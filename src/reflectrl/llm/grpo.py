@@ -290,6 +290,7 @@ class GRPOTrainer:
         turns = None
         if "turn" in self.kinds:
             turns = turn_batch(episodes, rewards, baseline, scale, hidden, g.group_size, g.gamma, g.gae_lambda)
+            turns.global_step = self.step  # what a signal's schedule counts (gear.warmup_steps)
             turn_adv, turn_rewards, turn_term = turns.advantages, turns.rewards, None
             for member, kind in zip(self.members, self.kinds):
                 if kind != "turn":
@@ -308,6 +309,7 @@ class GRPOTrainer:
         tokens = None
         if "token" in self.kinds:
             tokens = token_batch(episodes.agent, rewards, baseline, advantages, hidden, episodes.ids, g.group_size)
+            tokens.global_step = self.step
             if turns is not None:
                 tokens.advantages = token_adv.T
             for member, kind in zip(self.members, self.kinds):

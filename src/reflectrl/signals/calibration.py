@@ -14,6 +14,11 @@ Each iteration, after advantages are estimated:
 5. advantages are recomputed on r + beta * clip(b) (`recompute_advantages=true`, the
    default); with `false` the step-1 advantages are kept and the term is added to each
    step's advantage directly, with no temporal credit.
+Option `max_ratio` (seed 000 section 5.2's first remedy, "keep the bonus small beside the
+reward", made automatic; issue 16): after the clip, the term is scaled down so that its
+mean |beta * b| is at most `max_ratio` x mean |r| over the batch (a batch with no reward
+gets no bonus); `inf`, the default, sets no budget. `calibration_budget_scale` logs the
+factor (1: within budget).
 Option `adaptive`: alpha is scaled by the current L_cal (capped at `adaptive_max`); since
 the target has unit variance, L_cal = 1 is a predictor that knows nothing, so the bonus
 weighs in fully while the reflection net is uncalibrated and fades as it calibrates.
@@ -75,6 +80,8 @@ class CalibrationConfig:
     """k of the relative clip"""
     clip_value: float = 1.0
     """bound of the absolute clip"""
+    max_ratio: float = float("inf")
+    """bonus budget: scale the term so mean |beta b| <= this x mean |r| per batch (inf: none)"""
     adaptive: bool = False
     """scale alpha by the current calibration loss (1 = knows nothing), capped"""
     adaptive_max: float = 2.0
@@ -94,6 +101,8 @@ class CalibrationConfig:
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 bad(f"{name}={value}: must be a finite number >= 0")
+        if math.isnan(self.max_ratio) or self.max_ratio <= 0:
+            bad(f"max_ratio={self.max_ratio}: must be > 0 (inf for no budget)")
         if self.lr_multiplier == 0:
             bad("lr_multiplier=0: must be > 0 (the reflection net would never learn)")
         for name in ("epochs", "minibatch_size"):
@@ -203,6 +212,12 @@ class CalibrationBonus(Signal):
             else:
                 c = torch.tensor(float("inf"))
             term = cfg.beta * bonus
+            budget_scale = 1.0
+            if math.isfinite(cfg.max_ratio):
+                budget, mean_abs_term = cfg.max_ratio * mean_abs_r.item(), term.abs().mean().item()
+                if mean_abs_term > budget:
+                    budget_scale = budget / mean_abs_term
+                    term = term * budget_scale
 
         self.previous = (x, target)  # both fresh tensors, never written to again
         self._previous_inputs = inputs
@@ -220,6 +235,7 @@ class CalibrationBonus(Signal):
             "calibration_loss_prev_batch": prev_loss,
             "calibration_alpha": alpha,
             "calibration_clip": float(c),
+            "calibration_budget_scale": budget_scale,
             "bonus_mean": term.mean().item(),
             "bonus_std": term.std().item(),
             "bonus_min": lo.item(),

@@ -21,6 +21,11 @@ Each iteration:
    w_min: a rescaled step size, not a per-step reweighting. Clipped to [w_min, w_max],
    optionally renormalised to mean 1 per trajectory; the policy loss uses w_t * A_t. Until
    the head has been distilled once, w = 1. `temperature=inf` gives w = 1 exactly.
+   Remedies for GEAR lagging PPO early (issue 16): `warmup_steps` keeps w = 1 for the
+   first steps (env steps; GRPO: its optimisation steps) while the head distils, and
+   `temperature_steps` then ramps the inverse temperature linearly from
+   1 / `temperature_start` (inf: 0, every w = 1) to 1 / `temperature`, so the weights
+   grow from 1 as the head earns trust. `gear_temperature` logs the temperature in use.
 4. after the policy update, the value head (linear or MLP on the features) is fit by MSE
    to G_t on the winners' steps (`distill_on="winners"`, the seed's choice) or on every
    step (`"all"`, the SPEC's DECISION to compare), for `epochs` epochs; then the frozen
@@ -71,6 +76,12 @@ class GEARConfig:
     """the head's learning rate, in multiples of the policy's"""
     temperature: float = 2.0
     """w = exp(diff / temperature); inf gives w = 1 (PPO bit for bit)"""
+    warmup_steps: int = 0
+    """steps (env steps; GRPO: optimisation steps) with w = 1 before reweighting starts"""
+    temperature_start: float = float("inf")
+    """the temperature when the ramp starts (inf: w = 1 there)"""
+    temperature_steps: int = 0
+    """steps after the warm-up over which 1/temperature ramps from 1/temperature_start (0: no ramp)"""
     diff_scale: str = "standardize"
     """standardize (DECISION), value_std, or none (the seed's literal form)"""
     w_min: float = 0.5
@@ -95,8 +106,12 @@ class GEARConfig:
                 bad(f"{name}={getattr(self, name)}: must be a positive integer")
         if not (math.isfinite(self.lr_multiplier) and self.lr_multiplier > 0):
             bad(f"lr_multiplier={self.lr_multiplier}: must be a finite number > 0")
-        if math.isnan(self.temperature) or self.temperature <= 0:
-            bad(f"temperature={self.temperature}: must be > 0 (inf turns reweighting off)")
+        for name in ("temperature", "temperature_start"):
+            if math.isnan(getattr(self, name)) or getattr(self, name) <= 0:
+                bad(f"{name}={getattr(self, name)}: must be > 0 (inf turns reweighting off)")
+        for name in ("warmup_steps", "temperature_steps"):
+            if getattr(self, name) < 0:
+                bad(f"{name}={getattr(self, name)}: must be >= 0")
         if not (0 < self.w_min <= 1 <= self.w_max) or not math.isfinite(self.w_max):
             bad(f"w_min={self.w_min}, w_max={self.w_max}: need 0 < w_min <= 1 <= w_max < inf")
         if self.head == "mlp" and (not self.hidden_sizes or any(h < 1 for h in self.hidden_sizes)):
@@ -160,6 +175,18 @@ def reweight(v_distill: torch.Tensor, v_orig: torch.Tensor, temperature: float, 
     return w, clipped
 
 
+def scheduled_temperature(step: int, cfg: GEARConfig) -> float:
+    """The temperature at a step: inf (w = 1) during the warm-up, then 1/T moving linearly
+    from 1/temperature_start to 1/temperature over temperature_steps, then temperature."""
+    if step < cfg.warmup_steps:
+        return math.inf
+    if cfg.temperature_steps == 0:
+        return cfg.temperature
+    progress = min(1.0, (step - cfg.warmup_steps) / cfg.temperature_steps)
+    inverse = (1 - progress) / cfg.temperature_start + progress / cfg.temperature
+    return math.inf if inverse == 0 else 1.0 / inverse
+
+
 class GEARReweighting(Signal):
     name = "gear"
 
@@ -185,15 +212,19 @@ class GEARReweighting(Signal):
 
     def after_advantages(self, batch: Batch) -> SignalOutput | None:
         cfg = self.cfg
-        if not self.distilled or math.isinf(cfg.temperature):
+        scheduled = cfg.warmup_steps > 0 or cfg.temperature_steps > 0
+        temperature = scheduled_temperature(batch.global_step, cfg) if scheduled else cfg.temperature
+        if not self.distilled or math.isinf(temperature):
             self._last = {"weights_mean": 1.0, "weights_std": 0.0, "weights_min": 1.0, "weights_max": 1.0,
                           "weights_clipped_frac": 0.0}
+            if scheduled:
+                self._last["gear_temperature"] = temperature
             return None
         with torch.no_grad():
             v_d = self.frozen(self._x(batch)).reshape(batch.values.shape)
         ids = trajectory_ids(batch.terminations, batch.truncations)
         valid = batch.mask if batch.mask is not None else torch.ones_like(batch.values, dtype=torch.bool)
-        v_orig, temperature = batch.values, cfg.temperature
+        v_orig = batch.values
         if cfg.diff_scale == "standardize":
             # compare V_d and V_orig up to the batch-wide offset between them: weights then
             # move credit between steps instead of scaling the whole batch's step size
@@ -210,6 +241,8 @@ class GEARReweighting(Signal):
         self._last = {"weights_mean": w_real.mean().item(), "weights_std": w_real.std().item(),
                       "weights_min": w_real.min().item(), "weights_max": w_real.max().item(),
                       "weights_clipped_frac": clipped.float().mean().item()}
+        if scheduled:
+            self._last["gear_temperature"] = temperature
         return SignalOutput(weights=w)
 
     def after_update(self, batch: Batch) -> None:

@@ -13,6 +13,18 @@
    and Phi = eta * tanh(Phi_raw(s)), which leaves optimal policies unchanged (Ng et al. 1999);
    the same labels are fit through that difference. `mode="off"`: F = 0 with everything
    else identical (the ablation); the run equals plain PPO bit for bit.
+   Two loop-proof modes (issue 16; both potential-based, so optimal policies are unchanged):
+   * `mode="bootstrap"`: Bootstrapped Reward Shaping (Adamczyk et al., AAAI 2025): the
+     potential is the agent's own current value estimate, Phi = `value_scale` x V, so
+     f = value_scale (gamma V(s') (1 - terminal) - V(s)); nothing is distilled.
+   * `mode="advice"`: dynamic potential-based advice (Harutyunyan et al. 2015): F is
+     distilled as in `direct`, and a potential Phi(s) learns the value of -F under the
+     current policy (after every update, fit by MSE to TD(lambda) returns of -F over the
+     distillation buffer, bootstrapped with Phi itself, the trainer's GAE doing the
+     recursion); the reward term is gamma Phi(s') (1 - terminal) - Phi(s), whose expected
+     sum along the policy's path is F's. DECISION: a state potential Phi(s), not the
+     paper's state-action Phi(s, a) (that needs the next action, which a rollout's
+     reward hook does not have); potential-based all the same.
 4. Prior: `prior="module:function"`, a heuristic h(s, a, s') -> (B,) tensor, is fit by F
    before the first update (on the first rollout's transitions, `prior_epochs` epochs), and
    F_target starts from it.
@@ -50,7 +62,7 @@ from reflectrl.registry import SignalSpec, register_signal
 from reflectrl.signals.base import Batch, Signal, SignalContext
 from reflectrl.signals.fit import HeadFitter, predict_in_chunks
 
-MODES = ("direct", "potential", "off")
+MODES = ("direct", "potential", "bootstrap", "advice", "off")
 ENCODERS = ("policy", "cnn")
 
 
@@ -59,9 +71,12 @@ class ShapingConfig:
     RENAMED: ClassVar[dict[str, str]] = {"map_snapshots": "snapshots"}  # old knob names still accepted, with a warning
 
     mode: str = "direct"
-    """direct (F(s,a,s'), eta tanh), potential (gamma Phi(s') - Phi(s)) or off (the ablation: PPO bit for bit)"""
+    """direct (F(s,a,s'), eta tanh), potential (gamma Phi(s') - Phi(s)), bootstrap (Phi = value_scale V), advice
+    (Phi learns the value of -F) or off (the ablation: PPO bit for bit)"""
     eta: float = 0.1
     """output scale: f = eta tanh(F_raw)"""
+    value_scale: float = 0.5
+    """mode=bootstrap: the potential is this x the critic's value"""
     hard_clip: float = float("inf")
     """clip f to +-this (inf: no clip)"""
     scale: float = 0.1
@@ -103,10 +118,15 @@ class ShapingConfig:
             bad(f"mode='{self.mode}': use one of {', '.join(MODES)}")
         if self.encoder not in ENCODERS:
             bad(f"encoder='{self.encoder}': use one of {', '.join(ENCODERS)}")
-        for name in ("eta", "scale", "lr_multiplier", "warn_ratio"):
+        for name in ("eta", "scale", "lr_multiplier", "warn_ratio", "value_scale"):
             value = getattr(self, name)
             if not math.isfinite(value) or value <= 0:
                 bad(f"{name}={value}: must be a finite number > 0")
+        if self.mode in ("bootstrap", "advice") and self.encoder == "cnn":
+            bad(f"encoder=cnn: mode={self.mode} reads the policy's features (bootstrap: its critic); "
+                "use shaping.encoder=policy")
+        if self.mode == "bootstrap" and self.prior:
+            bad("prior: mode=bootstrap distils no shaper for a prior to start; drop the prior or use another mode")
         if math.isnan(self.hard_clip) or self.hard_clip <= 0:
             bad(f"hard_clip={self.hard_clip}: must be > 0 (inf for no clip)")
         if not 0 < self.tau <= 1:
@@ -202,11 +222,16 @@ class SelfDistilledShaping(Signal):
         with self.own_rng():
             encoder = ImageEncoder(ctx.obs_shape) if self.own_encoder else None
             in_dim = ctx.feature_dim if ctx.image_obs else ctx.obs_dim  # pixels: F reads the policy's features
-            self.shaper = RewardShaper(in_dim, ctx.action_dim, self.cfg.hidden_sizes, self.cfg.mode,
+            shaper_mode = "direct" if self.cfg.mode in ("advice", "bootstrap") else self.cfg.mode
+            self.shaper = RewardShaper(in_dim, ctx.action_dim, self.cfg.hidden_sizes, shaper_mode,
                                        self.cfg.eta, ctx.gamma, self.cfg.hard_clip, encoder=encoder)
+            # mode=advice: the potential whose differences carry F (near-zero output: no shaping at first)
+            self.advice = relu_mlp(in_dim, self.cfg.hidden_sizes) if self.cfg.mode == "advice" else None
         # F's forward (a tanh, or a difference of potentials) is fit through autograd
         self.fitter = HeadFitter(self.shaper, lr=self.cfg.lr_multiplier * ctx.learning_rate, forward=self.shaper)
         self.target = copy.deepcopy(self.shaper).requires_grad_(False)
+        if self.advice is not None:
+            self.advice_fitter = HeadFitter(self.advice, lr=self.cfg.lr_multiplier * ctx.learning_rate)
         self.snapshot_at = self.snapshot_iterations(self.cfg.snapshots)
         self.snapshots: list[dict] = []  # F_target's weights at a few points, for the reward map
 
@@ -224,13 +249,21 @@ class SelfDistilledShaping(Signal):
         fit_prior = self.prior is not None and not self.prior_fitted
         prior_loss = self._fit_prior(tr, batch.features_fn) if fit_prior else None
         weight = curriculum(batch.global_step, self.cfg.warmup_steps, self.cfg.ramp_steps)
-        if batch.iteration in self.snapshot_at:
+        if batch.iteration in self.snapshot_at and self.cfg.mode != "bootstrap":  # bootstrap has no F to draw
             self.snapshots.append({"iteration": batch.iteration, "global_step": batch.global_step,
                                    "weight": curriculum(batch.global_step, self.cfg.warmup_steps, self.cfg.ramp_steps),
                                    "state": {k: v.clone() for k, v in self.target.state_dict().items()}})
-        obs, next_obs = self._encoded(tr["obs"], tr["next_obs"], batch.features_fn)
-        with torch.no_grad():  # in chunks: with its own CNN, F's activations over a big rollout are large
-            f = predict_in_chunks(lambda p: self.target(*p), (obs, tr["actions"], next_obs, tr["terminations"]))
+        if self.cfg.mode == "bootstrap":  # the critic's own values as the potential
+            alive = 1.0 - batch.terminations.float()
+            f = self.cfg.value_scale * (self.ctx.gamma * batch.next_values * alive - batch.values)
+        else:
+            obs, next_obs = self._encoded(tr["obs"], tr["next_obs"], batch.features_fn)
+            with torch.no_grad():  # in chunks: with its own CNN, F's activations over a big rollout are large
+                if self.cfg.mode == "advice":
+                    f = self._advice_shaping(obs, next_obs, tr["terminations"])
+                else:
+                    f = predict_in_chunks(lambda p: self.target(*p),
+                                          (obs, tr["actions"], next_obs, tr["terminations"]))
             f = f.reshape(batch.values.shape)
         shaping = weight * f
         r = batch.rewards
@@ -252,20 +285,47 @@ class SelfDistilledShaping(Signal):
         return shaping
 
     def after_update(self, batch: Batch) -> None:
-        if self.cfg.mode == "off":
+        if self.cfg.mode in ("off", "bootstrap"):
             return
         self.buffer.append({**self._transitions(batch), "rewards": batch.rewards, "shape": batch.values.shape,
                             "truncations": batch.truncations, "raw_terminations": batch.terminations})
         self.buffer = self.buffer[-self.cfg.buffer_rollouts:]
         self.updates += 1
-        if self.updates % self.cfg.update_every:
-            return
-        obs, actions, next_obs, terms, labels = self.distillation_set(batch.value_fn, batch.gae)
-        obs, next_obs = self._encoded(obs, next_obs, batch.features_fn)
-        loss = self._fit(obs, actions, next_obs, terms, labels, self.cfg.epochs, track_target=True)
-        # The labels have variance scale^2, so this is the share of it F explains (0: F has
-        # learned nothing yet, seed 002 section 4.2's failure; near 1: F reproduces the advantages).
-        self._last.update(label_loss=loss, label_r2=1.0 - loss / labels.var().item() if len(labels) > 1 else None)
+        if self.updates % self.cfg.update_every == 0:
+            obs, actions, next_obs, terms, labels = self.distillation_set(batch.value_fn, batch.gae)
+            obs, next_obs = self._encoded(obs, next_obs, batch.features_fn)
+            loss = self._fit(obs, actions, next_obs, terms, labels, self.cfg.epochs, track_target=True)
+            # The labels have variance scale^2, so this is the share of it F explains (0: F has
+            # learned nothing yet, seed 002 section 4.2's failure; near 1: F reproduces the advantages).
+            self._last.update(label_loss=loss,
+                              label_r2=1.0 - loss / labels.var().item() if len(labels) > 1 else None)
+        if self.cfg.mode == "advice":
+            self._last["advice_loss"] = self._fit_advice(batch.gae, batch.features_fn)
+
+    def _advice_shaping(self, obs, next_obs, terminations) -> torch.Tensor:
+        """gamma Phi(s') (1 - terminal) - Phi(s), flat."""
+        phi = predict_in_chunks(lambda p: self.advice(p[0]).squeeze(-1), (obs,))
+        phi_next = predict_in_chunks(lambda p: self.advice(p[0]).squeeze(-1), (next_obs,))
+        return self.ctx.gamma * phi_next * (1.0 - terminations.float()) - phi
+
+    def _fit_advice(self, gae, features_fn) -> float:
+        """One fit of Phi to the TD(lambda) returns of -F_target over the buffer, bootstrapped
+        with Phi as it is (the trainer's GAE makes the returns); returns the loss after it."""
+        obs_all, targets = [], []
+        with torch.no_grad():
+            for item in self.buffer:
+                shape = item["shape"]
+                obs, next_obs = self._encoded(item["obs"], item["next_obs"], features_fn)
+                advice_reward = -predict_in_chunks(lambda p: self.target(*p),
+                                                   (obs, item["actions"], next_obs, item["terminations"]))
+                values = predict_in_chunks(lambda p: self.advice(p[0]).squeeze(-1), (obs,)).reshape(shape)
+                next_values = predict_in_chunks(lambda p: self.advice(p[0]).squeeze(-1), (next_obs,)).reshape(shape)
+                _, returns = gae(advice_reward.reshape(shape), values, next_values, item["raw_terminations"],
+                                 item["truncations"])
+                obs_all.append(obs), targets.append(returns.reshape(-1))
+        return self.advice_fitter.fit(torch.cat(obs_all), torch.cat(targets), epochs=self.cfg.epochs,
+                                      minibatch_size=self.cfg.minibatch_size, generator=self.generator,
+                                      shuffle="always", loss_after=True).loss_after
 
     def distillation_set(self, value_fn, gae):
         """The buffer's transitions and their soft labels: GAE under the critic `value_fn`,
@@ -314,9 +374,12 @@ class SelfDistilledShaping(Signal):
         return dict(self._last)
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), **self.fitter.state_dict(head_key="shaper"), "target": self.target.state_dict(),
-                "buffer": self.buffer, "updates": self.updates, "prior_fitted": self.prior_fitted,
-                "snapshots": self.snapshots}
+        state = {**super().state_dict(), **self.fitter.state_dict(head_key="shaper"),
+                 "target": self.target.state_dict(), "buffer": self.buffer, "updates": self.updates,
+                 "prior_fitted": self.prior_fitted, "snapshots": self.snapshots}
+        if self.advice is not None:
+            state["advice"] = self.advice_fitter.state_dict(head_key="net")
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
@@ -324,6 +387,8 @@ class SelfDistilledShaping(Signal):
         self.target.load_state_dict(state["target"])
         self.buffer, self.updates, self.prior_fitted = state["buffer"], state["updates"], state["prior_fitted"]
         self.snapshots = state["snapshots"]
+        if self.advice is not None:
+            self.advice_fitter.load_state_dict(state["advice"], head_key="net")
 
 
 def _check_encoder(cfg: ShapingConfig, run) -> None:
