@@ -25,12 +25,13 @@ import torch
 N_ENVS, N_STEPS, EPOCHS, MINIBATCH = 8, 128, 4, 256
 
 
-def run_reflectrl(env_id: str, total: int, backend: str = "gymnasium") -> float:
+def run_reflectrl(env_id: str, total: int, backend: str = "gymnasium", envpool_threads: int = 1) -> float:
     from reflectrl.config import PPOConfig, RunConfig
     from reflectrl.control.ppo import PPOTrainer, resolve_config
 
     # EnvPool steps its envs on min(envs, cores) threads unless told: one, as every other part here
-    cfg = RunConfig(env_id=env_id, seed=1, total_steps=total, backend=backend, envpool_threads=1, ppo=PPOConfig(
+    cfg = RunConfig(env_id=env_id, seed=1, total_steps=total, backend=backend, envpool_threads=envpool_threads,
+                    ppo=PPOConfig(
         num_envs=N_ENVS, num_steps=N_STEPS, update_epochs=EPOCHS, num_minibatches=N_ENVS * N_STEPS // MINIBATCH))
     resolve_config(cfg)
     assert cfg.ppo.encoder == "cnn" and cfg.ppo.clip_coef == 0.1
@@ -70,6 +71,8 @@ def main():
     parser.add_argument("--json", default=None, help="also write the results here")
     parser.add_argument("--backend", default="gymnasium", choices=["gymnasium", "envpool"],
                         help="reflectrl's env backend (SB3 always runs its own Gymnasium wrappers)")
+    parser.add_argument("--envpool-threads", type=int, default=1,
+                        help="EnvPool's worker threads (0: its default, min(envs, cores); 1: as the rest)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     total = max(N_ENVS * N_STEPS, args.steps // (N_ENVS * N_STEPS) * N_ENVS * N_STEPS)
@@ -81,7 +84,7 @@ def main():
                         filename=args.profile)
     best = {"reflectrl": 0.0, "sb3": 0.0}
     for _ in range(args.repeats):
-        best["reflectrl"] = max(best["reflectrl"], run_reflectrl(args.env, total, args.backend))
+        best["reflectrl"] = max(best["reflectrl"], run_reflectrl(args.env, total, args.backend, args.envpool_threads))
         best["sb3"] = max(best["sb3"], run_sb3(args.env, total))
     ratio = best["reflectrl"] / best["sb3"]
     print(f"{args.env}, {total} env steps, {N_ENVS} envs x {N_STEPS} steps, {EPOCHS} epochs of {MINIBATCH}, "
