@@ -212,6 +212,7 @@ def test_exploration_figure_draws_each_entry(tmp_path):
         spec = Spec()
         grid = np.linspace(0, 1000, 51)[1:]
         runs = [Run("ppo", 1, None), Run("ppo", 2, 500), Run("ppo+count", 1, 200)]
+        finished = runs
 
         def select(self, env_id, label):
             return [r for r in self.runs if r.spec.entry.label == label]
