@@ -342,3 +342,23 @@ def test_the_presets_are_what_the_docs_ran():
     assert hard.sets == ("backend=envpool",) and len(hard.envs) == 4 and hard.seeds >= 3
     for preset in PRESETS.values():
         assert [e.label for e in parse_algos(",".join(preset.algos))] == list(preset.algos)
+
+
+def test_first_seed_numbers_the_runs_and_is_part_of_what_an_experiment_is(tmp_path):
+    from reflectrl.errors import UserError
+    from reflectrl.experiments.spec import ExperimentSpec, load_or_create, read_spec
+
+    spec = ExperimentSpec(envs=["CartPole-v1"], algos=["ppo"], seeds=2, total_steps=1000, first_seed=11)
+    assert [r.seed for r in spec.runs(tmp_path)] == [11, 12] and spec.runs(tmp_path)[0].path.name == "seed11"
+    load_or_create(tmp_path / "a", spec)
+    assert read_spec(tmp_path / "a").seed_numbers == range(11, 13)
+    with pytest.raises(UserError, match="differs in: first_seed"):
+        load_or_create(tmp_path / "a", ExperimentSpec(envs=["CartPole-v1"], algos=["ppo"], seeds=2, total_steps=1000))
+    # more seeds extend it past its last one
+    assert load_or_create(tmp_path / "a", ExperimentSpec(envs=["CartPole-v1"], algos=["ppo"], seeds=3,
+                                                         total_steps=1000, first_seed=11)) == ["seeds 13-13"]
+    # an experiment.json written before the field existed reads as seeds from 1, and is written unchanged
+    plain = ExperimentSpec(envs=["CartPole-v1"], algos=["ppo"], seeds=2, total_steps=1000)
+    assert "first_seed" not in plain.to_dict() and list(plain.seed_numbers) == [1, 2]
+    with pytest.raises(UserError, match="--first-seed 0"):
+        ExperimentSpec(envs=["CartPole-v1"], algos=["ppo"], seeds=2, total_steps=1000, first_seed=0).validate()

@@ -5,6 +5,7 @@ one line on stderr with exit code 2 and no traceback.
     reflectrl train --resume DIR
     reflectrl eval DIR --episodes N [--deterministic] [--json] [--video FILE.mp4]
     reflectrl compare / report / plot ...          (multi-seed experiments and their report)
+    reflectrl sweep --env ID --algo ALGO --space KEY=DIST ... --trials N --seeds K --total-steps N --out DIR
     reflectrl llm init-tiny | sft | train | eval   (language-model agents, see llm/cli.py)
     reflectrl sandbox run --code F.py --tests T.json
 """
@@ -62,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--algos", default=None, help="algo entries, e.g. ppo,refgrpo,refgrpo[alpha=0] "
                      "(required without --preset)")
     cmp.add_argument("--seeds", type=int, default=None, help="seeds 1..N per (env, algo) (default 5, or the preset's)")
+    cmp.add_argument("--first-seed", type=int, default=1,
+                     help="number the seeds from this one (fresh seeds for a confirmation run: --first-seed 11)")
     cmp.add_argument("--total-steps", type=int, default=None, help="env steps per run (required without --preset)")
     cmp.add_argument("--out", required=True, help="experiment directory (re-run to resume)")
     cmp.add_argument("--wrapper", default=None, help="reward wrapper for every run: sparse or delayed:K")
@@ -72,6 +75,30 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--ray-address", default=None, help="Ray cluster address (default: start a local one)")
     cmp.add_argument("--no-progress", action="store_true")
     cmp.add_argument("--no-report", action="store_true", help="skip writing the report at the end")
+
+    sw = sub.add_parser("sweep", help="tune an algo's knobs with Optuna, then re-run the best on fresh seeds")
+    sw.add_argument("--env", required=True, help="the env id to tune on (one)")
+    sw.add_argument("--algo", required=True, help="TRAINER[+SIGNAL...], e.g. ppo, refgrpo, ppo+shaping")
+    sw.add_argument("--space", action="append", nargs="+", metavar="KEY=DIST",
+                    help="a tuned knob (a --set key): KEY=uniform(a,b) | loguniform(a,b) | int(a,b) | choice(x,y,...)")
+    sw.add_argument("--space-file", default=None, metavar="F", help="more KEY=DIST lines (# comments)")
+    sw.add_argument("--trials", type=int, required=True, help="trials in the study (re-run with more to extend it)")
+    sw.add_argument("--seeds", type=int, required=True, help="seeds 1..K per trial")
+    sw.add_argument("--total-steps", type=int, required=True, help="env steps per run")
+    sw.add_argument("--out", required=True, help="sweep directory (re-run to resume)")
+    sw.add_argument("--objective", default="auc", choices=["auc", "final"],
+                    help="IQM over the trial's seeds of the AUC or of the final return (default auc)")
+    sw.add_argument("--rerun-seeds", type=int, default=5, metavar="M",
+                    help="re-run the best knobs on fresh seeds K+1..K+M in DIR/best (default 5; 0: no re-run)")
+    sw.add_argument("--baseline", default=None, metavar="DIR",
+                    help="a finished ppo sweep with the same --trials: its best knobs join the re-run as 'ppo'")
+    sw.add_argument("--no-prune", action="store_true", help="run every trial in full (no median pruning)")
+    sw.add_argument("--wrapper", default=None, help="reward wrapper for every run: sparse or delayed:K")
+    sw.add_argument("--set", action="append", nargs="+", metavar="KEY=VALUE", help="a fixed knob for every run")
+    sw.add_argument("--backend", default="local", choices=["local", "ray"])
+    sw.add_argument("--workers", type=int, default=None, help="parallel runs (default: the cores)")
+    sw.add_argument("--ray-address", default=None, help="Ray cluster address (default: start a local one)")
+    sw.add_argument("--no-progress", action="store_true", help="no progress bar for the re-run")
 
     rep = sub.add_parser("report", help="write the HTML and Markdown report of an experiment")
     rep.add_argument("exp_dir", metavar="DIR")
@@ -216,7 +243,7 @@ def _compare(args) -> int:
         raise UserError(f"compare needs {', '.join(missing)} (or a --preset that gives them)")
     spec = ExperimentSpec(envs=[e.strip() for e in envs.split(",") if e.strip()],
                           algos=[e.label for e in _parse_algos(algos)], seeds=5 if seeds is None else seeds,
-                          total_steps=total_steps, wrapper=args.wrapper, sets=sets)
+                          total_steps=total_steps, wrapper=args.wrapper, sets=sets, first_seed=args.first_seed)
     root = Path(args.out)
     result = run_experiment(root, spec, backend=args.backend, workers=args.workers,
                             ray_address=args.ray_address, progress=not args.no_progress)
@@ -226,6 +253,63 @@ def _compare(args) -> int:
     if not args.no_report:
         _print_report(root, reps=BOOTSTRAP_REPS)
     return EXIT_FAILED if result.failed else 0
+
+
+def _sweep(args) -> int:
+    from pathlib import Path
+
+    from reflectrl.experiments import sweep as sw
+    from reflectrl.experiments.runner import run_experiment
+
+    try:
+        import optuna  # noqa: F401
+    except ImportError:
+        raise UserError("reflectrl sweep needs Optuna: pip install 'reflectrl[sweep]'") from None
+    if args.trials < 1:
+        raise UserError(f"--trials {args.trials}: must be >= 1")
+    if args.rerun_seeds < 0:
+        raise UserError(f"--rerun-seeds {args.rerun_seeds}: must be >= 0 (0: no re-run)")
+    if args.workers is not None and args.workers < 1:
+        raise UserError(f"--workers {args.workers}: must be >= 1")
+    if args.backend == "ray":
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            raise UserError("--backend ray needs Ray: pip install 'reflectrl[ray]'") from None
+    knobs = sw.parse_space(_flatten(args.space), args.space_file)
+    spec = sw.SweepSpec(env=args.env, algo=args.algo.strip(), space=[k.text for k in knobs], seeds=args.seeds,
+                        total_steps=args.total_steps, objective=args.objective, wrapper=args.wrapper,
+                        sets=_flatten(args.set))
+    spec.validate()
+    baseline = Path(args.baseline) if args.baseline else None
+    if baseline is not None:
+        sw.check_baseline(spec, args.trials, baseline)
+    root = Path(args.out)
+    backend = {"backend": args.backend, "workers": args.workers, "ray_address": args.ray_address}
+    result = sw.run_sweep(root, spec, args.trials, backend, prune=not args.no_prune)
+    print(f"sweep: {result.ran} trial(s) run now, {args.trials} in the study; study: {root / sw.STUDY_FILE}; "
+          f"trials and sensitivity plots: {root / 'report'}")
+    if result.best is None:
+        print(f"no trial completed; see the logs in {root / 'trials'}", file=sys.stderr)
+        return EXIT_FAILED
+    best = result.best
+    print(f"best: trial {best['trial']}, {' '.join(best['set'])}: {best['objective']} {_num(best['value'])}; "
+          f"{root / sw.BEST_FILE}")
+    if args.rerun_seeds == 0:
+        return 0
+    rerun = sw.rerun_spec(spec, best, args.rerun_seeds, baseline)
+    out = root / "best"
+    sw.prepare_rerun(out, rerun)
+    print(f"re-running the best knobs{' beside the tuned ppo of ' + str(baseline) if baseline else ''} "
+          f"on fresh seeds {rerun.first_seed}-{rerun.seed_numbers[-1]} in {out} "
+          f"(seeds 1-{spec.seeds} were the search's)")
+    runs = run_experiment(out, rerun, backend=args.backend, workers=args.workers, ray_address=args.ray_address,
+                          progress=not args.no_progress)
+    print(f"runs: {len(runs.finished)} trained, {len(runs.skipped)} already finished, {len(runs.failed)} failed")
+    for run, why in runs.failed:
+        print(f"  failed: {run.path} ({why}); see {run.path.with_suffix('.log')}", file=sys.stderr)
+    _print_report(out, reps=BOOTSTRAP_REPS)
+    return EXIT_FAILED if runs.failed else 0
 
 
 def _presets_help() -> str:
@@ -287,6 +371,8 @@ def main(argv: list[str] | None = None) -> int:
             return _compare(args)
         if args.command == "report":
             return _report(args)
+        if args.command == "sweep":
+            return _sweep(args)
         if args.command == "knobs":
             from reflectrl.knobs import print_knobs
 

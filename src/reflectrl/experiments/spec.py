@@ -181,9 +181,19 @@ class ExperimentSpec:
     total_steps: int
     wrapper: str | None = None
     sets: list[str] = field(default_factory=list)
+    # the seeds are first_seed .. first_seed + seeds - 1 (a re-run on fresh seeds starts past
+    # the ones a search used); written to experiment.json only when it is not 1
+    first_seed: int = 1
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        if data["first_seed"] == 1:
+            del data["first_seed"]  # experiment.json as before the field existed
+        return data
+
+    @property
+    def seed_numbers(self) -> range:
+        return range(self.first_seed, self.first_seed + self.seeds)
 
     def entries(self) -> list[AlgoEntry]:
         return parse_algos(",".join(self.algos))
@@ -196,6 +206,8 @@ class ExperimentSpec:
             raise UserError(f"--env lists {', '.join(dupes)} more than once")
         if self.seeds < 1:
             raise UserError(f"--seeds {self.seeds}: must be >= 1")
+        if self.first_seed < 1:
+            raise UserError(f"--first-seed {self.first_seed}: must be >= 1")
         if self.total_steps < 1:
             raise UserError(f"--total-steps {self.total_steps}: must be a positive integer")
         entries = self.entries()
@@ -228,7 +240,7 @@ class ExperimentSpec:
                         section = algo.signals[0] if len(algo.signals) == 1 else None
                         sets.append(_knob_of(section, target[2], signal_first=False))
                 sets += list(entry.overrides)  # the entry's own overrides win
-                for seed in range(1, self.seeds + 1):
+                for seed in self.seed_numbers:
                     path = root / "runs" / _slug(env_id) / _slug(entry.label) / f"seed{seed}"
                     out.append(RunSpec(env_id, entry, seed, path, self.total_steps, self.wrapper, tuple(sets)))
         return out
@@ -256,6 +268,8 @@ def load_or_create(root: Path, spec: ExperimentSpec) -> list[str]:
         except json.JSONDecodeError:
             raise UserError(f"{path} is corrupt; use another --out") from None
         new = spec.to_dict()
+        # a key left out when at its default (first_seed) compares as that default
+        old, new = {"first_seed": 1, **old}, {"first_seed": 1, **new}
         diff = [k for k in new if old.get(k) != new[k]]
         if not diff:
             return added
@@ -271,7 +285,8 @@ def load_or_create(root: Path, spec: ExperimentSpec) -> list[str]:
                             "to resume it, add envs / algo entries / seeds to extend it, or use another --out")
         added = ([f"env {e}" for e in spec.envs if e not in old["envs"]]
                  + [f"algo entry {a}" for a in spec.algos if a not in old["algos"]]
-                 + ([f"seeds {old['seeds'] + 1}-{spec.seeds}"] if spec.seeds > old["seeds"] else []))
+                 + ([f"seeds {spec.first_seed + old['seeds']}-{spec.first_seed + spec.seeds - 1}"]
+                    if spec.seeds > old["seeds"] else []))
     elif root.exists() and any(root.iterdir()):
         raise UserError(f"--out {root} exists and is not an experiment directory; choose another --out")
     from reflectrl.runs import atomic_write_bytes

@@ -145,7 +145,7 @@ def last_logged(run: RunData, key: str):
 def unique_states_matrix(exp: Experiment, label: str, env_id: str) -> np.ndarray:
     """(seeds, 1) distinct exploration state keys each run visited over training (nan: none logged)."""
     col = []
-    for seed in range(1, exp.spec.seeds + 1):
+    for seed in exp.spec.seed_numbers:
         match = [r for r in exp.select(env_id, label) if r.spec.seed == seed]
         value = last_logged(match[0], "unique_states_total") if match else None
         col.append(math.nan if value is None else float(value))
@@ -181,7 +181,7 @@ def score_matrix(exp: Experiment, label: str, key: str, normalised: bool, envs: 
     for env_id in envs:
         lo, hi = env_range(exp, env_id)
         col = []
-        for seed in range(1, exp.spec.seeds + 1):
+        for seed in exp.spec.seed_numbers:
             match = [r for r in exp.select(env_id, label) if r.spec.seed == seed]
             value = run_scores(match[0])[key] if match else math.nan
             col.append((value - lo) / (hi - lo) if normalised else value)
