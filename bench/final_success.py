@@ -9,7 +9,7 @@ each env count, so long failing episodes weigh as much as short successes. Per (
 entry): every seed's success rate, and their IQM with a stratified-bootstrap 95% CI
 (`--reps` resamples; with fewer than 5 seeds the interval is only the range of the seeds).
 
-    python bench/final_success.py EXP_DIR [--episodes-per-env 5] [--reps 10000] [--json FILE]
+    python bench/final_success.py EXP_DIR [--env ID,ID] [--episodes-per-env 5] [--reps 10000] [--json FILE]
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ def main():
     parser.add_argument("--episodes-per-env", type=int, default=5)
     parser.add_argument("--reps", type=int, default=10000, help="bootstrap resamples")
     parser.add_argument("--json", default=None, help="write the per-run and per-entry results here")
+    parser.add_argument("--env", default=None, help="only these envs of the experiment (comma-separated)")
     args = parser.parse_args()
     from pathlib import Path
 
@@ -75,7 +76,10 @@ def main():
     root = Path(args.exp_dir)
     spec = read_spec(root)
     per_run, skipped = [], []
+    only = set(args.env.split(",")) if args.env else None
     for run in spec.runs(root):
+        if only is not None and run.env_id not in only:
+            continue
         status = (run_status(run.path) or {}).get("status")
         if status != "finished":
             skipped.append(f"{run.env_id} {run.entry.label} seed {run.seed} ({status or 'not started'})")
