@@ -29,7 +29,12 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 
-def _band(curves: np.ndarray, reps: int = stats.BOOTSTRAP_REPS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+# Resamples of a plotted band: the tables' bootstrap, with fewer resamples (a band is read by
+# eye, and a report draws one per entry and series at each of GRID points).
+BAND_REPS = 5_000
+
+
+def _band(curves: np.ndarray, reps: int = BAND_REPS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Pointwise IQM across seeds with a 95% band from the tables' bootstrap (whole runs
     resampled); curves is (seeds, GRID). At each point the runs with a value there count
     (points with the same such runs are bootstrapped together)."""

@@ -46,7 +46,7 @@ def iqm(scores):
         out = np.full(x.shape[0], np.nan)
     else:
         k = int(0.25 * n)
-        out = np.sort(x, axis=1)[:, k:n - k].mean(axis=1)
+        out = (np.sort(x, axis=1) if k else x)[:, k:n - k].mean(axis=1)  # k = 0 (n < 4): the mean, no sort
     return out if batched else float(out[0])
 
 
@@ -125,8 +125,8 @@ def pointwise_interval(curves: np.ndarray, reps: int = BOOTSTRAP_REPS, size: flo
     for start in range(0, reps, chunk):
         k = min(chunk, reps - start)
         resampled = curves[rng.integers(0, n, size=(k, n))]  # (k, n, points)
-        x = np.sort(resampled, axis=1)
         trim = int(0.25 * n)
+        x = np.sort(resampled, axis=1) if trim else resampled  # under 4 runs the IQM trims nothing: the mean
         samples[start:start + k] = x[:, trim:n - trim].mean(axis=1)
     lo, hi = np.percentile(samples, [100 * (1 - size) / 2, 100 * (1 + size) / 2], axis=0)
     return mid, lo, hi
