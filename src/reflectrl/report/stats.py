@@ -11,7 +11,7 @@ checks them against the `rliable` package):
 
 A score matrix is (runs, tasks): one row per seed, one column per env. The bootstrap is
 vectorised: a statistic receives a batch of resampled matrices, (resamples, runs, tasks),
-and returns one value per resample (`iqm`, `mean`, `probability_of_improvement` and
+and returns one value per resample (`iqm`, `probability_of_improvement` and
 `iqm_difference` do; any other callable is applied one resample at a time). From the
 bootstrap samples come one-sided p-values for the report's verdicts, Holm's correction
 for testing several of them, and the TOST equivalence test.
@@ -47,12 +47,6 @@ def iqm(scores):
     else:
         k = int(0.25 * n)
         out = (np.sort(x, axis=1) if k else x)[:, k:n - k].mean(axis=1)  # k = 0 (n < 4): the mean, no sort
-    return out if batched else float(out[0])
-
-
-def mean(scores):
-    x, batched = _as_batch(scores)
-    out = x.mean(axis=1) if x.shape[1] else np.full(x.shape[0], np.nan)
     return out if batched else float(out[0])
 
 
@@ -125,9 +119,8 @@ def pointwise_interval(curves: np.ndarray, reps: int = BOOTSTRAP_REPS, size: flo
     for start in range(0, reps, chunk):
         k = min(chunk, reps - start)
         resampled = curves[rng.integers(0, n, size=(k, n))]  # (k, n, points)
-        trim = int(0.25 * n)
-        x = np.sort(resampled, axis=1) if trim else resampled  # under 4 runs the IQM trims nothing: the mean
-        samples[start:start + k] = x[:, trim:n - trim].mean(axis=1)
+        per_point = resampled.transpose(0, 2, 1).reshape(-1, n, 1)  # one (runs, 1) matrix per (resample, point)
+        samples[start:start + k] = iqm(per_point).reshape(k, -1)
     lo, hi = np.percentile(samples, [100 * (1 - size) / 2, 100 * (1 + size) / 2], axis=0)
     return mid, lo, hi
 

@@ -302,11 +302,13 @@ class SelfDistilledShaping(Signal):
         if self.cfg.mode == "advice":
             self._last["advice_loss"] = self._fit_advice(batch.gae, batch.features_fn)
 
+    def _phi(self, obs) -> torch.Tensor:
+        """The advice potential Phi of each row, flat (in chunks)."""
+        return predict_in_chunks(lambda p: self.advice(p[0]).squeeze(-1), (obs,))
+
     def _advice_shaping(self, obs, next_obs, terminations) -> torch.Tensor:
         """gamma Phi(s') (1 - terminal) - Phi(s), flat."""
-        phi = predict_in_chunks(lambda p: self.advice(p[0]).squeeze(-1), (obs,))
-        phi_next = predict_in_chunks(lambda p: self.advice(p[0]).squeeze(-1), (next_obs,))
-        return self.ctx.gamma * phi_next * (1.0 - terminations.float()) - phi
+        return self.ctx.gamma * self._phi(next_obs) * (1.0 - terminations.float()) - self._phi(obs)
 
     def _fit_advice(self, gae, features_fn) -> float:
         """One fit of Phi to the TD(lambda) returns of -F_target over the buffer, bootstrapped
@@ -318,8 +320,7 @@ class SelfDistilledShaping(Signal):
                 obs, next_obs = self._encoded(item["obs"], item["next_obs"], features_fn)
                 advice_reward = -predict_in_chunks(lambda p: self.target(*p),
                                                    (obs, item["actions"], next_obs, item["terminations"]))
-                values = predict_in_chunks(lambda p: self.advice(p[0]).squeeze(-1), (obs,)).reshape(shape)
-                next_values = predict_in_chunks(lambda p: self.advice(p[0]).squeeze(-1), (next_obs,)).reshape(shape)
+                values, next_values = self._phi(obs).reshape(shape), self._phi(next_obs).reshape(shape)
                 _, returns = gae(advice_reward.reshape(shape), values, next_values, item["raw_terminations"],
                                  item["truncations"])
                 obs_all.append(obs), targets.append(returns.reshape(-1))
