@@ -160,25 +160,31 @@ def config_from_train_argv(argv: list[str]):
     return config_from_args(args)
 
 
+def make_trainer(cfg, run):
+    """The trainer --algo names (the registry's TRAINERS), built for a resolved config."""
+    from reflectrl.config import trainer_name
+    from reflectrl.registry import trainer_class
+
+    return trainer_class(trainer_name(cfg))(cfg, run)
+
+
 def _train_new(args) -> int:
-    from reflectrl.control.ppo import PPOTrainer
     from reflectrl.runs.session import train_new_run
 
     if args.out is None:
         raise UserError("train needs --out DIR (a new run directory), or --resume DIR to continue a run")
     cfg = config_from_args(args)  # every check that needs no run directory happens before we make one
-    return train_new_run(args.out, cfg.to_dict(), lambda run: PPOTrainer(cfg, run), _finish,
+    return train_new_run(args.out, cfg.to_dict(), lambda run: make_trainer(cfg, run), _finish,
                          progress=not args.no_progress, resume_command="reflectrl train")
 
 
 def _train_resume(args) -> int:
     from reflectrl.config import RunConfig
-    from reflectrl.control.ppo import PPOTrainer
     from reflectrl.runs.session import resume_run
 
     given = [("--algo", args.algo), ("--env", args.env), ("--seed", args.seed), ("--total-steps", args.total_steps),
              ("--out", args.out), ("--wrapper", args.wrapper), ("--set", args.set)]
-    return resume_run(args.resume, given, "control", lambda run: PPOTrainer(RunConfig.from_dict(run.config()), run),
+    return resume_run(args.resume, given, "control", lambda run: make_trainer(RunConfig.from_dict(run.config()), run),
                       _finish, progress=not args.no_progress, resume_command="reflectrl train")
 
 

@@ -103,6 +103,60 @@ ATARI_DEFAULTS = dict(
     num_envs=8, num_steps=128, num_minibatches=4, update_epochs=4, learning_rate=2.5e-4,
     ent_coef=0.01, clip_coef=0.1, norm_obs=False, norm_reward=False,
 )
+@dataclass
+class DQNConfig:
+    """DQN's knobs, CleanRL's names (dqn.py / dqn_atari.py); None: the env family's default."""
+
+    num_envs: int = 1
+    """parallel envs"""
+    learning_rate: float | None = None
+    """Adam step size"""
+    buffer_size: int | None = None
+    """replay buffer capacity (transitions)"""
+    gamma: float = 0.99
+    """discount factor"""
+    tau: float = 1.0
+    """target network update rate (1: a hard copy)"""
+    target_network_frequency: int | None = None
+    """env steps between target network updates"""
+    batch_size: int | None = None
+    """transitions per gradient step"""
+    start_e: float = 1.0
+    """epsilon at the start"""
+    end_e: float | None = None
+    """epsilon at the end of the schedule"""
+    exploration_fraction: float | None = None
+    """share of training over which epsilon falls linearly from start_e to end_e"""
+    learning_starts: int | None = None
+    """env steps before learning starts"""
+    train_frequency: int | None = None
+    """env steps between gradient steps"""
+    loss: str = "mse"
+    """mse (CleanRL) or huber (smooth L1, the Nature paper's clipped error)"""
+    double_dqn: bool = False
+    """Double DQN: the online network picks a', the target network values it"""
+    hidden_sizes: tuple[int, ...] = (120, 84)
+    """the MLP Q-network's widths (ReLU); Atari's Nature CNN has a 512 layer"""
+    encoder: str = "auto"
+    """mlp, cnn, or auto: cnn (the Nature CNN) for pixel images, mlp otherwise"""
+    save_replay: bool = True
+    """keep the replay buffer in checkpoints (false: smaller checkpoints, but a resumed run refills its buffer and
+    learns from learning_starts new steps on, so it is no longer bit-identical to an uninterrupted one)"""
+    log_every: int = 1000
+    """env steps per metrics row (and per iteration: checkpoints and stops fall on these)"""
+
+
+# CleanRL's dqn.py (classic control) and dqn_atari.py.
+DQN_DEFAULTS = dict(
+    learning_rate=2.5e-4, buffer_size=10_000, target_network_frequency=500, batch_size=128, end_e=0.05,
+    exploration_fraction=0.5, learning_starts=10_000, train_frequency=10,
+)
+DQN_ATARI_DEFAULTS = dict(
+    learning_rate=1e-4, buffer_size=1_000_000, target_network_frequency=1000, batch_size=32, end_e=0.01,
+    exploration_fraction=0.10, learning_starts=80_000, train_frequency=4,
+)
+DQN_LOSSES = ("mse", "huber")
+
 ENCODERS = ("auto", "mlp", "cnn")
 STREAM_HEADS = ("auto", "shared", "separate")
 BACKENDS = ("gymnasium", "envpool")
@@ -134,6 +188,8 @@ class RunConfig:
     """points of training whose visited states, rewards and signal terms are kept for `plot state-map`"""
     ppo: PPOConfig = field(default_factory=PPOConfig)
     """the PPO knobs"""
+    dqn: DQNConfig | None = None
+    """the DQN knobs (--algo dqn runs only)"""
     # Signal sections (calibration, shaping, gear) are added by the signal modules.
     sections: dict[str, Any] = field(default_factory=dict)
     """the signals' knobs, by section"""
@@ -141,6 +197,10 @@ class RunConfig:
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["ppo"]["hidden_sizes"] = list(self.ppo.hidden_sizes)
+        if self.dqn is None:
+            del d["dqn"]
+        else:
+            d["dqn"]["hidden_sizes"] = list(self.dqn.hidden_sizes)
         return d
 
     @classmethod
@@ -150,12 +210,14 @@ class RunConfig:
         if ppo_values and "stream_heads" not in ppo_values:  # written before the knob: its heads were separate
             ppo_values["stream_heads"] = "separate"
         ppo = overrides_mod.from_dict(PPOConfig, ppo_values)
+        dqn = overrides_mod.from_dict(DQNConfig, d.pop("dqn")) if d.get("dqn") is not None else None
+        d.pop("dqn", None)
         sections = sections_from_dict(d.pop("sections", {}))
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - known
         if unknown:
             raise UserError(f"config has unknown keys {sorted(unknown)}; was it written by a newer reflectrl?")
-        return cls(**d, ppo=ppo, sections=sections)
+        return cls(**d, ppo=ppo, dqn=dqn, sections=sections)
 
 
 def sections_from_dict(values: dict) -> dict:
@@ -191,13 +253,59 @@ def resolve_defaults(ppo: PPOConfig, continuous: bool, *, atari: bool = False, p
 
 # --------------------------------------------------------------------------- --set
 
+def trainer_name(cfg: RunConfig) -> str:
+    """The trainer a control run's --algo names (ppo, dqn)."""
+    return parse_algo(cfg.algo, "control").trainer
+
+
 def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
-    """Apply `--set key=value` strings to a config, in order (routing: overrides.py)."""
+    """Apply `--set key=value` strings to a config, in order (routing: overrides.py). Bare
+    names go to the run's trainer (PPO's or DQN's knobs), then to the run knobs."""
     types = section_types()
     sections = {name: (lambda name=name: cfg.sections.setdefault(name, types[name]())) for name in types}
-    overrides_mod.apply(overrides, bare=[("PPO", cfg.ppo, None), ("run", cfg, RUN_KNOBS)],
-                        prefixed={"env": cfg.env, "ppo": cfg.ppo, **sections})
+    if trainer_name(cfg) == "dqn":
+        cfg.dqn = cfg.dqn or DQNConfig()
+        bare, dqn = ("DQN", cfg.dqn, None), cfg.dqn
+    else:
+        bare = ("PPO", cfg.ppo, None)
+
+        def dqn():
+            raise UserError(f"--set dqn.* knobs apply to --algo dqn, not --algo {cfg.algo}")
+    overrides_mod.apply(overrides, bare=[bare, ("run", cfg, RUN_KNOBS)],
+                        prefixed={"env": cfg.env, "ppo": cfg.ppo, "dqn": dqn, **sections})
     return cfg
+
+
+def resolve_dqn_defaults(dqn: DQNConfig, *, atari: bool = False, pixels: bool = False) -> DQNConfig:
+    """DQN's knobs left as None, from CleanRL's dqn.py or (Atari) dqn_atari.py; encoder=auto:
+    cnn for pixel observations."""
+    defaults = DQN_ATARI_DEFAULTS if atari else DQN_DEFAULTS
+    values = {k: (defaults[k] if getattr(dqn, k) is None else getattr(dqn, k)) for k in defaults}
+    if dqn.encoder == "auto":
+        values["encoder"] = "cnn" if pixels else "mlp"
+    return dataclasses.replace(dqn, **values)
+
+
+@dataclass(frozen=True)
+class EnvSettings:
+    """What building a run's training envs reads of its trainer's knobs."""
+
+    num_envs: int
+    norm_obs: bool
+    norm_reward: bool
+    clip_obs: float
+    clip_reward: float
+    gamma: float
+    encoder: str
+
+
+def env_settings(cfg: RunConfig) -> EnvSettings:
+    if cfg.dqn is not None and trainer_name(cfg) == "dqn":
+        d = cfg.dqn
+        return EnvSettings(d.num_envs, False, False, 10.0, 10.0, d.gamma, d.encoder)
+    p = cfg.ppo
+    return EnvSettings(p.num_envs, bool(p.norm_obs), bool(p.norm_reward), p.clip_obs, p.clip_reward, p.gamma,
+                       p.encoder)
 
 
 # --------------------------------------------------------------------------- validation
@@ -214,11 +322,56 @@ def check_seed(seed: int, flag: str = "--seed") -> None:
 
 def validate(cfg: RunConfig) -> None:
     """Check a resolved config; raise UserError naming the first bad value and the fix."""
-    p = cfg.ppo
     algo = parse_algo(cfg.algo, "control")
     check_seed(cfg.seed)
     if cfg.total_steps <= 0:
         raise UserError(f"--total-steps {cfg.total_steps}: must be a positive integer")
+    _validate_run_knobs(cfg)
+    if algo.trainer == "dqn":
+        validate_dqn(cfg.dqn, cfg.total_steps)
+    else:
+        _validate_ppo(cfg)
+    validate_sections(cfg.algo, algo, cfg.sections, run=cfg)
+
+
+def validate_dqn(d: DQNConfig, total_steps: int) -> None:
+    for name in ("num_envs", "buffer_size", "target_network_frequency", "batch_size", "train_frequency",
+                 "log_every"):
+        if getattr(d, name) < 1:
+            raise UserError(f"{name}={getattr(d, name)}: must be a positive integer")
+    if d.learning_starts < 0:
+        raise UserError(f"learning_starts={d.learning_starts}: must be >= 0")
+    for name in ("learning_rate", "gamma", "tau", "start_e", "end_e", "exploration_fraction"):
+        _finite(name, getattr(d, name))
+    if d.learning_rate <= 0:
+        raise UserError(f"learning_rate={d.learning_rate}: must be > 0")
+    if not 0.0 < d.gamma <= 1.0:
+        raise UserError(f"gamma={d.gamma}: must be in (0, 1]")
+    if not 0.0 < d.tau <= 1.0:
+        raise UserError(f"tau={d.tau}: must be in (0, 1] (1: a hard copy every target_network_frequency steps)")
+    for name in ("start_e", "end_e"):
+        if not 0.0 <= getattr(d, name) <= 1.0:
+            raise UserError(f"{name}={getattr(d, name)}: an epsilon must be in [0, 1]")
+    if not 0.0 < d.exploration_fraction <= 1.0:
+        raise UserError(f"exploration_fraction={d.exploration_fraction}: must be in (0, 1]")
+    if d.loss not in DQN_LOSSES:
+        raise UserError(f"loss='{d.loss}': use one of {', '.join(DQN_LOSSES)}")
+    if d.encoder not in ENCODERS:
+        raise UserError(f"encoder='{d.encoder}': use one of {', '.join(ENCODERS)}")
+    if not d.hidden_sizes or any(h < 1 for h in d.hidden_sizes):
+        raise UserError(f"hidden_sizes={d.hidden_sizes}: give one or more positive layer widths, e.g. 120,84")
+    if d.batch_size > d.buffer_size:
+        raise UserError(f"batch_size={d.batch_size} is larger than buffer_size={d.buffer_size}; raise buffer_size")
+    if d.num_envs * d.train_frequency > d.log_every:
+        raise UserError(f"log_every={d.log_every} is shorter than one gradient step's worth of env steps "
+                        f"(num_envs*train_frequency={d.num_envs * d.train_frequency}); raise log_every")
+    if d.learning_starts >= total_steps:
+        raise UserError(f"learning_starts={d.learning_starts} is not below --total-steps {total_steps}: the run "
+                        "would never learn; lower learning_starts or raise --total-steps")
+
+
+def _validate_ppo(cfg: RunConfig) -> None:
+    p = cfg.ppo
     for name in ("num_envs", "num_steps", "num_minibatches", "update_epochs"):
         if getattr(p, name) < 1:
             raise UserError(f"{name}={getattr(p, name)}: must be a positive integer")
@@ -264,6 +417,9 @@ def validate(cfg: RunConfig) -> None:
     if p.stream_heads == "shared" and p.encoder == "mlp":
         raise UserError("stream_heads=shared needs a CNN policy (encoder=cnn): an MLP policy's actor and critic "
                         "share no trunk; use stream_heads=separate or auto")
+
+
+def _validate_run_knobs(cfg: RunConfig) -> None:
     if cfg.checkpoint_every < 1:
         raise UserError(f"checkpoint_every={cfg.checkpoint_every}: must be a positive number of env steps")
     if cfg.torch_threads < 1:
@@ -274,7 +430,6 @@ def validate(cfg: RunConfig) -> None:
         raise UserError(f"envpool_threads={cfg.envpool_threads}: must be >= 0 (0: EnvPool's default)")
     if cfg.backend not in BACKENDS:
         raise UserError(f"backend='{cfg.backend}': use one of {', '.join(BACKENDS)}")
-    validate_sections(cfg.algo, algo, cfg.sections, run=cfg)
 
 
 def validate_sections(text: str, algo, sections: dict, run=None) -> None:

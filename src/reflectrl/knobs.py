@@ -70,8 +70,12 @@ def _rows(cls: type, prefix: str, only: tuple[str, ...] | None = None,
         default = _default(f)
         shown = _show(default)
         if per_action and f.name in per_action:
-            discrete, continuous, atari = per_action[f.name]
-            shown = f"discrete {_show(discrete)}, continuous {_show(continuous)}, Atari {_show(atari)}"
+            values = per_action[f.name]
+            if len(values) == 2:  # (classic control, Atari): DQN's
+                shown = f"{_show(values[0])}, Atari {_show(values[1])}"
+            else:
+                discrete, continuous, atari = values
+                shown = f"discrete {_show(discrete)}, continuous {_show(continuous)}, Atari {_show(atari)}"
         rows.append({"key": prefix + f.name, "default": shown, "help": docs.get(f.name, "")})
     return rows
 
@@ -82,8 +86,11 @@ def sections() -> dict[str, dict]:
         ATARI_DEFAULTS,
         CONTINUOUS_DEFAULTS,
         DISCRETE_DEFAULTS,
+        DQN_ATARI_DEFAULTS,
+        DQN_DEFAULTS,
         RUN_KNOBS,
         SECTION_TYPES,
+        DQNConfig,
         PPOConfig,
         RunConfig,
     )
@@ -95,6 +102,9 @@ def sections() -> dict[str, dict]:
         "run": {"rows": _rows(RunConfig, "", RUN_KNOBS), "for": "reflectrl train"},
         "ppo": {"rows": _rows(PPOConfig, "", per_action=per_action),
                 "for": "reflectrl train: bare names, or ppo.NAME"},
+        "dqn": {"rows": _rows(DQNConfig, "", per_action={k: (DQN_DEFAULTS[k], DQN_ATARI_DEFAULTS[k])
+                                                          for k in DQN_DEFAULTS}),
+                "for": "reflectrl train --algo dqn: bare names, or dqn.NAME"},
         "env": {"rows": [{"key": "env.NAME", "default": "", "help": "a keyword for the env's constructor "
                           "(e.g. env.size=12 for reflectrl/GridWorld-v0, env.max_episode_steps=500)"}],
                 "for": "reflectrl train"},
@@ -112,6 +122,8 @@ def sections_for_algo(algo: str) -> list[str]:
 
     llm = algo.startswith("llm:")
     name = algo.removeprefix("llm:")
+    if not llm and name == "dqn":
+        return ["run", "dqn", "env"]
     if not llm and name in ALGOS:
         return ["run", "ppo", "env", *([ALGO_SECTIONS[name]] if name in ALGO_SECTIONS else [])]
     if name in LLM_ALGOS:
@@ -149,7 +161,7 @@ def print_knobs(section: str | None = None, algo: str | None = None, as_json: bo
 def markdown_table(section: str) -> str:
     """The README's table of a section's knobs (tests/test_readme.py keeps the README in step)."""
     rows = sections()[section]["rows"]
-    prefix = f"{section}." if section not in ("run", "ppo", "env", "grpo") else ""
+    prefix = f"{section}." if section not in ("run", "ppo", "dqn", "env", "grpo") else ""
     lines = ["| knob | default | meaning |", "|---|---|---|"]
     for r in rows:
         key = r["key"][len(prefix):] if prefix and r["key"].startswith(prefix) else r["key"]
@@ -166,7 +178,8 @@ def algos_table() -> str:
         command = "reflectrl train" if trainer.family == "control" else "reflectrl llm train"
         lines.append(f"| `{trainer.name}` | {command} | {trainer.summary} |")
     for name, spec in signals().items():
-        names = [f"`{t}+{name}`" for t in TRAINERS if any(k in TRAINERS[t].step_kinds for k in spec.step_kinds)]
+        names = [f"`{t}+{name}`" for t in TRAINERS
+                 if TRAINERS[t].runs_signals and any(k in TRAINERS[t].step_kinds for k in spec.step_kinds)]
         legacy = sorted({a for fam in ("control", "llm") for a, comp in aliases(fam).items()
                          if comp.split("+")[1:] == [name]})
         alias = f" (alias: {', '.join(f'`{a}`' for a in legacy)})" if legacy else ""

@@ -73,12 +73,17 @@ class TrainerSpec:
     step_kinds: tuple[str, ...]        # what it can give a signal as a step
     provides: frozenset                # what signals may ask of it (WANTS)
     summary: str
+    entry: str = ""                    # "module:Class" of the trainer (built by trainer_class)
+    runs_signals: bool = True          # False: --algo takes the trainer alone (no +SIGNAL yet)
 
 
 TRAINERS: dict[str, TrainerSpec] = {
     "ppo": TrainerSpec("ppo", "control", ("env_step",),
                        frozenset({"features", "feature_grad", "next_obs", "state_keys", "value_stream"}),
-                       "PPO on Gymnasium envs (CleanRL's details)"),
+                       "PPO on Gymnasium envs (CleanRL's details)", "reflectrl.control.ppo:PPOTrainer"),
+    "dqn": TrainerSpec("dqn", "control", ("env_step",), frozenset(),
+                       "DQN on Gymnasium envs with discrete actions (CleanRL's dqn.py / dqn_atari.py)",
+                       "reflectrl.control.dqn:DQNTrainer", runs_signals=False),
     "grpo": TrainerSpec("grpo", "llm", ("token", "turn"), frozenset({"features"}),
                         "GRPO on language models (group-normalised advantages, clipped token objective)"),
 }
@@ -86,6 +91,12 @@ FAMILY_COMMANDS = {"control": "reflectrl train", "llm": "reflectrl llm train"}
 
 _SIGNALS: dict[str, SignalSpec] = {}
 _loaded = False
+
+
+def trainer_class(name: str) -> type:
+    """The class of a registered trainer (imported on first use)."""
+    module, _, cls = TRAINERS[name].entry.partition(":")
+    return getattr(importlib.import_module(module), cls)
 
 
 def register_signal(spec: SignalSpec) -> SignalSpec:
@@ -174,7 +185,7 @@ class Algo:
 def algo_names(family: str) -> list[str]:
     """What --algo accepts under a family's command: the trainers, every trainer+signal, the aliases."""
     names = list(aliases(family))
-    for trainer in (t for t in TRAINERS.values() if t.family == family):
+    for trainer in (t for t in TRAINERS.values() if t.family == family and t.runs_signals):
         names += [f"{trainer.name}+{s}" for s, spec in signals().items() if _step_kind(spec, trainer)]
     return list(dict.fromkeys(names))
 
@@ -211,6 +222,9 @@ def parse_algo(text: str, family: str = "control") -> Algo:
         close = difflib.get_close_matches(trainer_name, choices, n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
         raise UserError(f"unknown --algo '{text}'{hint}; {command} takes: {', '.join(choices)}")
+    if signal_names and not trainer.runs_signals:
+        raise UserError(f"--algo {text}: trainer '{trainer.name}' runs no signals yet; use --algo {trainer.name} "
+                        f"alone, or ppo+{'+'.join(signal_names)}")
     seen = set()
     for name in signal_names:
         spec = signal_spec(name)

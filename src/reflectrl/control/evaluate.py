@@ -13,8 +13,9 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from reflectrl.config import EVAL_MAX_STEPS, RunConfig, check_seed
+from reflectrl.config import EVAL_MAX_STEPS, RunConfig, check_seed, env_settings, trainer_name
 from reflectrl.control.cnn import make_policy
+from reflectrl.control.dqn import QNetwork
 from reflectrl.control.policies import ActorCritic, params_sha256
 from reflectrl.envs import ClipObservation, episode_step_limit, is_continuous, make_env
 from reflectrl.envs.atari import is_atari_env, life_lost
@@ -23,7 +24,7 @@ from reflectrl.errors import UserError
 from reflectrl.runs import RunDir
 
 
-def load_policy(run: RunDir) -> tuple[RunConfig, ActorCritic, dict]:
+def load_policy(run: RunDir) -> tuple[RunConfig, ActorCritic | QNetwork, dict]:
     cfg = RunConfig.from_dict(run.config())
     state = run.load_checkpoint()
     env = make_env(cfg.env_id, env_kwargs=cfg.env, keep_image=cnn_encoder(cfg))
@@ -31,7 +32,11 @@ def load_policy(run: RunDir) -> tuple[RunConfig, ActorCritic, dict]:
     obs_shape = env.observation_space.shape
     action_dim = env.action_space.shape[0] if continuous else int(env.action_space.n)
     env.close()
-    agent = make_policy(obs_shape, action_dim, continuous, "cnn" if cnn_encoder(cfg) else "mlp", cfg.ppo.hidden_sizes)
+    if trainer_name(cfg) == "dqn":
+        agent = QNetwork(obs_shape, action_dim, cfg.dqn.encoder, cfg.dqn.hidden_sizes)
+    else:
+        agent = make_policy(obs_shape, action_dim, continuous, "cnn" if cnn_encoder(cfg) else "mlp",
+                            cfg.ppo.hidden_sizes)
     try:
         agent.load_state_dict(state["agent"])
     except (KeyError, RuntimeError):
@@ -40,7 +45,7 @@ def load_policy(run: RunDir) -> tuple[RunConfig, ActorCritic, dict]:
 
 
 def cnn_encoder(cfg: RunConfig) -> bool:
-    return cfg.ppo.encoder == "cnn"  # runs from before the knob recorded none ("auto"): all MLPs
+    return env_settings(cfg).encoder == "cnn"  # runs from before the knob recorded none ("auto"): all MLPs
 
 
 def evaluate(
@@ -71,7 +76,7 @@ def evaluate(
     if max_steps is None:
         max_steps = episode_step_limit(env) or EVAL_MAX_STEPS
     normalizer = state.get("obs_normalizer")
-    if cfg.ppo.norm_obs and normalizer is not None:
+    if env_settings(cfg).norm_obs and normalizer is not None:
         env = gym.wrappers.NormalizeObservation(env)
         env.update_running_mean = False
         env.obs_rms.mean, env.obs_rms.var, env.obs_rms.count = (

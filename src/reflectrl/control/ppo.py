@@ -24,7 +24,16 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from reflectrl.config import RunConfig, add_algo_section, apply_overrides, resolve_defaults, validate
+from reflectrl.config import (
+    DQNConfig,
+    RunConfig,
+    add_algo_section,
+    apply_overrides,
+    resolve_defaults,
+    resolve_dqn_defaults,
+    trainer_name,
+    validate,
+)
 from reflectrl.control.cnn import cnn_fits, image_layout, make_policy
 from reflectrl.control.gae import compute_gae
 from reflectrl.control.policies import params_sha256
@@ -75,6 +84,14 @@ def resolve_config(cfg: RunConfig) -> RunConfig:
     if cfg.ppo.encoder == "cnn":
         image_layout(shape)  # a UserError for an observation that is no image
     cfg.ppo = resolve_defaults(cfg.ppo, continuous, atari=is_atari_id(cfg.env_id), pixels=pixels)
+    if trainer_name(cfg) == "dqn":
+        if continuous:
+            raise UserError(f"--algo dqn needs discrete actions; '{cfg.env_id}' has continuous (Box) actions: "
+                            "use --algo ppo on it")
+        cfg.dqn = cfg.dqn or DQNConfig()
+        if cfg.dqn.encoder == "cnn":
+            image_layout(shape)
+        cfg.dqn = resolve_dqn_defaults(cfg.dqn, atari=is_atari_id(cfg.env_id), pixels=pixels)
     add_algo_section(cfg)
     validate(cfg)
     return cfg

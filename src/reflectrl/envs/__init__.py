@@ -324,7 +324,9 @@ def make_vector_env(cfg, seed_offset: int = 0) -> gym.vector.SyncVectorEnv:
         from reflectrl.envs import envpool_backend
 
         return envpool_backend.make_vector_env(cfg)
-    p = cfg.ppo
+    from reflectrl.config import env_settings
+
+    p = env_settings(cfg)
     fn = functools.partial(
         _make_training_env, cfg.env_id, cfg.wrapper, dict(cfg.env), p.norm_obs, p.norm_reward,
         p.clip_obs, p.clip_reward, p.gamma, keep_image=p.encoder == "cnn",

@@ -143,7 +143,9 @@ def check_backend(cfg) -> None:
     if cfg.wrapper is not None:
         raise UserError(f"--wrapper {cfg.wrapper} is not supported with backend=envpool (EnvPool's envs take no "
                         "Gymnasium wrappers); use the default backend for it")
-    if cfg.ppo.norm_obs or cfg.ppo.norm_reward:
+    from reflectrl.config import env_settings
+
+    if env_settings(cfg).norm_obs or env_settings(cfg).norm_reward:
         raise UserError("norm_obs/norm_reward are not supported with backend=envpool; drop them or use the "
                         "default backend")
     _make_spec(cfg.env_id, task, kwargs, cfg.env)  # the env's keywords, checked
@@ -319,7 +321,9 @@ def _restore(env_id, num_envs, env_kwargs, keep_image, seed, num_threads=0) -> E
 
 def make_vector_env(cfg) -> EnvPoolVectorEnv:
     """The training envs of a resolved RunConfig with backend=envpool (see envs.make_vector_env)."""
+    from reflectrl.config import env_settings
+
     check_backend(cfg)
-    p = cfg.ppo
+    p = env_settings(cfg)
     return EnvPoolVectorEnv(cfg.env_id, p.num_envs, env_kwargs=dict(cfg.env), keep_image=p.encoder == "cnn",
                             seed=cfg.seed, num_threads=cfg.envpool_threads)
