@@ -37,6 +37,8 @@ def sweep(algo: str, args) -> Path:
     cmd = [*reflectrl(), "sweep", "--env", args.env, "--algo", algo, "--space", *SPACES[algo],
            "--trials", str(args.trials), "--seeds", "1", "--total-steps", str(args.total_steps),
            "--rerun-seeds", "0", "--workers", "1", "--out", str(out)]
+    if args.wrapper:
+        cmd += ["--wrapper", args.wrapper]
     if args.set:
         cmd += ["--set", *args.set]
     print("$", " ".join(cmd), flush=True)
@@ -56,6 +58,7 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=8)
     parser.add_argument("--rerun-seeds", type=int, default=10)
     parser.add_argument("--algos", default=",".join(SPACES), help="comma-separated, from: " + ", ".join(SPACES))
+    parser.add_argument("--wrapper", default=None, help="reward wrapper for every run: sparse or delayed:K")
     parser.add_argument("--set", nargs="+", default=[], help="fixed knobs for every run")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", required=True)
@@ -77,6 +80,8 @@ def main() -> None:
     cmd = [*reflectrl(), "compare", "--env", args.env, "--algos", ",".join(algos), "--seeds", str(args.rerun_seeds),
            "--first-seed", "2", "--total-steps", str(args.total_steps), "--workers", str(args.workers),
            "--no-progress", "--out", str(Path(args.out) / "rerun"), "--set", *sets]
+    if args.wrapper:
+        cmd += ["--wrapper", args.wrapper]
     print("$", " ".join(cmd), flush=True)
     raise SystemExit(subprocess.call(cmd))
 
