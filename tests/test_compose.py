@@ -49,8 +49,9 @@ def test_parse_algo_errors(text, family, needle):
 
 
 def test_aliases_and_names_come_from_the_registry():
-    assert aliases("control") == {"ppo": "ppo", "refgrpo": "ppo+calibration", "gear": "ppo+gear",
+    assert aliases("control") == {"ppo": "ppo", "dqn": "dqn", "refgrpo": "ppo+calibration", "gear": "ppo+gear",
                                   "sdrs": "ppo+shaping"}
+    assert "dqn+shaping" not in algo_names("control")  # dqn runs no signals yet
     assert "ppo+shaping" in algo_names("control") and "grpo+shaping" not in algo_names("llm")
     assert step_kind("calibration", "grpo") == "turn" and step_kind("gear", "grpo") == "token"
     assert step_kind("calibration", "ppo") == "env_step"
