@@ -34,6 +34,13 @@ from torch import nn
 from torch.nn import functional as F
 
 from reflectrl.config import RunConfig
+from reflectrl.control.checkpoint import (
+    exploration_state,
+    global_rngs,
+    restore_envs,
+    restore_exploration,
+    restore_global_rngs,
+)
 from reflectrl.control.policies import params_sha256
 from reflectrl.control.replay import ReplayBuffer
 from reflectrl.envs import make_vector_env, snapshot
@@ -266,16 +273,14 @@ class DQNTrainer:
             "target": self.target.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "generator": self.generator.get_state(),
-            "torch_rng": torch.get_rng_state(),
-            "numpy_rng": np.random.get_state(),
-            "python_rng": random.getstate(),
+            **global_rngs(),
             "envs": snapshot.dumps(self.envs),
             "next_obs": self.next_obs.copy(),
             "replay": self.buffer.state_dict() if self.cfg.dqn.save_replay else None,
             "recent_returns": list(self.recent_returns),
             "obs_normalizer": None,
             "params_sha256": params_sha256(self.agent),
-            "exploration": {"tracker": self.exploration.state_dict(), "current_keys": self.keys.current.copy()},
+            "exploration": exploration_state(self),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -285,12 +290,9 @@ class DQNTrainer:
         self.target.load_state_dict(state["target"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.generator.set_state(state["generator"])
-        torch.set_rng_state(state["torch_rng"])
-        np.random.set_state(state["numpy_rng"])
-        random.setstate(state["python_rng"])
+        restore_global_rngs(state)
         self.recent_returns = deque(state["recent_returns"], maxlen=20)
-        self.exploration.load_state_dict(state["exploration"]["tracker"])
-        self.keys.current = state["exploration"]["current_keys"].copy()
+        restore_exploration(self, state["exploration"])
         if state["replay"] is not None:
             self.buffer.load_state_dict(state["replay"])
         elif self.global_step > 0:
@@ -299,19 +301,9 @@ class DQNTrainer:
             warnings.warn("this checkpoint holds no replay buffer (save_replay=false): the buffer refills from "
                           f"empty and learning resumes after {self.cfg.dqn.learning_starts:,} more steps, so the "
                           "run is not bit-identical to an uninterrupted one", stacklevel=2)
-        self.envs.close()
-        self.envs, stale = snapshot.loads(state["envs"])
         self.next_obs = state["next_obs"].copy()
-        if stale:
-            warnings.warn(
-                f"env '{self.cfg.env_id}' cannot be snapshotted exactly; its {len(stale)} in-progress "
-                "episode(s) restart on resume, so this run is not bit-identical to an uninterrupted one",
-                stacklevel=2,
-            )
-            for i in stale:
-                obs, info = self.envs.envs[i].reset(seed=self.cfg.seed + self.global_step + i)
-                self.next_obs[i] = obs
-                self.keys.current[i] = RolloutKeys(obs[None], {k: [v] for k, v in info.items()}).current[0]
+        for i, obs in restore_envs(self, state["envs"]):
+            self.next_obs[i] = obs
 
     def save_checkpoint(self) -> None:
         assert self.run is not None

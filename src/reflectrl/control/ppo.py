@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 import random
 import time
-import warnings
 from collections import deque
 from dataclasses import dataclass
 
@@ -33,6 +32,13 @@ from reflectrl.config import (
     resolve_dqn_defaults,
     trainer_name,
     validate,
+)
+from reflectrl.control.checkpoint import (
+    exploration_state,
+    global_rngs,
+    restore_envs,
+    restore_exploration,
+    restore_global_rngs,
 )
 from reflectrl.control.cnn import cnn_fits, image_layout, make_policy
 from reflectrl.control.gae import compute_gae
@@ -515,9 +521,7 @@ class PPOTrainer:
             "agent": self.agent.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "generator": self.generator.get_state(),
-            "torch_rng": torch.get_rng_state(),
-            "numpy_rng": np.random.get_state(),
-            "python_rng": random.getstate(),
+            **global_rngs(),
             "envs": snapshot.dumps(self.envs),
             "next_obs": self.next_obs.clone(),
             "recent_returns": list(self.recent_returns),
@@ -525,7 +529,7 @@ class PPOTrainer:
             "params_sha256": params_sha256(self.agent),
             "signal": None if self.signal is None else self.signal.state_dict(),
             "streams": None if self.streams is None else self.streams.state_dict(),
-            "exploration": {"tracker": self.exploration.state_dict(), "current_keys": self.keys.current.copy()},
+            "exploration": exploration_state(self),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -534,9 +538,7 @@ class PPOTrainer:
         self.agent.load_state_dict(state["agent"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.generator.set_state(state["generator"])
-        torch.set_rng_state(state["torch_rng"])
-        np.random.set_state(state["numpy_rng"])
-        random.setstate(state["python_rng"])
+        restore_global_rngs(state)
         self.recent_returns = deque(state["recent_returns"], maxlen=20)
         if self.signal is not None:
             self.signal.load_state_dict(state["signal"])
@@ -546,22 +548,10 @@ class PPOTrainer:
             except RuntimeError:
                 raise UserError(f"the checkpoint's reward-stream value heads do not match stream_heads="
                                 f"{self.cfg.ppo.stream_heads} of this run's config; was config.json edited?") from None
-        if state.get("exploration"):  # a checkpoint from before the exploration metrics starts them afresh
-            self.exploration.load_state_dict(state["exploration"]["tracker"])
-            self.keys.current = state["exploration"]["current_keys"].copy()
-        self.envs.close()
-        self.envs, stale = snapshot.loads(state["envs"])
+        restore_exploration(self, state.get("exploration"))
         self.next_obs = state["next_obs"].clone()
-        if stale:
-            warnings.warn(
-                f"env '{self.cfg.env_id}' cannot be snapshotted exactly; its {len(stale)} in-progress "
-                "episode(s) restart on resume, so this run is not bit-identical to an uninterrupted one",
-                stacklevel=2,
-            )
-            for i in stale:
-                obs, info = self.envs.envs[i].reset(seed=self.cfg.seed + self.global_step + i)
-                self.next_obs[i] = torch.as_tensor(obs, dtype=torch.float32)
-                self.keys.current[i] = RolloutKeys(obs[None], {k: [v] for k, v in info.items()}).current[0]
+        for i, obs in restore_envs(self, state["envs"]):
+            self.next_obs[i] = torch.as_tensor(obs, dtype=torch.float32)
 
     def save_checkpoint(self) -> None:
         assert self.run is not None
