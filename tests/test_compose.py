@@ -49,9 +49,12 @@ def test_parse_algo_errors(text, family, needle):
 
 
 def test_aliases_and_names_come_from_the_registry():
-    assert aliases("control") == {"ppo": "ppo", "dqn": "dqn", "refgrpo": "ppo+calibration", "gear": "ppo+gear",
-                                  "sdrs": "ppo+shaping"}
-    assert "dqn+shaping" not in algo_names("control")  # dqn runs no signals yet
+    assert aliases("control") == {"ppo": "ppo", "dqn": "dqn", "sac": "sac", "refgrpo": "ppo+calibration",
+                                  "gear": "ppo+gear", "sdrs": "ppo+shaping"}
+    assert {"dqn+shaping", "dqn+calibration", "sac+shaping", "sac+calibration"} <= set(algo_names("control"))
+    # the replay trainers learn from transitions out of trajectory order: no gear, rnd or count
+    assert not {"dqn+gear", "dqn+rnd", "dqn+count", "sac+gear"} & set(algo_names("control"))
+    assert step_kind("shaping", "dqn") == "transition" and step_kind("calibration", "sac") == "transition"
     assert "ppo+shaping" in algo_names("control") and "grpo+shaping" not in algo_names("llm")
     assert step_kind("calibration", "grpo") == "turn" and step_kind("gear", "grpo") == "token"
     assert step_kind("calibration", "ppo") == "env_step"

@@ -126,7 +126,12 @@ def test_resume_without_the_replay_buffer_refills_first():
 
 @pytest.mark.parametrize("argv, message", [
     (["--algo", "dqn", "--env", "Pendulum-v1"], "needs discrete actions"),
-    (["--algo", "dqn+shaping", "--env", "CartPole-v1"], "runs no signals yet"),
+    (["--algo", "dqn+gear", "--env", "CartPole-v1"], "no trajectory advantage to share"),
+    (["--algo", "dqn+count", "--env", "CartPole-v1"], "sampled out of their episodes"),
+    (["--algo", "dqn+calibration", "--env", "CartPole-v1", "--set", "calibration.recompute_advantages=false"],
+     "has no advantage"),
+    (["--algo", "sac+calibration", "--env", "Pendulum-v1", "--set", "calibration.inputs=features_action"],
+     "which trainer 'sac' does not provide"),
     (["--algo", "ppo", "--env", "CartPole-v1", "--set", "dqn.buffer_size=10"], "apply to --algo dqn"),
     (["--algo", "dqn", "--env", "CartPole-v1", "--total-steps", "5000"], "never learn"),
     (["--algo", "dqn", "--env", "CartPole-v1", "--set", "loss=l1"], "loss='l1'"),

@@ -194,7 +194,7 @@ def _finish(trainer, run) -> None:
     from reflectrl.control.policies import params_sha256
     from reflectrl.registry import finish_signals
 
-    run.set_status("finished", global_step=trainer.global_step, params_sha256=params_sha256(trainer.agent))
+    run.set_status("finished", global_step=trainer.global_step, params_sha256=params_sha256(trainer.policy_module))
     finish_signals(trainer.cfg.algo, "control", run.path)
     if trainer.recent_returns:
         outcome = (f"mean return of the last {len(trainer.recent_returns)} episodes "

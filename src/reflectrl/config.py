@@ -157,6 +157,48 @@ DQN_ATARI_DEFAULTS = dict(
 )
 DQN_LOSSES = ("mse", "huber")
 
+
+@dataclass
+class SACConfig:
+    """SAC's knobs, CleanRL's names and defaults (sac_continuous_action.py)."""
+
+    num_envs: int = 1
+    """parallel envs (one gradient step per vector step, as CleanRL)"""
+    buffer_size: int = 1_000_000
+    """replay buffer capacity (transitions)"""
+    gamma: float = 0.99
+    """discount factor"""
+    tau: float = 0.005
+    """Polyak rate of the target Q-networks"""
+    batch_size: int = 256
+    """transitions per gradient step"""
+    learning_starts: int = 5_000
+    """env steps of uniformly random actions before learning starts"""
+    policy_lr: float = 3e-4
+    """the actor's Adam step size"""
+    q_lr: float = 1e-3
+    """the Q-networks' (and the entropy temperature's) Adam step size"""
+    policy_frequency: int = 2
+    """env steps between actor updates (each does policy_frequency actor steps: TD3's delayed update)"""
+    target_network_frequency: int = 1
+    """env steps between target-network updates"""
+    alpha: float = 0.2
+    """entropy temperature (its starting value is 1 with autotune, as CleanRL's log_alpha = 0)"""
+    autotune: bool = True
+    """tune the temperature so the policy's entropy tracks target_entropy"""
+    target_entropy: float | None = None
+    """the entropy autotune aims at (none: -action_dim, CleanRL's)"""
+    hidden_sizes: tuple[int, ...] = (256, 256)
+    """the actor's and each Q-network's widths (ReLU)"""
+    save_replay: bool = True
+    """keep the replay buffer in checkpoints (false: smaller checkpoints, but a resumed run refills its buffer and
+    learns from learning_starts new steps on, so it is no longer bit-identical to an uninterrupted one)"""
+    log_every: int = 1000
+    """env steps per metrics row (and per iteration: checkpoints and stops fall on these)"""
+
+# the off-policy trainers' knob sections: RunConfig.NAME is set for --algo NAME runs only
+OFF_POLICY = {"dqn": DQNConfig, "sac": SACConfig}
+
 ENCODERS = ("auto", "mlp", "cnn")
 STREAM_HEADS = ("auto", "shared", "separate")
 BACKENDS = ("gymnasium", "envpool")
@@ -190,6 +232,8 @@ class RunConfig:
     """the PPO knobs"""
     dqn: DQNConfig | None = None
     """the DQN knobs (--algo dqn runs only)"""
+    sac: SACConfig | None = None
+    """the SAC knobs (--algo sac runs only)"""
     # Signal sections (calibration, shaping, gear) are added by the signal modules.
     sections: dict[str, Any] = field(default_factory=dict)
     """the signals' knobs, by section"""
@@ -197,10 +241,11 @@ class RunConfig:
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["ppo"]["hidden_sizes"] = list(self.ppo.hidden_sizes)
-        if self.dqn is None:
-            del d["dqn"]
-        else:
-            d["dqn"]["hidden_sizes"] = list(self.dqn.hidden_sizes)
+        for name in OFF_POLICY:
+            if getattr(self, name) is None:
+                del d[name]
+            else:
+                d[name]["hidden_sizes"] = list(getattr(self, name).hidden_sizes)
         return d
 
     @classmethod
@@ -210,14 +255,16 @@ class RunConfig:
         if ppo_values and "stream_heads" not in ppo_values:  # written before the knob: its heads were separate
             ppo_values["stream_heads"] = "separate"
         ppo = overrides_mod.from_dict(PPOConfig, ppo_values)
-        dqn = overrides_mod.from_dict(DQNConfig, d.pop("dqn")) if d.get("dqn") is not None else None
-        d.pop("dqn", None)
+        trainers = {name: overrides_mod.from_dict(cls, d.pop(name)) if d.get(name) is not None else None
+                    for name, cls in OFF_POLICY.items()}
+        for name in OFF_POLICY:
+            d.pop(name, None)
         sections = sections_from_dict(d.pop("sections", {}))
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - known
         if unknown:
             raise UserError(f"config has unknown keys {sorted(unknown)}; was it written by a newer reflectrl?")
-        return cls(**d, ppo=ppo, dqn=dqn, sections=sections)
+        return cls(**d, ppo=ppo, **trainers, sections=sections)
 
 
 def sections_from_dict(values: dict) -> dict:
@@ -254,25 +301,37 @@ def resolve_defaults(ppo: PPOConfig, continuous: bool, *, atari: bool = False, p
 # --------------------------------------------------------------------------- --set
 
 def trainer_name(cfg: RunConfig) -> str:
-    """The trainer a control run's --algo names (ppo, dqn)."""
+    """The trainer a control run's --algo names (ppo, dqn, sac)."""
     return parse_algo(cfg.algo, "control").trainer
+
+
+def off_policy_knobs(cfg: RunConfig):
+    """The run's DQNConfig or SACConfig (created with its defaults if unset); None for PPO."""
+    name = trainer_name(cfg)
+    if name not in OFF_POLICY:
+        return None
+    if getattr(cfg, name) is None:
+        setattr(cfg, name, OFF_POLICY[name]())
+    return getattr(cfg, name)
 
 
 def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
     """Apply `--set key=value` strings to a config, in order (routing: overrides.py). Bare
-    names go to the run's trainer (PPO's or DQN's knobs), then to the run knobs."""
+    names go to the run's trainer (PPO's, DQN's or SAC's knobs), then to the run knobs."""
     types = section_types()
     sections = {name: (lambda name=name: cfg.sections.setdefault(name, types[name]())) for name in types}
-    if trainer_name(cfg) == "dqn":
-        cfg.dqn = cfg.dqn or DQNConfig()
-        bare, dqn = ("DQN", cfg.dqn, None), cfg.dqn
-    else:
-        bare = ("PPO", cfg.ppo, None)
+    own = off_policy_knobs(cfg)
+    trainer = trainer_name(cfg)
+    bare = ("PPO", cfg.ppo, None) if own is None else (trainer.upper(), own, None)
 
-        def dqn():
-            raise UserError(f"--set dqn.* knobs apply to --algo dqn, not --algo {cfg.algo}")
+    def refuse(name):
+        def knobs():
+            raise UserError(f"--set {name}.* knobs apply to --algo {name}, not --algo {cfg.algo}")
+        return knobs
+
+    prefixed = {name: (own if name == trainer else refuse(name)) for name in OFF_POLICY}
     overrides_mod.apply(overrides, bare=[bare, ("run", cfg, RUN_KNOBS)],
-                        prefixed={"env": cfg.env, "ppo": cfg.ppo, "dqn": dqn, **sections})
+                        prefixed={"env": cfg.env, "ppo": cfg.ppo, **prefixed, **sections})
     return cfg
 
 
@@ -300,9 +359,10 @@ class EnvSettings:
 
 
 def env_settings(cfg: RunConfig) -> EnvSettings:
-    if cfg.dqn is not None and trainer_name(cfg) == "dqn":
-        d = cfg.dqn
-        return EnvSettings(d.num_envs, False, False, 10.0, 10.0, d.gamma, d.encoder)
+    name = trainer_name(cfg)
+    if name in OFF_POLICY and getattr(cfg, name) is not None:
+        d = getattr(cfg, name)  # a replay trainer learns from the env's own observations and rewards
+        return EnvSettings(d.num_envs, False, False, 10.0, 10.0, d.gamma, getattr(d, "encoder", "mlp"))
     p = cfg.ppo
     return EnvSettings(p.num_envs, bool(p.norm_obs), bool(p.norm_reward), p.clip_obs, p.clip_reward, p.gamma,
                        p.encoder)
@@ -329,6 +389,8 @@ def validate(cfg: RunConfig) -> None:
     _validate_run_knobs(cfg)
     if algo.trainer == "dqn":
         validate_dqn(cfg.dqn, cfg.total_steps)
+    elif algo.trainer == "sac":
+        validate_sac(cfg.sac, cfg.total_steps)
     else:
         _validate_ppo(cfg)
     validate_sections(cfg.algo, algo, cfg.sections, run=cfg)
@@ -365,6 +427,37 @@ def validate_dqn(d: DQNConfig, total_steps: int) -> None:
     if d.num_envs * d.train_frequency > d.log_every:
         raise UserError(f"log_every={d.log_every} is shorter than one gradient step's worth of env steps "
                         f"(num_envs*train_frequency={d.num_envs * d.train_frequency}); raise log_every")
+    if d.learning_starts >= total_steps:
+        raise UserError(f"learning_starts={d.learning_starts} is not below --total-steps {total_steps}: the run "
+                        "would never learn; lower learning_starts or raise --total-steps")
+
+
+def validate_sac(d: SACConfig, total_steps: int) -> None:
+    for name in ("num_envs", "buffer_size", "batch_size", "policy_frequency", "target_network_frequency",
+                 "log_every"):
+        if getattr(d, name) < 1:
+            raise UserError(f"{name}={getattr(d, name)}: must be a positive integer")
+    if d.learning_starts < 0:
+        raise UserError(f"learning_starts={d.learning_starts}: must be >= 0")
+    for name in ("policy_lr", "q_lr", "gamma", "tau", "alpha"):
+        _finite(name, getattr(d, name))
+        if getattr(d, name) <= 0 and name != "alpha":
+            raise UserError(f"{name}={getattr(d, name)}: must be > 0")
+    if d.alpha < 0:
+        raise UserError(f"alpha={d.alpha}: must be >= 0 (0: no entropy term)")
+    if not 0.0 < d.gamma <= 1.0:
+        raise UserError(f"gamma={d.gamma}: must be in (0, 1]")
+    if not 0.0 < d.tau <= 1.0:
+        raise UserError(f"tau={d.tau}: must be in (0, 1]")
+    if d.target_entropy is not None:
+        _finite("target_entropy", d.target_entropy)
+    if not d.hidden_sizes or any(h < 1 for h in d.hidden_sizes):
+        raise UserError(f"hidden_sizes={d.hidden_sizes}: give one or more positive layer widths, e.g. 256,256")
+    if d.batch_size > d.buffer_size:
+        raise UserError(f"batch_size={d.batch_size} is larger than buffer_size={d.buffer_size}; raise buffer_size")
+    if d.num_envs > d.log_every:
+        raise UserError(f"log_every={d.log_every} is shorter than one vector step (num_envs={d.num_envs}); "
+                        "raise log_every")
     if d.learning_starts >= total_steps:
         raise UserError(f"learning_starts={d.learning_starts} is not below --total-steps {total_steps}: the run "
                         "would never learn; lower learning_starts or raise --total-steps")

@@ -93,6 +93,7 @@ def sections() -> dict[str, dict]:
         DQNConfig,
         PPOConfig,
         RunConfig,
+        SACConfig,
     )
     from reflectrl.llm.config import RUN_KNOBS as LLM_RUN_KNOBS
     from reflectrl.llm.config import GRPOConfig, LLMRunConfig
@@ -105,6 +106,7 @@ def sections() -> dict[str, dict]:
         "dqn": {"rows": _rows(DQNConfig, "", per_action={k: (DQN_DEFAULTS[k], DQN_ATARI_DEFAULTS[k])
                                                           for k in DQN_DEFAULTS}),
                 "for": "reflectrl train --algo dqn: bare names, or dqn.NAME"},
+        "sac": {"rows": _rows(SACConfig, ""), "for": "reflectrl train --algo sac: bare names, or sac.NAME"},
         "env": {"rows": [{"key": "env.NAME", "default": "", "help": "a keyword for the env's constructor "
                           "(e.g. env.size=12 for reflectrl/GridWorld-v0, env.max_episode_steps=500)"}],
                 "for": "reflectrl train"},
@@ -122,8 +124,11 @@ def sections_for_algo(algo: str) -> list[str]:
 
     llm = algo.startswith("llm:")
     name = algo.removeprefix("llm:")
-    if not llm and name == "dqn":
-        return ["run", "dqn", "env"]
+    if not llm and name.split("+")[0] in ("dqn", "sac"):
+        from reflectrl.registry import parse_algo
+
+        parsed = parse_algo(name, "control")
+        return ["run", parsed.trainer, "env", *parsed.signals]
     if not llm and name in ALGOS:
         return ["run", "ppo", "env", *([ALGO_SECTIONS[name]] if name in ALGO_SECTIONS else [])]
     if name in LLM_ALGOS:
@@ -161,7 +166,7 @@ def print_knobs(section: str | None = None, algo: str | None = None, as_json: bo
 def markdown_table(section: str) -> str:
     """The README's table of a section's knobs (tests/test_readme.py keeps the README in step)."""
     rows = sections()[section]["rows"]
-    prefix = f"{section}." if section not in ("run", "ppo", "dqn", "env", "grpo") else ""
+    prefix = f"{section}." if section not in ("run", "ppo", "dqn", "sac", "env", "grpo") else ""
     lines = ["| knob | default | meaning |", "|---|---|---|"]
     for r in rows:
         key = r["key"][len(prefix):] if prefix and r["key"].startswith(prefix) else r["key"]

@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 
 from reflectrl.errors import UserError
 
-# What one step of a signal's batch is: an env step, a generated token, an agent turn.
-STEP_KINDS = ("env_step", "token", "turn")
+# What one step of a signal's batch is: an env step, a generated token, an agent turn, or a
+# transition a replay trainer sampled from its buffer (at learning time, out of trajectory order).
+STEP_KINDS = ("env_step", "token", "turn", "transition")
 # What a signal may ask of its trainer: the policy's features (with gradients), s' of each step,
 # the exploration state keys of each step (Batch.state_keys), value heads on its own reward streams.
 WANTS = ("features", "feature_grad", "next_obs", "state_keys", "value_stream")
@@ -46,6 +47,7 @@ class SignalSpec:
     run_check: Callable | None = None  # check(config, the run's whole config) raising UserError: what its
                                        # knobs need of the rest of the run (e.g. the policy's encoder)
     on_finish: dict | str = field(default_factory=dict)  # {trainer: "module:function(run_dir)"} (or one for all)
+    refusals: dict = field(default_factory=dict)  # {step kind it cannot work on: why} (said when refused)
 
     def __hash__(self):
         return hash(self.name)
@@ -81,9 +83,12 @@ TRAINERS: dict[str, TrainerSpec] = {
     "ppo": TrainerSpec("ppo", "control", ("env_step",),
                        frozenset({"features", "feature_grad", "next_obs", "state_keys", "value_stream"}),
                        "PPO on Gymnasium envs (CleanRL's details)", "reflectrl.control.ppo:PPOTrainer"),
-    "dqn": TrainerSpec("dqn", "control", ("env_step",), frozenset(),
+    "dqn": TrainerSpec("dqn", "control", ("transition",), frozenset({"features", "next_obs"}),
                        "DQN on Gymnasium envs with discrete actions (CleanRL's dqn.py / dqn_atari.py)",
-                       "reflectrl.control.dqn:DQNTrainer", runs_signals=False),
+                       "reflectrl.control.dqn:DQNTrainer"),
+    "sac": TrainerSpec("sac", "control", ("transition",), frozenset({"next_obs"}),
+                       "SAC on Gymnasium envs with continuous actions (CleanRL's sac_continuous_action.py)",
+                       "reflectrl.control.sac:SACTrainer"),
     "grpo": TrainerSpec("grpo", "llm", ("token", "turn"), frozenset({"features"}),
                         "GRPO on language models (group-normalised advantages, clipped token objective)"),
 }
@@ -232,9 +237,10 @@ def parse_algo(text: str, family: str = "control") -> Algo:
             raise UserError(f"--algo {text} names signal '{name}' twice")
         seen.add(name)
         if _step_kind(spec, trainer) is None:
-            raise UserError(f"signal '{name}' cannot run on trainer '{trainer.name}': it works on "
-                            f"{' or '.join(spec.step_kinds)} steps and {trainer.name} gives "
-                            f"{' or '.join(trainer.step_kinds)}")
+            why = next((spec.refusals[k] for k in trainer.step_kinds if k in spec.refusals), None)
+            raise UserError(f"signal '{name}' cannot run on trainer '{trainer.name}': "
+                            + (why if why else f"it works on {' or '.join(spec.step_kinds)} steps and "
+                               f"{trainer.name} gives {' or '.join(trainer.step_kinds)}"))
         missing = (set() if callable(spec.wants) else set(spec.wants)) - set(trainer.provides)
         if missing:
             raise UserError(f"signal '{name}' cannot run on trainer '{trainer.name}': it needs "

@@ -13,6 +13,11 @@ Steps are counted in env steps: with num_envs > 1 one vector step is num_envs of
 `learning_starts`, `train_frequency` and `target_network_frequency` are in env steps too
 (CleanRL's dqn.py counts vector steps with its default num_envs=1: the same).
 
+Signals on replay data (control/offpolicy.py): V(s) = max_a Q(s, a), the bootstrap value of
+s' is the target network's (Double DQN's where on), the advantage a signal sees is
+Q(s, a) - max_a Q(s, a), and the TD errors shaping distils are the seed's section 4.3
+labels, r + gamma max_a' Q_target(s', a') - Q(s, a), under the networks after each step.
+
 Everything random draws from the trainer's own `torch.Generator` (the epsilon coin, random
 actions, minibatches), and a checkpoint holds it with the networks, the optimiser, the
 replay buffer and an exact snapshot of the envs, so resuming is bit-identical on CPU
@@ -22,11 +27,6 @@ replay buffer and an exact snapshot of the envs, so resuming is bit-identical on
 from __future__ import annotations
 
 import copy
-import math
-import random
-import time
-import warnings
-from collections import deque
 
 import numpy as np
 import torch
@@ -34,24 +34,12 @@ from torch import nn
 from torch.nn import functional as F
 
 from reflectrl.config import RunConfig
-from reflectrl.control.checkpoint import (
-    exploration_state,
-    global_rngs,
-    restore_envs,
-    restore_exploration,
-    restore_global_rngs,
-)
-from reflectrl.control.policies import params_sha256
-from reflectrl.control.replay import ReplayBuffer
-from reflectrl.envs import make_vector_env, snapshot
-from reflectrl.envs.statekey import is_montezuma
+from reflectrl.control.offpolicy import ReplayTrainer
 from reflectrl.errors import NonFiniteError, UserError
-from reflectrl.exploration import ExplorationTracker, RolloutKeys
 from reflectrl.nets import image_trunk, run_trunk
-from reflectrl.runs import MetricsLogger, RunDir
-from reflectrl.runs.loop import crossed, train_loop
+from reflectrl.runs import RunDir
+from reflectrl.runs.loop import crossed
 
-CHECKPOINT_FORMAT = 1
 EVAL_EPSILON = 0.05  # CleanRL's dqn_eval: the "stochastic" evaluation policy is epsilon-greedy at 0.05
 
 
@@ -73,10 +61,18 @@ class QNetwork(nn.Module):
             self.trunk = nn.Sequential(*layers)
             self.head = nn.Linear(last, num_actions)
 
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+    def features(self, obs: torch.Tensor) -> torch.Tensor:
+        """The trunk's output: what the head reads (and a signal's heads may)."""
         if self.encoder == "cnn":
-            return self.head(run_trunk(self.trunk, obs, self.obs_shape, self.channels_last, self.scale))
-        return self.head(self.trunk(obs.reshape(len(obs), -1)))
+            return run_trunk(self.trunk, obs, self.obs_shape, self.channels_last, self.scale)
+        return self.trunk(obs.reshape(len(obs), -1))
+
+    @property
+    def feature_dim(self) -> int:
+        return self.head.in_features
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(obs))
 
     def act(self, obs: torch.Tensor, generator: torch.Generator, epsilon: float = EVAL_EPSILON):
         """Epsilon-greedy actions of a batch; (actions, None) as the policies' act gives (action, logprob)."""
@@ -95,219 +91,131 @@ def linear_schedule(start_e: float, end_e: float, duration: float, t: int) -> fl
     return max(slope * t + start_e, end_e)
 
 
+def bootstrap_values(next_q_target: torch.Tensor, next_q_online: torch.Tensor | None = None) -> torch.Tensor:
+    """Q_target(s', a') with a' = argmax_a Q_target(s', a) (DQN), or a' = argmax_a Q_online(s', a)
+    when the online network's values are given (Double DQN)."""
+    if next_q_online is None:
+        return next_q_target.max(dim=1).values
+    return next_q_target.gather(1, next_q_online.argmax(dim=1, keepdim=True)).squeeze(1)
+
+
 def td_targets(rewards: torch.Tensor, terminations: torch.Tensor, next_q_target: torch.Tensor, gamma: float,
                next_q_online: torch.Tensor | None = None) -> torch.Tensor:
-    """r + gamma * (1 - terminated) * Q_target(s', a'), with a' = argmax_a Q_target(s', a)
-    (DQN), or a' = argmax_a Q_online(s', a) when the online network's values are given (Double DQN)."""
-    if next_q_online is None:
-        best = next_q_target.max(dim=1).values
-    else:
-        best = next_q_target.gather(1, next_q_online.argmax(dim=1, keepdim=True)).squeeze(1)
-    return rewards + gamma * best * (1.0 - terminations)
+    """r + gamma * (1 - terminated) * Q_target(s', a') (a' as bootstrap_values picks it)."""
+    return rewards + gamma * bootstrap_values(next_q_target, next_q_online) * (1.0 - terminations)
 
 
-class DQNTrainer:
-    # what the shared loop (runs/loop.py) needs
-    unit = "env steps"
-    discrete_entropy = False  # no policy entropy to watch
+class DQNTrainer(ReplayTrainer):
+    name = "dqn"
+    has_features = True
 
     def __init__(self, cfg: RunConfig, run: RunDir | None = None, signal=None):
-        if signal is not None:
-            raise UserError("--algo dqn runs no signals yet; use --algo dqn alone")
-        torch.set_num_threads(cfg.torch_threads)
-        self.cfg, self.run = cfg, run
-        d = cfg.dqn
-        self.envs = make_vector_env(cfg)
-        obs_space, act_space = self.envs.single_observation_space, self.envs.single_action_space
+        super().__init__(cfg, run, signal)
+        act_space = self.envs.single_action_space
         if not hasattr(act_space, "n"):
             raise UserError(f"--algo dqn needs discrete actions; '{cfg.env_id}' has {act_space}")
-        self.obs_shape = tuple(obs_space.shape)
-        self.num_envs = d.num_envs
-
-        random.seed(cfg.seed)
-        np.random.seed(cfg.seed)
-        torch.manual_seed(cfg.seed)
+        d = self.knobs
         self.agent = QNetwork(self.obs_shape, int(act_space.n), d.encoder, d.hidden_sizes)
         self.target = copy.deepcopy(self.agent)
         self.optimizer = torch.optim.Adam(self.agent.parameters(), lr=d.learning_rate)
-        self.generator = torch.Generator().manual_seed(cfg.seed)
-        obs_dtype = obs_space.dtype if np.issubdtype(obs_space.dtype, np.integer) else np.float32
-        self.buffer = ReplayBuffer(d.buffer_size, self.obs_shape, obs_dtype)
-        self.steps_per_iteration = d.log_every // d.num_envs * d.num_envs
-        self.num_iterations = math.ceil(cfg.total_steps / self.steps_per_iteration)
         self.exploration_steps = d.exploration_fraction * cfg.total_steps
+        self._epsilon = d.start_e
+        self.bind_signal(int(act_space.n), True, self.agent.feature_dim, d.learning_rate,
+                         image_obs=d.encoder == "cnn")
 
-        self.global_step = 0
-        self.iteration = 0
-        self.updates = 0
-        self.learn_from = d.learning_starts  # learning starts once global_step passes this
-        self.recent_returns: deque[float] = deque(maxlen=20)
-        obs, info = self.envs.reset(seed=cfg.seed)
-        self.next_obs = np.asarray(obs)
-        self.keys = RolloutKeys(obs, info)
-        self.exploration = ExplorationTracker(rooms=is_montezuma(cfg.env_id))
-        self.logger: MetricsLogger | None = None
+    @property
+    def policy_module(self) -> nn.Module:
+        return self.agent
+
+    # ------------------------------------------------------------------ acting
+
+    def epsilon(self) -> float:
+        d = self.knobs
+        return linear_schedule(d.start_e, d.end_e, self.exploration_steps, self.global_step)
+
+    def select_actions(self, obs: np.ndarray) -> np.ndarray:
+        self._epsilon = self.epsilon()
+        with torch.no_grad():
+            actions, _ = self.agent.act(torch.as_tensor(obs, dtype=torch.float32), self.generator, self._epsilon)
+        return actions.numpy()
 
     # ------------------------------------------------------------------ learning
 
-    def epsilon(self) -> float:
-        d = self.cfg.dqn
-        return linear_schedule(d.start_e, d.end_e, self.exploration_steps, self.global_step)
+    def features(self, obs: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return self.agent.features(obs)
+
+    def td_errors(self, obs, actions, rewards, next_obs, terminations) -> torch.Tensor:
+        """r + gamma (1 - terminated) Q_target(s', a') - Q(s, a) under the current networks."""
+        with torch.no_grad():
+            online = self.agent(next_obs) if self.knobs.double_dqn else None
+            target = td_targets(rewards, terminations, self.target(next_obs), self.knobs.gamma, online)
+            q = self.agent(obs).gather(1, actions.reshape(-1, 1).long()).squeeze(1)
+            return target - q
+
+    def learn(self, before: int, stats: list[dict]) -> None:
+        d = self.knobs
+        if crossed(before, self.global_step, d.train_frequency):
+            stats.append(self.train_step())
+        if crossed(before, self.global_step, d.target_network_frequency):
+            self.update_target()
 
     def train_step(self) -> dict[str, torch.Tensor]:
         """One gradient step on a sampled batch; its statistics (tensors)."""
-        d = self.cfg.dqn
+        d = self.knobs
         batch = self.buffer.sample(d.batch_size, self.generator)
+        q_all = self.agent(batch["obs"])
+        q = q_all.gather(1, batch["actions"].long().unsqueeze(1)).squeeze(1)
         with torch.no_grad():
             next_q = self.target(batch["next_obs"])
             online = self.agent(batch["next_obs"]) if d.double_dqn else None
-            target = td_targets(batch["rewards"], batch["terminations"], next_q, d.gamma, online)
-        q = self.agent(batch["obs"]).gather(1, batch["actions"].long().unsqueeze(1)).squeeze(1)
-        loss = F.mse_loss(q, target) if d.loss == "mse" else F.smooth_l1_loss(q, target)
+        rewards, weights, signal_batch = batch["rewards"], None, None
+        if self.signal is not None:  # its terms join the sampled rewards at learning time
+            signal_batch = self.signal_batch(batch, q.detach(), q_all.detach().max(dim=1).values,
+                                             bootstrap_values(next_q, online))
+            extra, weights = self.signal_rewards(signal_batch)
+            if extra is not None:
+                rewards = rewards + extra
+        with torch.no_grad():
+            target = td_targets(rewards, batch["terminations"], next_q, d.gamma, online)
+        if weights is None:
+            loss = F.mse_loss(q, target) if d.loss == "mse" else F.smooth_l1_loss(q, target)
+        else:  # a signal's per-transition weights on the TD loss
+            per = F.mse_loss(q, target, reduction="none") if d.loss == "mse" else \
+                F.smooth_l1_loss(q, target, reduction="none")
+            loss = (weights * per).mean()
         if not torch.isfinite(loss):
             raise NonFiniteError("loss", self.global_step)
         self.optimizer.zero_grad()
         loss.backward()
         self.optimizer.step()
         self.updates += 1
+        if signal_batch is not None:
+            self.signal_after_update(signal_batch)
         td = (target - q).detach()
         return {"td_loss": loss.detach(), "q_values": q.detach().mean(), "td_error_mean": td.mean(),
                 "td_error_abs": td.abs().mean()}
 
     def update_target(self) -> None:
-        tau = self.cfg.dqn.tau
+        tau = self.knobs.tau
         with torch.no_grad():
             for t, p in zip(self.target.parameters(), self.agent.parameters(), strict=True):
                 t.copy_(p) if tau == 1.0 else t.lerp_(p, tau)
 
-    # ------------------------------------------------------------------ loop
+    # ------------------------------------------------------------------ row, checkpoints
 
-    def run_iteration(self) -> dict:
-        """`log_every` env steps of acting, storing and learning; their metrics row."""
-        d = self.cfg.dqn
-        n = self.num_envs
-        self.iteration += 1
-        start = time.perf_counter()
-        step_before = self.global_step
-        T = self.steps_per_iteration // n
-        self.keys.start(T)
-        rewards_seen = np.zeros((T, n), dtype=np.float32)
-        episodes: list[tuple[float, int]] = []
-        stats: list[dict] = []
-        for t in range(T):
-            epsilon = self.epsilon()
-            obs = self.next_obs
-            with torch.no_grad():
-                actions, _ = self.agent.act(torch.as_tensor(obs, dtype=torch.float32), self.generator, epsilon)
-            actions = actions.numpy()
-            next_obs, rewards, terms, truncs, info = self.envs.step(actions)
-            if not (np.isfinite(next_obs).all() and np.isfinite(rewards).all()):
-                raise NonFiniteError("observation" if not np.isfinite(next_obs).all() else "reward", self.global_step)
-            real_next = np.array(next_obs, copy=True)
-            if "final_obs" in info:
-                for i in np.flatnonzero(info["_final_obs"]):
-                    real_next[i] = info["final_obs"][i]
-                final = info["final_info"]
-                if "episode" in final:
-                    for i in np.flatnonzero(final["_episode"]):
-                        episodes.append((float(final["episode"]["r"][i]), int(final["episode"]["l"][i])))
-            self.buffer.add(obs, real_next, actions, rewards, terms)
-            self.keys.record(t, next_obs, info)
-            rewards_seen[t] = rewards
-            self.next_obs = np.asarray(next_obs)
-            before, self.global_step = self.global_step, self.global_step + n
-            if self.global_step > self.learn_from:
-                if crossed(before, self.global_step, d.train_frequency):
-                    stats.append(self.train_step())
-                if crossed(before, self.global_step, d.target_network_frequency):
-                    self.update_target()
-        exploration = self.exploration.update(self.keys.state_keys, rewards_seen, step_before)
-        returns = [r for r, _ in episodes]
-        self.recent_returns.extend(returns)
-        learned = {k: float(torch.stack([s[k] for s in stats]).mean()) for k in stats[0]} if stats else {}
-        return {
-            "global_step": self.global_step,
-            "iteration": self.iteration,
-            "episodic_return": float(np.mean(returns)) if returns else None,
-            "episodic_length": float(np.mean([n for _, n in episodes])) if episodes else None,
-            "episodes": len(episodes),
-            "learning_rate": self.optimizer.param_groups[0]["lr"],
-            "epsilon": epsilon,
-            **learned,
-            "gradient_steps": self.updates,
-            "buffer_fill": len(self.buffer) / self.buffer.capacity,
-            **exploration,
-            "steps_per_second": (self.global_step - step_before) / (time.perf_counter() - start),
-        }
-
-    def total_units(self) -> int:
-        return self.num_iterations * self.steps_per_iteration
-
-    def units_done(self) -> int:
-        return self.global_step
-
-    def finished(self) -> bool:
-        return self.iteration >= self.num_iterations
-
-    def checkpoint_due(self, before: int) -> bool:
-        return crossed(before, self.global_step, self.cfg.checkpoint_every)
+    def row_extras(self) -> dict:
+        return {"learning_rate": self.optimizer.param_groups[0]["lr"], "epsilon": self._epsilon}
 
     def postfix(self, row: dict) -> str:
         text = f"eps={row['epsilon']:.2f}"
-        return f"return={np.mean(self.recent_returns):.3g} {text}" if self.recent_returns else text
+        return f"{super().postfix(row)} {text}".strip()
 
-    def train(self, progress: bool = True) -> None:
-        train_loop(self, progress)
+    def network_state(self) -> dict:
+        return {"agent": self.agent.state_dict(), "target": self.target.state_dict(),
+                "optimizer": self.optimizer.state_dict()}
 
-    # ------------------------------------------------------------------ checkpoints
-
-    def state_dict(self) -> dict:
-        return {
-            "format": CHECKPOINT_FORMAT,
-            "config": self.cfg.to_dict(),
-            "global_step": self.global_step,
-            "iteration": self.iteration,
-            "updates": self.updates,
-            "learn_from": self.learn_from,
-            "agent": self.agent.state_dict(),
-            "target": self.target.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "generator": self.generator.get_state(),
-            **global_rngs(),
-            "envs": snapshot.dumps(self.envs),
-            "next_obs": self.next_obs.copy(),
-            "replay": self.buffer.state_dict() if self.cfg.dqn.save_replay else None,
-            "recent_returns": list(self.recent_returns),
-            "obs_normalizer": None,
-            "params_sha256": params_sha256(self.agent),
-            "exploration": exploration_state(self),
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        self.global_step, self.iteration = state["global_step"], state["iteration"]
-        self.updates, self.learn_from = state["updates"], state["learn_from"]
+    def load_network_state(self, state: dict) -> None:
         self.agent.load_state_dict(state["agent"])
         self.target.load_state_dict(state["target"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.generator.set_state(state["generator"])
-        restore_global_rngs(state)
-        self.recent_returns = deque(state["recent_returns"], maxlen=20)
-        restore_exploration(self, state["exploration"])
-        if state["replay"] is not None:
-            self.buffer.load_state_dict(state["replay"])
-        elif self.global_step > 0:
-            # without the buffer: refill it, and learn again from learning_starts new steps on
-            self.learn_from = self.global_step + self.cfg.dqn.learning_starts
-            warnings.warn("this checkpoint holds no replay buffer (save_replay=false): the buffer refills from "
-                          f"empty and learning resumes after {self.cfg.dqn.learning_starts:,} more steps, so the "
-                          "run is not bit-identical to an uninterrupted one", stacklevel=2)
-        self.next_obs = state["next_obs"].copy()
-        for i, obs in restore_envs(self, state["envs"]):
-            self.next_obs[i] = obs
-
-    def save_checkpoint(self) -> None:
-        assert self.run is not None
-        self.run.save_checkpoint(self.state_dict())
-
-    def close(self) -> None:
-        self.envs.close()

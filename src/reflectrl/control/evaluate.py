@@ -17,6 +17,7 @@ from reflectrl.config import EVAL_MAX_STEPS, RunConfig, check_seed, env_settings
 from reflectrl.control.cnn import make_policy
 from reflectrl.control.dqn import QNetwork
 from reflectrl.control.policies import ActorCritic, params_sha256
+from reflectrl.control.sac import Actor
 from reflectrl.envs import ClipObservation, episode_step_limit, is_continuous, make_env
 from reflectrl.envs.atari import is_atari_env, life_lost
 from reflectrl.envs.headless import prepare_headless_rendering
@@ -24,16 +25,19 @@ from reflectrl.errors import UserError
 from reflectrl.runs import RunDir
 
 
-def load_policy(run: RunDir) -> tuple[RunConfig, ActorCritic | QNetwork, dict]:
+def load_policy(run: RunDir) -> tuple[RunConfig, ActorCritic | QNetwork | Actor, dict]:
     cfg = RunConfig.from_dict(run.config())
     state = run.load_checkpoint()
     env = make_env(cfg.env_id, env_kwargs=cfg.env, keep_image=cnn_encoder(cfg))
     continuous = is_continuous(env.action_space)
     obs_shape = env.observation_space.shape
     action_dim = env.action_space.shape[0] if continuous else int(env.action_space.n)
+    bounds = (env.action_space.low, env.action_space.high) if continuous else None
     env.close()
     if trainer_name(cfg) == "dqn":
         agent = QNetwork(obs_shape, action_dim, cfg.dqn.encoder, cfg.dqn.hidden_sizes)
+    elif trainer_name(cfg) == "sac":
+        agent = Actor(int(np.prod(obs_shape)), *bounds, cfg.sac.hidden_sizes)
     else:
         agent = make_policy(obs_shape, action_dim, continuous, "cnn" if cnn_encoder(cfg) else "mlp",
                             cfg.ppo.hidden_sizes)

@@ -26,6 +26,7 @@ import torch
 from reflectrl.config import (
     DQNConfig,
     RunConfig,
+    SACConfig,
     add_algo_section,
     apply_overrides,
     resolve_defaults,
@@ -98,6 +99,14 @@ def resolve_config(cfg: RunConfig) -> RunConfig:
         if cfg.dqn.encoder == "cnn":
             image_layout(shape)
         cfg.dqn = resolve_dqn_defaults(cfg.dqn, atari=is_atari_id(cfg.env_id), pixels=pixels)
+    elif trainer_name(cfg) == "sac":
+        if not continuous:
+            raise UserError(f"--algo sac needs continuous (Box) actions; '{cfg.env_id}' has discrete ones: "
+                            "use --algo dqn or ppo on it")
+        if len(shape) != 1:
+            raise UserError(f"--algo sac reads flat vector observations; '{cfg.env_id}' gives {shape}: "
+                            "use --algo ppo on it")
+        cfg.sac = cfg.sac or SACConfig()
     add_algo_section(cfg)
     validate(cfg)
     return cfg
@@ -480,6 +489,11 @@ class PPOTrainer:
     @property
     def discrete_entropy(self) -> bool:
         return not self.continuous
+
+    @property
+    def policy_module(self) -> torch.nn.Module:
+        """What a finished run's params_sha256 hashes."""
+        return self.agent
 
     def total_units(self) -> int:
         return self.num_iterations * self.cfg.ppo.batch_size

@@ -14,6 +14,15 @@ A trainer calls its signal at fixed points of each iteration, and knows nothing 
     signal.after_update(batch)                 # fit heads that need the updated critic
     log signal.metrics()
 
+A replay trainer (DQN, SAC: step kind "transition") calls the same hooks at every gradient
+step on the minibatch it sampled from its replay buffer, as a Batch of shape (1, B): `values`
+are V(s), `next_values` the bootstrap values of s', `advantages` Q(s, a) - V(s), `returns` the
+TD targets, `td_error_fn` its TD errors of any transitions under its current networks. The
+reward terms a signal gives (shape_rewards, after_advantages) join the sampled rewards in the
+TD target at learning time, and weights multiply each transition's TD loss; an advantage term
+or a reward stream has no meaning there (the registry refuses such signals). See
+control/offpolicy.py.
+
 Tensors in a `Batch` are time-major, (T, N, ...): T steps of N envs (the PPO trainer), or
 the L token positions of N sequences, or the K agent turns of N episodes (the LLM
 trainer). `features` are whatever the trainer's policy computes per step (the actor's
@@ -84,6 +93,9 @@ class Batch:
     # reached (the episode's last where it ended); filled by a trainer that provides "state_keys"
     state_keys: torch.Tensor | None = None
     next_state_keys: torch.Tensor | None = None
+    # a replay trainer's TD errors of transitions under its current networks,
+    # td_error_fn(obs, actions, rewards, next_obs, terminations) -> (B,): what shaping distils there
+    td_error_fn: Callable[..., torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,10 @@ Option `adaptive`: alpha is scaled by the current L_cal (capped at `adaptive_max
 the target has unit variance, L_cal = 1 is a predictor that knows nothing, so the bonus
 weighs in fully while the reflection net is uncalibrated and fades as it calibrates.
 
+On a replay trainer (DQN, SAC) the batch is a sampled minibatch and the advantage is
+Q(s, a) - V(s) (V = max_a Q for DQN; E_pi[Q - alpha log pi], one sampled action, for SAC):
+the bonus joins the sampled rewards in the TD target at learning time (control/offpolicy.py).
+
 Inputs: `obs_action` (observation and action, one-hot if discrete), `obs_action_features`
 (plus the actor's last hidden layer) or `features_action`. On images read by a CNN encoder
 (Atari) the head reads the CNN's features in place of the pixels, so both obs_* inputs mean
@@ -224,7 +228,8 @@ class CalibrationBonus(Signal):
         if cfg.shared_trunk:
             actions = batch.actions.reshape(batch.advantages.numel(), -1)
             self._aux_obs, self._aux_actions, self._aux_target = obs, actions, target
-        if batch.iteration in self.snapshot_at:
+        if batch.iteration in self.snapshot_at and not (self.snapshots and
+                                                        self.snapshots[-1]["iteration"] == batch.iteration):
             pick = torch.randperm(target.shape[0], generator=self.generator)[:400]
             self.snapshots.append({"iteration": batch.iteration, "target": target[pick].tolist(),
                                    "prediction": f[pick].tolist()})
@@ -298,15 +303,23 @@ def _check_on_grpo(cfg: CalibrationConfig) -> None:
         raise UserError("calibration.inputs: an LLM turn's input is its hidden state; leave inputs=obs_action")
 
 
+def _check_on_replay(cfg: CalibrationConfig) -> None:
+    if not cfg.recompute_advantages:
+        raise UserError("calibration.recompute_advantages=false adds the bonus to the policy's advantage, and a "
+                        "replay trainer's loss has no advantage: leave it true (the bonus joins the TD target)")
+
+
 def _wants(cfg: CalibrationConfig) -> set[str]:
     wants = {"features"} if cfg.inputs != "obs_action" else set()
     return wants | ({"feature_grad"} if cfg.shared_trunk else set())
 
 
 register_signal(SignalSpec(
-    name="calibration", config=CalibrationConfig, factory=CalibrationBonus, step_kinds=("env_step", "turn"),
+    name="calibration", config=CalibrationConfig, factory=CalibrationBonus,
+    step_kinds=("env_step", "turn", "transition"),
     summary="RefGRPO's calibration bonus: a reflection head fit to the advantages; its miscalibration is a reward",
     wants=_wants,
-    aliases={"ppo": "refgrpo", "grpo": "refgrpo"}, neutral="alpha=0", trainer_checks={"grpo": _check_on_grpo},
+    aliases={"ppo": "refgrpo", "grpo": "refgrpo"}, neutral="alpha=0",
+    trainer_checks={"grpo": _check_on_grpo, "dqn": _check_on_replay, "sac": _check_on_replay},
     on_finish={"ppo": "reflectrl.report.calibration_plot:plot_calibration"},
 ))

@@ -100,4 +100,7 @@ register_signal(SignalSpec(
     name="count", config=CountConfig, factory=CountBonus, step_kinds=("env_step",),
     summary="episodic count bonus beta / sqrt(N_episode(s)) on the state key (the exploration baseline)",
     wants=frozenset({"state_keys"}), neutral="beta=0",
+    refusals={"transition": "the episodic count is a function of the episode so far, and a replay trainer's "
+              "signals see transitions sampled out of their episodes at learning time (docs/offpolicy.md); "
+              "use ppo+count"},
 ))

@@ -306,4 +306,7 @@ register_signal(SignalSpec(
     summary="GEAR: a value head distilled from the best trajectories reweights each step's advantage",
     wants=lambda cfg: {"features"} if cfg.inputs == "features" else set(),
     aliases={"ppo": "gear", "grpo": "gear"}, neutral="temperature=inf", trainer_checks={"grpo": _check_on_grpo},
+    refusals={"transition": "GEAR's weights share a trajectory's advantage out among its steps, and a replay "
+              "trainer learns from single transitions sampled out of their trajectories, with no trajectory "
+              "advantage to share (docs/offpolicy.md); use ppo+gear"},
 ))

@@ -315,4 +315,6 @@ register_signal(SignalSpec(
     summary="Random Network Distillation (Burda et al. 2018): a predictor's error on a fixed random net is an "
             "intrinsic reward, learnt on its own non-episodic value head",
     wants=frozenset({"next_obs", "value_stream"}), neutral="int_coef=0",
+    refusals={"transition": "RND's intrinsic return is learnt by a value head of its own, non-episodic, beside "
+              "the policy's, which a Q-learner does not have (docs/offpolicy.md); use ppo+rnd"},
 ))

@@ -40,6 +40,13 @@ chosen by `encoder`:
   alone.
 Either way the buffer keeps the observations, which the critic's labels need anyway.
 
+On a replay trainer (DQN, SAC: control/offpolicy.py) the hooks run at every gradient step on
+the sampled minibatch: f comes from F_target as it is then and joins the sampled rewards in the
+TD target (never stored in the buffer), the distillation buffer holds the last
+`buffer_rollouts` minibatches, and the labels are the trainer's TD errors under its networks
+after the step, r + gamma max_a' Q_target(s', a') - Q(s, a) for DQN (seed 002 section 4.3) and
+the soft TD error for SAC; `update_every` counts gradient steps.
+
 The logged and evaluated return stays the env's true return; the trainer's `rewards` here
 are what it learns from before shaping.
 """
@@ -249,7 +256,8 @@ class SelfDistilledShaping(Signal):
         fit_prior = self.prior is not None and not self.prior_fitted
         prior_loss = self._fit_prior(tr, batch.features_fn) if fit_prior else None
         weight = curriculum(batch.global_step, self.cfg.warmup_steps, self.cfg.ramp_steps)
-        if batch.iteration in self.snapshot_at and self.cfg.mode != "bootstrap":  # bootstrap has no F to draw
+        if (batch.iteration in self.snapshot_at and self.cfg.mode != "bootstrap"  # bootstrap has no F to draw
+                and not (self.snapshots and self.snapshots[-1]["iteration"] == batch.iteration)):
             self.snapshots.append({"iteration": batch.iteration, "global_step": batch.global_step,
                                    "weight": curriculum(batch.global_step, self.cfg.warmup_steps, self.cfg.ramp_steps),
                                    "state": {k: v.clone() for k, v in self.target.state_dict().items()}})
@@ -288,11 +296,12 @@ class SelfDistilledShaping(Signal):
         if self.cfg.mode in ("off", "bootstrap"):
             return
         self.buffer.append({**self._transitions(batch), "rewards": batch.rewards, "shape": batch.values.shape,
-                            "truncations": batch.truncations, "raw_terminations": batch.terminations})
+                            "truncations": batch.truncations, "raw_terminations": batch.terminations,
+                            "raw_actions": batch.actions.reshape(batch.values.numel(), *batch.actions.shape[2:])})
         self.buffer = self.buffer[-self.cfg.buffer_rollouts:]
         self.updates += 1
         if self.updates % self.cfg.update_every == 0:
-            obs, actions, next_obs, terms, labels = self.distillation_set(batch.value_fn, batch.gae)
+            obs, actions, next_obs, terms, labels = self.distillation_set(batch.value_fn, batch.gae, batch.td_error_fn)
             obs, next_obs = self._encoded(obs, next_obs, batch.features_fn)
             loss = self._fit(obs, actions, next_obs, terms, labels, self.cfg.epochs, track_target=True)
             # The labels have variance scale^2, so this is the share of it F explains (0: F has
@@ -328,16 +337,21 @@ class SelfDistilledShaping(Signal):
                                       minibatch_size=self.cfg.minibatch_size, generator=self.generator,
                                       shuffle="always", loss_after=True).loss_after
 
-    def distillation_set(self, value_fn, gae):
-        """The buffer's transitions and their soft labels: GAE under the critic `value_fn`,
-        normalised to mean 0 / std 1, times `scale`."""
+    def distillation_set(self, value_fn, gae, td_error_fn=None):
+        """The buffer's transitions and their soft labels: GAE under the critic `value_fn`, or
+        on a replay trainer its TD errors (`td_error_fn`: seed 002 section 4.3's labels for
+        DQN), normalised to mean 0 / std 1, times `scale`."""
         obs, actions, next_obs, terms, labels = [], [], [], [], []
         with torch.no_grad():
             for item in self.buffer:
                 shape = item["shape"]
-                values = value_fn(item["obs"]).reshape(shape)
-                next_values = value_fn(item["next_obs"]).reshape(shape)
-                adv, _ = gae(item["rewards"], values, next_values, item["raw_terminations"], item["truncations"])
+                if td_error_fn is not None:
+                    adv = td_error_fn(item["obs"], item["raw_actions"], item["rewards"].reshape(-1),
+                                      item["next_obs"], item["raw_terminations"].reshape(-1).float())
+                else:
+                    values = value_fn(item["obs"]).reshape(shape)
+                    next_values = value_fn(item["next_obs"]).reshape(shape)
+                    adv, _ = gae(item["rewards"], values, next_values, item["raw_terminations"], item["truncations"])
                 obs.append(item["obs"]), actions.append(item["actions"]), next_obs.append(item["next_obs"])
                 terms.append(item["terminations"]), labels.append(adv.reshape(-1))
         obs, actions, next_obs, terms, labels = map(torch.cat, (obs, actions, next_obs, terms, labels))
@@ -402,7 +416,7 @@ def _check_encoder(cfg: ShapingConfig, run) -> None:
 
 
 register_signal(SignalSpec(
-    name="shaping", config=ShapingConfig, factory=SelfDistilledShaping, step_kinds=("env_step",),
+    name="shaping", config=ShapingConfig, factory=SelfDistilledShaping, step_kinds=("env_step", "transition"),
     summary="SDRS: a shaper (or potential) distilled from the agent's own advantages adds a dense reward",
     wants=frozenset({"next_obs"}), aliases={"ppo": "sdrs"}, neutral="mode=off", run_check=_check_encoder,
 ))
