@@ -34,7 +34,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from reflectrl.config import RunConfig
-from reflectrl.control.offpolicy import ReplayTrainer
+from reflectrl.control.offpolicy import ReplayTrainer, adam
 from reflectrl.errors import NonFiniteError, UserError
 from reflectrl.nets import image_trunk, run_trunk
 from reflectrl.runs import RunDir
@@ -65,7 +65,11 @@ class QNetwork(nn.Module):
         """The trunk's output: what the head reads (and a signal's heads may)."""
         if self.encoder == "cnn":
             return run_trunk(self.trunk, obs, self.obs_shape, self.channels_last, self.scale)
-        return self.trunk(obs.reshape(len(obs), -1))
+        x = obs.reshape(len(obs), -1)
+        for i in range(0, len(self.trunk), 2):  # Linear, ReLU pairs, called directly: a module call
+            layer = self.trunk[i]                # per layer costs more than a small layer's maths
+            x = F.relu(F.linear(x, layer.weight, layer.bias))
+        return x
 
     @property
     def feature_dim(self) -> int:
@@ -78,8 +82,11 @@ class QNetwork(nn.Module):
         """Epsilon-greedy actions of a batch; (actions, None) as the policies' act gives (action, logprob)."""
         coin = torch.rand(len(obs), generator=generator)
         explore = torch.randint(0, self.num_actions, (len(obs),), generator=generator)
+        random_ = coin < epsilon
+        if bool(random_.all()):  # every env explores: no forward pass needed (the same draws either way)
+            return explore, None
         greedy = self(obs).argmax(dim=1)
-        return torch.where(coin < epsilon, explore, greedy), None
+        return torch.where(random_, explore, greedy), None
 
     def deterministic_action(self, obs: torch.Tensor) -> torch.Tensor:
         return self(obs).argmax(dim=1)
@@ -117,7 +124,7 @@ class DQNTrainer(ReplayTrainer):
         d = self.knobs
         self.agent = QNetwork(self.obs_shape, int(act_space.n), d.encoder, d.hidden_sizes)
         self.target = copy.deepcopy(self.agent)
-        self.optimizer = torch.optim.Adam(self.agent.parameters(), lr=d.learning_rate)
+        self.optimizer = adam(self.agent.parameters(), d.learning_rate)
         self.exploration_steps = d.exploration_fraction * cfg.total_steps
         self._epsilon = d.start_e
         self.bind_signal(int(act_space.n), True, self.agent.feature_dim, d.learning_rate,

@@ -6,7 +6,7 @@ std squashed into [-5, 2] as CleanRL's), rescaled to the action bounds; automati
 tuning of alpha towards `target_entropy` (-action_dim) with log alpha starting at 0;
 `learning_starts` env steps of uniformly random actions before learning; one Q-step per
 vector step, and every `policy_frequency` env steps `policy_frequency` actor (and alpha)
-steps (TD3's delayed update, as CleanRL). Soft TD target:
+steps on the Q-step's batch (TD3's delayed update, as CleanRL). Soft TD target:
 r + gamma (1 - terminated) (min_i Q_i_target(s', a') - alpha log pi(a' | s')), a' ~ pi(. | s').
 
 Signals on replay data (control/offpolicy.py): V(s) = min_i Q_i(s, a~) - alpha log pi(a~ | s)
@@ -31,7 +31,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from reflectrl.config import RunConfig
-from reflectrl.control.offpolicy import ReplayTrainer
+from reflectrl.control.offpolicy import ReplayTrainer, adam
 from reflectrl.errors import NonFiniteError, UserError
 from reflectrl.runs import RunDir
 from reflectrl.runs.loop import crossed
@@ -125,12 +125,12 @@ class SACTrainer(ReplayTrainer):
         self.qf1 = SoftQNetwork(obs_dim, action_dim, d.hidden_sizes)
         self.qf2 = SoftQNetwork(obs_dim, action_dim, d.hidden_sizes)
         self.qf1_target, self.qf2_target = copy.deepcopy(self.qf1), copy.deepcopy(self.qf2)
-        self.q_optimizer = torch.optim.Adam([*self.qf1.parameters(), *self.qf2.parameters()], lr=d.q_lr)
-        self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=d.policy_lr)
+        self.q_optimizer = adam([*self.qf1.parameters(), *self.qf2.parameters()], d.q_lr)
+        self.actor_optimizer = adam(self.actor.parameters(), d.policy_lr)
         self.target_entropy = -float(action_dim) if d.target_entropy is None else float(d.target_entropy)
         if d.autotune:
             self.log_alpha = torch.zeros(1, requires_grad=True)
-            self.alpha_optimizer = torch.optim.Adam([self.log_alpha], lr=d.q_lr)
+            self.alpha_optimizer = adam([self.log_alpha], d.q_lr)
             self.alpha = float(self.log_alpha.detach().exp())
         else:
             self.log_alpha, self.alpha_optimizer, self.alpha = None, None, d.alpha
@@ -170,16 +170,17 @@ class SACTrainer(ReplayTrainer):
 
     def learn(self, before: int, stats: list[dict]) -> None:
         d = self.knobs
-        row = self.q_step()
+        row, obs = self.q_step()
         if crossed(before, self.global_step, d.policy_frequency):
-            # TD3's delayed update, as CleanRL: policy_frequency actor steps at once
+            # TD3's delayed update, as CleanRL: policy_frequency actor steps at once, on the Q-step's batch
             for _ in range(d.policy_frequency):
-                self._last_actor = self.actor_step()
+                self._last_actor = self.actor_step(obs)
         if crossed(before, self.global_step, d.target_network_frequency):
             self.update_targets()
         stats.append({**row, **self._last_actor})
 
-    def q_step(self) -> dict:
+    def q_step(self) -> tuple[dict, torch.Tensor]:
+        """One Q-step on a sampled batch; its statistics, and the batch's observations."""
         d = self.knobs
         batch = self.buffer.sample(d.batch_size, self.generator)
         obs, actions, next_obs = batch["obs"], batch["actions"], batch["next_obs"]
@@ -213,13 +214,19 @@ class SACTrainer(ReplayTrainer):
             self.signal_after_update(signal_batch)
         td = (target - q1).detach()
         return {"qf_loss": loss.detach() / 2.0, "qf1_values": q1.detach().mean(), "qf2_values": q2.detach().mean(),
-                "td_error_mean": td.mean(), "td_error_abs": td.abs().mean()}
+                "td_error_mean": td.mean(), "td_error_abs": td.abs().mean()}, obs
 
-    def actor_step(self) -> dict:
+    def actor_step(self, obs: torch.Tensor) -> dict:
         d = self.knobs
-        obs = self.buffer.sample(d.batch_size, self.generator)["obs"]
         pi, log_pi = self.actor.sample(obs, self.generator)
-        min_q = torch.min(self.qf1(obs, pi), self.qf2(obs, pi))
+        critics = [*self.qf1.parameters(), *self.qf2.parameters()]
+        for p in critics:  # the actor's gradient flows through the critics, not into their weights
+            p.requires_grad_(False)
+        try:
+            min_q = torch.min(self.qf1(obs, pi), self.qf2(obs, pi))
+        finally:
+            for p in critics:
+                p.requires_grad_(True)
         actor_loss = (self.alpha * log_pi - min_q).mean()
         if not torch.isfinite(actor_loss):
             raise NonFiniteError("actor loss", self.global_step)
@@ -228,8 +235,8 @@ class SACTrainer(ReplayTrainer):
         self.actor_optimizer.step()
         out = {"actor_loss": actor_loss.detach(), "entropy": -log_pi.detach().mean()}
         if d.autotune:
-            with torch.no_grad():
-                _, log_pi = self.actor.sample(obs, self.generator)
+            # DECISION: the temperature's loss reads the actor step's own samples (detached), as
+            # SB3 does; CleanRL draws fresh ones (one more actor pass for the same estimate)
             alpha_loss = temperature_loss(self.log_alpha, log_pi, self.target_entropy)
             self.alpha_optimizer.zero_grad()
             alpha_loss.backward()
