@@ -466,3 +466,24 @@ def test_versus_ppo_draws_no_verdict_from_fewer_than_five_seeds(tmp_path):
     assert table["gear"]["vs_ppo"] == "too few seeds"
     assert table["gear"]["vs_ppo_diff"] == pytest.approx(0.6)
     assert "too few seeds (+0.6 [" in (root / "report" / "report.md").read_text()
+
+
+def test_an_off_policy_trainer_s_signals_are_compared_with_its_plain_entry(tmp_path):
+    root = make_experiment(tmp_path / "exp", {
+        "ppo": [0.10, 0.12, 0.08, 0.11, 0.09],
+        "dqn": [0.50, 0.52, 0.48, 0.51, 0.49],
+        "dqn+shaping": [0.90, 0.92, 0.88, 0.91, 0.89],
+        "ppo+shaping": [0.50, 0.52, 0.48, 0.51, 0.49],
+    })
+    table = {r["algo"]: r for r in summary_table(load_experiment(root), reps=2000)}
+    assert table["dqn+shaping"]["baseline"] == "dqn" and table["ppo+shaping"]["baseline"] == "ppo"
+    assert table["dqn+shaping"]["vs_ppo_diff"] == pytest.approx(0.4)  # against dqn, not ppo (+0.8)
+    assert table["dqn+shaping"]["vs_ppo"] == "better" and table["ppo+shaping"]["vs_ppo"] == "better"
+    assert table["dqn"]["baseline"] == "ppo" and table["dqn"]["vs_ppo"] == "better"
+    assert table["dqn"].get("vs_ppo") is not None and table["ppo"].get("vs_ppo") is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        write_report(root, reps=REPS)
+    text = (root / "report" / "report.md").read_text()
+    assert "vs baseline (final)" in text and "better vs dqn (+0.4 [" in text
+    assert "applied to the transitions sampled from the replay buffer at learning time" in text

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from reflectrl.errors import UserError
 from reflectrl.experiments.spec import ExperimentSpec, RunSpec, read_spec
 from reflectrl.registry import parse_algo
 from reflectrl.report import stats
@@ -217,19 +218,36 @@ def _family_verdicts(tests: list[dict], point: list[float]) -> list[str]:
             "equivalent" if pe < ALPHA else "inconclusive" for pd, pe, d in zip(p_diff, p_equiv, point)]
 
 
+def baseline_of(exp: Experiment, label: str) -> str:
+    """The entry an entry is compared with: its trainer's plain entry (dqn for dqn+shaping,
+    sac for sac+calibration) where the experiment has it, else ppo."""
+    try:
+        trainer = parse_algo(next(e.algo for e in exp.spec.entries() if e.label == label)).trainer
+    except (StopIteration, UserError):
+        return BASELINE
+    return trainer if trainer not in (BASELINE, label) and trainer in exp.spec.algos else BASELINE
+
+
 def summary_table(exp: Experiment, reps: int = stats.BOOTSTRAP_REPS) -> list[dict]:
-    """One row per (env, algo entry) with finished runs. Entries other than ppo also carry
-    their comparison with it ("vs_ppo": better, worse, equivalent within the env's margin,
-    inconclusive, or "too few seeds" under MIN_SEEDS_FOR_CI on either side), Holm-corrected
-    over every comparison in the table and taken at each of stats.VERDICT_SEEDS (vs_ppo_stable
-    is False where the seeds disagree)."""
+    """One row per (env, algo entry) with finished runs. Entries other than their baseline
+    (`baseline_of`: ppo, or the plain dqn / sac entry for an off-policy trainer's signals,
+    named in "baseline") also carry their comparison with it ("vs_ppo", the name kept for
+    every baseline: better, worse, equivalent within the env's margin, inconclusive, or "too
+    few seeds" under MIN_SEEDS_FOR_CI on either side), Holm-corrected over every comparison
+    in the table and taken at each of stats.VERDICT_SEEDS (vs_ppo_stable is False where the
+    seeds disagree)."""
     rows = []
     family: list[tuple[dict, list[dict]]] = []  # (row, one test per verdict seed)
     for env_id in exp.spec.envs:
-        base = _complete(score_matrix(exp, BASELINE, "final", False, [env_id])) if BASELINE in exp.spec.algos else None
+        bases: dict[str, np.ndarray | None] = {}
         threshold = _threshold(exp, env_id)
         margin = margin_of(exp, env_id)
         for label in exp.spec.algos:
+            baseline = baseline_of(exp, label)
+            if baseline not in bases:
+                bases[baseline] = (_complete(score_matrix(exp, baseline, "final", False, [env_id]))
+                                   if baseline in exp.spec.algos else None)
+            base = bases[baseline]
             final = _complete(score_matrix(exp, label, "final", False, [env_id]))
             auc = _complete(score_matrix(exp, label, "auc", True, [env_id]))
             if final.size == 0:
@@ -238,14 +256,14 @@ def summary_table(exp: Experiment, reps: int = stats.BOOTSTRAP_REPS) -> list[dic
             f = stats.interval([final], stats.iqm, reps)
             a = stats.interval([auc], stats.iqm, reps) if auc.size else (math.nan,) * 3
             poi = None
-            if base is not None and base.size and label != BASELINE:
+            if base is not None and base.size and label != baseline:
                 poi = stats.interval([final, base], stats.probability_of_improvement, reps)
             reach = [stats.steps_to_threshold(exp.grid, _fill(r.curve), threshold, window=GRID // 10)
                      for r in exp.select(env_id, label)]
             unique = _complete(unique_states_matrix(exp, label, env_id))
             u = stats.interval([unique], stats.iqm, reps) if unique.size else (None, None, None)
             row = {
-                "env": env_id, "algo": label, "seeds": int(final.shape[0]),
+                "env": env_id, "algo": label, "seeds": int(final.shape[0]), "baseline": baseline,
                 "final_iqm": f[0], "final_ci": [f[1], f[2]], "final_seeds": final[:, 0].tolist(),
                 "auc_iqm": a[0], "auc_ci": [a[1], a[2]],
                 "p_improve_over_ppo": None if poi is None else poi[0],
@@ -258,7 +276,7 @@ def summary_table(exp: Experiment, reps: int = stats.BOOTSTRAP_REPS) -> list[dic
                 "unique_states_iqm": u[0], "unique_states_ci": None if u[0] is None else [u[1], u[2]],
             }
             rows.append(row)
-            if base is not None and base.shape[0] >= 2 and final.shape[0] >= 2 and label != BASELINE:
+            if base is not None and base.shape[0] >= 2 and final.shape[0] >= 2 and label != baseline:
                 row["vs_ppo_diff"] = f[0] - stats.iqm(base)
                 if min(base.shape[0], final.shape[0]) < MIN_SEEDS_FOR_CI:
                     # a bootstrap over 2-4 seeds would call a difference "significant" that a rank test

@@ -16,6 +16,7 @@ import warnings
 from pathlib import Path
 
 from reflectrl.errors import UserError
+from reflectrl.registry import TRAINERS, parse_algo
 from reflectrl.report import plots, stats
 from reflectrl.report.analysis import (
     ALPHA,
@@ -50,8 +51,16 @@ FEW_SEEDS_NOTE = (f"{FEW_SEEDS_MARK} With fewer than {MIN_SEEDS_FOR_CI} seeds th
                   "bootstrap, not a reliable 95% CI: a bootstrap over 2-4 values can only resample those values.")
 
 
+def headers(table: list[dict]) -> list[str]:
+    """The table's column names: "vs ppo" where every entry's baseline is ppo, "vs baseline"
+    where some entry is compared with its own trainer's plain entry (dqn, sac)."""
+    if all(r.get("baseline", BASELINE) == BASELINE for r in table):
+        return HEADERS
+    return [h.replace("over ppo", "over baseline").replace("vs ppo", "vs baseline") for h in HEADERS]
+
+
 def _table_rows(table: list[dict]) -> list[list[str]]:
-    base_seeds = {r["env"]: r["seeds"] for r in table if r["algo"] == BASELINE}
+    base_seeds = {(r["env"], r["algo"]): r["seeds"] for r in table}
     out = []
     for r in table:
         if not r.get("seeds"):
@@ -59,7 +68,8 @@ def _table_rows(table: list[dict]) -> list[list[str]]:
             continue
         mark = f" {FEW_SEEDS_MARK}" if r["seeds"] < MIN_SEEDS_FOR_CI else ""
         # P(improve) resamples this entry's seeds and the baseline's
-        p_mark = f" {FEW_SEEDS_MARK}" if min(r["seeds"], base_seeds.get(r["env"], 0)) < MIN_SEEDS_FOR_CI else ""
+        baseline_seeds = base_seeds.get((r["env"], r.get("baseline", BASELINE)), 0)
+        p_mark = f" {FEW_SEEDS_MARK}" if min(r["seeds"], baseline_seeds) < MIN_SEEDS_FOR_CI else ""
         out.append([r["env"], r["algo"], str(r["seeds"]), _num(r["final_iqm"]), _ci(r["final_ci"]) + mark,
                     _num(r["auc_iqm"]), _ci(r["auc_ci"]) + mark,
                     "–" if r["p_improve_over_ppo"] is None
@@ -84,7 +94,8 @@ def _versus_text(r: dict) -> str:
         return "–"
     lo, hi = r["vs_ppo_ci"]
     mark = "" if r["vs_ppo_stable"] else f" {UNSTABLE_MARK}"
-    return f"{r['vs_ppo']} ({r['vs_ppo_diff']:+.3g} [{lo:+.3g}, {hi:+.3g}]){mark}"
+    versus = "" if r.get("baseline", BASELINE) == BASELINE else f" vs {r['baseline']}"
+    return f"{r['vs_ppo']}{versus} ({r['vs_ppo_diff']:+.3g} [{lo:+.3g}, {hi:+.3g}]){mark}"
 
 
 def versus_note(table: list[dict]) -> str:
@@ -98,7 +109,11 @@ def versus_note(table: list[dict]) -> str:
         return few_text.strip()
     margins = {r["env"]: r["margin"] for r in rows}
     flips = [f"{r['algo']} on {r['env']}" for r in rows if not r["vs_ppo_stable"]]
-    text = (f"vs ppo: the IQM difference of final returns (entry - ppo) with its 95% CI; 'better' or 'worse' when a "
+    others = sorted({r["baseline"] for r in rows if r.get("baseline", BASELINE) != BASELINE})
+    lead = ("vs ppo: the IQM difference of final returns (entry - ppo)" if not others else
+            "vs baseline: the IQM difference of final returns (entry - its baseline: the plain "
+            f"{' / '.join(others)} entry for that trainer's signals, ppo for the rest)")
+    text = (f"{lead} with its 95% CI; 'better' or 'worse' when a "
             f"two-sided bootstrap test of the difference holds at {ALPHA:g} after Holm's correction over the "
             f"{rows[0]['vs_ppo_tests']} comparisons of this table; else 'equivalent' when a TOST (two one-sided "
             f"tests, each at {ALPHA:g}) puts the difference inside the margin, +-{MARGIN_SHARE:.0%} of the env's "
@@ -267,6 +282,15 @@ def write_report(root: Path, reps: int = stats.BOOTSTRAP_REPS) -> tuple[Path, li
              "the distinct exploration state keys a run visited over training (unique_states_total: the grid "
              "world's or MiniGrid's cell, heading and carried object, Montezuma's room and position, else a "
              "SimHash of the observation).")
+    if headers(table) is not HEADERS:
+        notes = notes.replace("ends above a run of ppo", "ends above a run of its baseline")
+    parsed = {e.label: parse_algo(e.algo) for e in spec.entries()}
+    replay = sorted(label for label, a in parsed.items()
+                    if a.signals and TRAINERS[a.trainer].step_kinds == ("transition",))
+    if replay:
+        notes += (f" Replay trainers' signals ({', '.join(replay)}): their reward terms are applied to the "
+                  "transitions sampled from the replay buffer at learning time, computed with the signal's heads as "
+                  "they are then (the target shaper, the current reflection net), and never stored in the buffer.")
     if few_seeds:
         notes += " " + FEW_SEEDS_NOTE
     versus = versus_note(table)
@@ -280,7 +304,8 @@ def write_report(root: Path, reps: int = stats.BOOTSTRAP_REPS) -> tuple[Path, li
     # ---- Markdown
     md = [f"# reflectrl experiment report: {root.name}", "", intro, "", "## Results", ""]
     md += [f"> **Warning:** {few_seeds}", ""] if few_seeds else []
-    md += ["| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
+    columns = headers(table)
+    md += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     md += ["| " + " | ".join(r) + " |" for r in rows]
     solved = solved_text(table)
     solved_title = "Which entries solve each env (seeds reaching the threshold):"
@@ -321,7 +346,7 @@ def write_report(root: Path, reps: int = stats.BOOTSTRAP_REPS) -> tuple[Path, li
     if few_seeds:
         parts.append(f"<p class='warning'><b>Warning:</b> {e(few_seeds)}</p>")
     parts.append("<table><tr>")
-    parts += [f"<th>{e(h)}</th>" for h in HEADERS] + ["</tr>"]
+    parts += [f"<th>{e(h)}</th>" for h in headers(table)] + ["</tr>"]
     parts += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows]
     parts += ["</table>"] + ([f"<p>{e(solved_title)}</p><pre>{e(solved)}</pre>"] if solved else [])
     parts += [f"<p><small>{e(notes)}</small></p>"]
