@@ -18,6 +18,7 @@ and the difference with a bootstrap CI.
 
     python bench/offpolicy_vs_sb3.py --mode speed --algo dqn --steps 50000
     python bench/offpolicy_vs_sb3.py --mode learn --algo dqn --steps 500000 --seeds 3 --json FILE
+    python bench/offpolicy_vs_sb3.py --mode learn --algo dqn --steps 500000 --seeds 3 --dqn-loss mse --only reflectrl
     python bench/offpolicy_vs_sb3.py --mode learn --algo sac --env Hopper-v5 --steps 50000 --seeds 3
 """
 
@@ -51,12 +52,15 @@ def evaluate(act, env_id: str) -> float:
     return float(np.mean(returns))
 
 
+DQN_LOSS = "huber"  # --dqn-loss
+
+
 def ours(algo: str, env_id: str, steps: int, seed: int, learning_starts: int | None):
     from reflectrl.control.ppo import new_run_config
     from reflectrl.registry import trainer_class
 
     if algo == "dqn":
-        overrides = ["loss=huber"]
+        overrides = [f"loss={DQN_LOSS}"]
     else:
         overrides = ["q_lr=3e-4"]
     if learning_starts is not None:
@@ -121,16 +125,23 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--dqn-loss", choices=("huber", "mse"), default="huber",
+                        help="our DQN's loss: huber matches SB3's; mse is CleanRL's (whose published scores use it)")
+    parser.add_argument("--only", choices=("reflectrl", "sb3"), default=None, help="run one side only")
     args = parser.parse_args()
+    global DQN_LOSS
+    DQN_LOSS = args.dqn_loss
+    sides = [(n, f) for n, f in (("reflectrl", ours), ("sb3", sb3)) if args.only in (None, n)]
     torch.set_num_threads(1)
     env_id = args.env or ("CartPole-v1" if args.algo == "dqn" else "HalfCheetah-v5")
     steps = args.steps or (50_000 if args.algo == "dqn" else 10_000)
-    out = {"algo": args.algo, "env": env_id, "steps": steps, "mode": args.mode, "machine": platform.processor()
+    out = {"algo": args.algo, "env": env_id, "steps": steps, "mode": args.mode, "dqn_loss": args.dqn_loss,
+           "machine": platform.processor()
            or platform.machine(), "torch": torch.__version__}
     if args.mode == "speed":
         best = {"reflectrl": 0.0, "sb3": 0.0}
         for r in range(args.repeats):
-            for name, fn in (("reflectrl", ours), ("sb3", sb3)):
+            for name, fn in sides:
                 sps, _ = fn(args.algo, env_id, steps, 1, args.learning_starts)
                 best[name] = max(best[name], sps)
                 print(f"repeat {r + 1} {name:9s} {sps:8.1f} env steps/s", flush=True)
@@ -140,16 +151,18 @@ def main() -> None:
     else:
         scores: dict[str, list[float]] = {"reflectrl": [], "sb3": []}
         for seed in range(1, args.seeds + 1):
-            for name, fn in (("reflectrl", ours), ("sb3", sb3)):
+            for name, fn in sides:
                 sps, act = fn(args.algo, env_id, steps, seed, args.learning_starts)
                 score = evaluate(act, env_id)
                 scores[name].append(score)
                 print(f"seed {seed} {name:9s} greedy return {score:9.2f} ({sps:.0f} steps/s)", flush=True)
-        diff = bootstrap_diff(scores["reflectrl"], scores["sb3"])
-        out.update(scores=scores, diff=diff)
+        scores = {k: v for k, v in scores.items() if v}
+        out.update(scores=scores)
         for name, s in scores.items():
             print(f"{name:9s} mean {np.mean(s):9.2f} +- {np.std(s):.2f} over {len(s)} seeds: {s}")
-        print(f"reflectrl - SB3: {diff[0]:+.2f} [95% bootstrap CI {diff[1]:+.2f}, {diff[2]:+.2f}]")
+        if len(scores) == 2:
+            diff = out["diff"] = bootstrap_diff(scores["reflectrl"], scores["sb3"])
+            print(f"reflectrl - SB3: {diff[0]:+.2f} [95% bootstrap CI {diff[1]:+.2f}, {diff[2]:+.2f}]")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)
