@@ -161,7 +161,8 @@ def main() -> None:
         for name, s in scores.items():
             print(f"{name:9s} mean {np.mean(s):9.2f} +- {np.std(s):.2f} over {len(s)} seeds: {s}")
         if len(scores) == 2:
-            diff = out["diff"] = bootstrap_diff(scores["reflectrl"], scores["sb3"])
+            # [mean, lo, hi]; "diff" is the old name of the field
+            diff = out["diff_mean_ci95"] = out["diff"] = bootstrap_diff(scores["reflectrl"], scores["sb3"])
             print(f"reflectrl - SB3: {diff[0]:+.2f} [95% bootstrap CI {diff[1]:+.2f}, {diff[2]:+.2f}]")
     if args.json:
         with open(args.json, "w") as f:
