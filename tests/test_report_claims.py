@@ -189,6 +189,23 @@ def test_sdrs_claim_needs_a_sparse_env(tmp_path):
     assert claim(make_experiment(tmp_path / "worse", curves), "Shaping (SDRS)").verdict == "not supported"
 
 
+def test_sdrs_claim_on_a_replay_trainer_is_tested_against_its_plain_entry(tmp_path):
+    slow, fast = [[0.0] * 10 + [10.0] * 10] * 5, [[10.0] * 20] * 5
+    better = claim(make_experiment(tmp_path / "a", {"dqn": slow, "dqn+shaping": fast}), "Shaping (SDRS)")
+    assert better.verdict == "supported" and "dqn+shaping - dqn:" in better.evidence
+    worse = claim(make_experiment(tmp_path / "b", {"sac": fast, "sac+shaping": slow}), "Shaping (SDRS)")
+    assert worse.verdict == "not supported" and "sac+shaping - sac:" in worse.evidence
+    # sdrs vs ppo where the experiment has both; a replay trainer's shaping without its plain entry is not tested
+    both = claim(make_experiment(tmp_path / "c", {"ppo": fast, "sdrs": slow, "dqn": slow, "dqn+shaping": fast}),
+                 "Shaping (SDRS)")
+    assert both.verdict == "not supported" and "sdrs - ppo:" in both.evidence
+    alone = claim(make_experiment(tmp_path / "d", {"dqn+shaping": fast, "ppo+count": slow}), "Shaping (SDRS)")
+    assert alone.verdict == "not tested"
+    # the other claims name PPO: a replay trainer's calibration does not stand in for refgrpo
+    cal = claim(make_experiment(tmp_path / "e", {"dqn": slow, "dqn+calibration": fast}), "RefGRPO learns faster")
+    assert cal.verdict == "not tested"
+
+
 def test_claim_with_one_seed_of_an_entry_is_not_tested(tmp_path):
     root = make_experiment(tmp_path / "exp", {"ppo": LOW, "gear": HIGH[:1]})
     c = claim(root, "GEAR beats the baseline")

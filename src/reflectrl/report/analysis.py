@@ -360,9 +360,28 @@ def _method_label(exp: Experiment, algo: str) -> str | None:
     return same[0].label if same else None
 
 
-def _diff_matrices(exp: Experiment, label: str, key: str, envs: list[str]):
+def _method_and_baseline(exp: Experiment, algo: str, any_trainer: bool) -> tuple[str | None, str]:
+    """The entry a claim about `algo` (a PPO method: sdrs, gear, ...) is tested on, and the
+    entry it is compared with: the method on PPO against ppo where the experiment has them,
+    else the same signals on a replay trainer against that trainer's plain entry (sdrs ->
+    dqn+shaping vs dqn, as `baseline_of`)."""
+    label = _method_label(exp, algo)
+    if not any_trainer or (label is not None and BASELINE in exp.spec.algos):
+        return label, BASELINE
+    signals = parse_algo(algo).signals
+    for entry in sorted(exp.spec.entries(), key=lambda e: bool(e.overrides)):
+        try:
+            parsed = parse_algo(entry.algo)
+        except UserError:
+            continue
+        if parsed.trainer != BASELINE and parsed.signals == signals and baseline_of(exp, entry.label) != BASELINE:
+            return entry.label, parsed.trainer
+    return label, BASELINE
+
+
+def _diff_matrices(exp: Experiment, label: str, key: str, envs: list[str], baseline: str = BASELINE):
     a = _complete(score_matrix(exp, label, key, True, envs))
-    b = _complete(score_matrix(exp, BASELINE, key, True, envs))
+    b = _complete(score_matrix(exp, baseline, key, True, envs))
     return None if a.shape[0] < 2 or b.shape[0] < 2 else (a, b)
 
 
@@ -445,21 +464,21 @@ def evaluate_claims(exp: Experiment, reps: int = stats.BOOTSTRAP_REPS, margin: f
     def bootstrap(matrices, statistic):
         return [stats.stratified_bootstrap(matrices, statistic, reps, seed) for seed in stats.VERDICT_SEEDS]
 
-    def compare(statement, algo, key, envs_, decide, what, null, units=""):
-        label = _method_label(exp, algo)
-        if label is None or not has_base:
+    def compare(statement, algo, key, envs_, decide, what, null, units="", any_trainer=False):
+        label, base = _method_and_baseline(exp, algo, any_trainer)
+        if label is None or base not in exp.spec.algos:
             needs = [a for a, ok in ((algo, label is not None), (BASELINE, has_base)) if not ok]
             return untested(statement, f"needs '{algo}' and '{BASELINE}' in --algos", ", ".join(needs))
         if not envs_:
             return untested(statement, "no sparse-reward env in the experiment (GridWorld, MiniGrid, BabyAI, "
                             "or any env with --wrapper sparse/delayed)", NO_SPARSE_ENV)
-        pair = _diff_matrices(exp, label, key, envs_)
+        pair = _diff_matrices(exp, label, key, envs_, base)
         if pair is None:
-            return untested(statement, f"needs at least 2 finished seeds of '{label}' and of '{BASELINE}'")
+            return untested(statement, f"needs at least 2 finished seeds of '{label}' and of '{base}'")
         a, b = pair
 
-        def evidence(ci, label=label, n_a=a.shape[0], n_b=b.shape[0]):
-            return (f"IQM difference in normalised {what}, {label} - {BASELINE}: {_fmt(ci)} (95% stratified "
+        def evidence(ci, label=label, base=base, n_a=a.shape[0], n_b=b.shape[0]):
+            return (f"IQM difference in normalised {what}, {label} - {base}: {_fmt(ci)} (95% stratified "
                     f"bootstrap CI; {n_a} vs {n_b} seeds x {len(envs_)} env(s){units}{_few_seeds_note(min(n_a, n_b))})")
 
         pending(_Test(statement, stats.iqm_difference(a, b), bootstrap([a, b], stats.iqm_difference), decide,
@@ -495,8 +514,9 @@ def evaluate_claims(exp: Experiment, reps: int = stats.BOOTSTRAP_REPS, margin: f
 
     sparse = [e for e in envs
               if e.startswith(SPARSE_ENV_PREFIXES) or (exp.spec.wrapper or "").startswith(("sparse", "delayed"))]
+    # trainer-neutral: tested as dqn+shaping vs dqn (sac+shaping vs sac) where there is no sdrs vs ppo
     compare("Shaping (SDRS) helps on sparse-reward tasks", "sdrs", "auc", sparse, _verdict_greater,
-            "area under the learning curve", 0.0)
+            "area under the learning curve", 0.0, any_trainer=True)
     compare("GEAR beats the baseline", "gear", "final", envs, _verdict_greater, "final return", 0.0)
 
     _decide(claims, tests)
