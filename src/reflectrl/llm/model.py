@@ -31,6 +31,7 @@ CORPUS_TASKS = ("arith", "tools", "code", "rg:basic_arithmetic",
 
 def _corpus(tasks=CORPUS_TASKS, per_task: int = 400, seed: int = 0) -> list[str]:
     from reflectrl.llm.tasks import make_task
+    from reflectrl.llm.tasks.base import turn_text
 
     rng = random.Random(seed)
     lines = []
@@ -43,8 +44,8 @@ def _corpus(tasks=CORPUS_TASKS, per_task: int = 400, seed: int = 0) -> list[str]
             problem = task.sample(rng)
             text, turns = problem.prompt, []
             for turn in task.demonstration(problem):
-                turns.append(turn)
-                text += turn + "\n"
+                turns.append(turn_text(turn))
+                text += turns[-1] + "\n"
                 reply = task.respond(problem, turns)
                 if reply:
                     text += reply

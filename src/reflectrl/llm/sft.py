@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from reflectrl.errors import NonFiniteError, UserError
-from reflectrl.llm.tasks.base import Task
+from reflectrl.llm.tasks.base import Task, turn_pieces, turn_text
 from reflectrl.runs.rundir import atomic_dir
 
 
@@ -26,10 +26,13 @@ def demonstration_tokens(tokenizer, task: Task, problem) -> tuple[list[int], lis
     agent = [False] * len(ids)
     turns: list[str] = []
     for turn in task.demonstration(problem):
-        turns.append(turn)
-        piece = tokenizer.encode(turn, add_special_tokens=False) + [tokenizer.eos_token_id]
-        ids += piece
-        agent += [True] * len(piece)
+        turns.append(turn_text(turn))
+        for text, learned in turn_pieces(turn):  # a shown, unlearned wrong answer is context only
+            piece = tokenizer.encode(text, add_special_tokens=False)
+            ids += piece
+            agent += [learned] * len(piece)
+        ids.append(tokenizer.eos_token_id)
+        agent.append(True)
         reply = task.respond(problem, turns)
         if reply is not None:
             reply_ids = tokenizer.encode(reply, add_special_tokens=False)

@@ -13,6 +13,9 @@ an error. The tasks:
     code      write a small Python function body, scored by unit tests in the sandbox (tasks/code.py)
     tools     multi-turn: look a value up and calculate with tools, then answer (tasks/tools.py)
 
+Every task also takes `reflect=none|verdict|confidence|both` and `reflect_negatives=0.5`:
+the final turn then ends in a stated verdict and/or confidence (tasks/reflect.py).
+
 Every bad spec raises `UserError` with one line saying what is wrong and how to fix it.
 """
 
@@ -26,6 +29,7 @@ from reflectrl.errors import UserError
 from reflectrl.llm.tasks.arith import ArithTask
 from reflectrl.llm.tasks.base import Problem, Task
 from reflectrl.llm.tasks.code import CodeTask
+from reflectrl.llm.tasks.reflect import check_mode, wrap
 from reflectrl.llm.tasks.tools import ToolsTask
 from reflectrl.overrides import parse_value
 
@@ -82,9 +86,30 @@ def coerce_all(raw: dict[str, str], defaults: dict, where: str) -> dict:
     return {k: coerce(v, defaults[k], k, where) for k, v in raw.items()}
 
 
+REFLECT_OPTIONS = {"reflect": "none", "reflect_negatives": 0.5}
+
+
 def make_task(spec: str) -> Task:
-    """Build a task from its spec, e.g. "arith", "tools[keys=8]", "rg:chain_sum[max_terms=2]"."""
+    """Build a task from its spec, e.g. "arith", "tools[keys=8]", "rg:chain_sum[max_terms=2]",
+    "arith[reflect=both]"."""
     name, raw = parse_spec(spec)
+    reflect_raw = {k: raw.pop(k) for k in list(raw) if k in REFLECT_OPTIONS}
+    reflect = coerce_all(reflect_raw, REFLECT_OPTIONS, f"task {name}")
+    mode = check_mode(reflect.get("reflect", "none"), f"task {name}")
+    cls = _BUILTIN.get(name)
+    if cls is not None and getattr(cls, "native_reflect", False):  # the task places its own reflections (rag)
+        return _build(cls, name, raw, **reflect)
+    return wrap(_make_plain(name, raw), mode, reflect.get("reflect_negatives", REFLECT_OPTIONS["reflect_negatives"]))
+
+
+def _build(cls, name: str, raw: dict, **fixed) -> Task:
+    params = inspect.signature(cls.__init__).parameters
+    defaults = {k: p.default for k, p in params.items() if p.default is not inspect.Parameter.empty
+                and k not in fixed}
+    return cls(**coerce_all(raw, defaults, f"task {name}"), **fixed)
+
+
+def _make_plain(name: str, raw: dict) -> Task:
     if name.startswith("rg:") or name == "rg":
         dataset = name[3:]
         if not dataset:
@@ -97,9 +122,7 @@ def make_task(spec: str) -> Task:
     cls = _BUILTIN.get(name)
     if cls is None:
         raise UserError(f"unknown task {name!r}{_suggest(name)}; {_NAMES_HINT}")
-    params = inspect.signature(cls.__init__).parameters
-    defaults = {k: p.default for k, p in params.items() if p.default is not inspect.Parameter.empty}
-    return cls(**coerce_all(raw, defaults, f"task {name}"))
+    return _build(cls, name, raw)
 
 
 def _suggest(name: str) -> str:

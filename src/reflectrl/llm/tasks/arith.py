@@ -50,3 +50,7 @@ class ArithTask(Task):
 
     def demonstration(self, problem: Problem) -> list[str]:
         return [problem.answer]
+
+    def wrong_turns(self, problem: Problem, rng: random.Random) -> list[str]:
+        """A near miss, as a tiny model's errors are: the answer off by 1..10."""
+        return [str(int(problem.answer) + rng.choice((-1, 1)) * rng.randint(1, 10))]

@@ -17,8 +17,15 @@ episode, and so on for at most `max_turns` agent turns:
     reward = task.score(problem, turns)         # in [0, 1]; 1 means solved
 
 `demonstration(problem)` returns the agent turns of a correct episode, used by `llm sft`
-to warm-start a model and by `llm init-tiny` to train the tokenizer. Single-turn tasks
-have `max_turns = 1` and `respond` always returns None.
+to warm-start a model and by `llm init-tiny` to train the tokenizer. A turn is a string, or
+a list of (text, learned) pieces where some of it is in the context but not learned (a
+wrong answer shown so that its judgement can be learned: tasks/reflect.py). Single-turn
+tasks have `max_turns = 1` and `respond` always returns None.
+
+Reflection (tasks/reflect.py): `reflect` is the mode a task was built with (`none`,
+`verdict`, `confidence`, `both`); `reflections(problem, turns)` gives, per turn, the list of
+`Reflection`s the agent stated there (empty where the task asks for none); `wrong_turns`
+gives the turns of a plausible wrong episode (None: the task has none to show).
 """
 
 from __future__ import annotations
@@ -53,5 +60,22 @@ class Task:
         """Rewards for many episodes; tasks with expensive verifiers (code) run them in parallel."""
         return [self.score(p, t) for p, t in zip(problems, episodes)]
 
-    def demonstration(self, problem: Problem) -> list[str]:
+    def demonstration(self, problem: Problem) -> list:
         raise NotImplementedError
+
+    reflect = "none"
+
+    def reflections(self, problem: Problem, turns: list[str]) -> list:
+        return [[] for _ in turns]
+
+    def wrong_turns(self, problem: Problem, rng: random.Random) -> list[str] | None:
+        return None
+
+
+def turn_text(turn) -> str:
+    """A demonstration turn's text (a string, or (text, learned) pieces)."""
+    return turn if isinstance(turn, str) else "".join(text for text, _ in turn)
+
+
+def turn_pieces(turn) -> list[tuple[str, bool]]:
+    return [(turn, True)] if isinstance(turn, str) else list(turn)

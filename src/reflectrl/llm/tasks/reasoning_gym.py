@@ -114,3 +114,12 @@ class ReasoningGymTask(Task):
             raise UserError(f"task {self.name} has no reference answer for this entry, so it cannot be "
                             "demonstrated (SFT); use an RL-only run or another dataset")
         return [str(problem.answer)]
+
+    def wrong_turns(self, problem: Problem, rng: random.Random) -> list[str] | None:
+        """An integer answer off by 1..10 (scored wrong by the dataset's verifier); None for other answers."""
+        try:
+            value = int(str(problem.answer).strip())
+        except ValueError:
+            return None
+        wrong = [str(value + rng.choice((-1, 1)) * rng.randint(1, 10))]
+        return wrong if self.score(problem, wrong) < 1.0 else None

@@ -104,3 +104,8 @@ class ToolsTask(Task):
         if meta["op"] is not None:
             turns.append(f"calc {meta['table'][meta['key']]}{meta['op']}{meta['constant']}")
         return turns + [f"answer {problem.answer}"]
+
+    def wrong_turns(self, problem: Problem, rng: random.Random) -> list[str]:
+        """The demonstration's calls, then an answer off by 1..10."""
+        turns = self.demonstration(problem)
+        return turns[:-1] + [f"answer {problem.answer + rng.choice((-1, 1)) * rng.randint(1, 10)}"]

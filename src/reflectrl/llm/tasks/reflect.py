@@ -1,0 +1,180 @@
+"""Reflection in the output format: the agent states, after its answer, whether it solved the
+task and/or how confident it is (the RefGRPO paper's verbal verdict, RLCR's confidence).
+
+Every task takes the option `reflect=verdict|confidence|both` (`none`, the default, asks for
+nothing), e.g. `arith[reflect=both]`. The final agent turn is then the task's own answer
+followed by ` | ` and the reflection:
+
+    reflect=verdict      "19 | solved"            "18 | not solved"
+    reflect=confidence   "19 | 0.8"               "18 | 0.2"
+    reflect=both         "19 | solved 0.8"        "18 | not solved 0.2"
+
+The confidence is a number in [0, 1] (`1`, `0.85`, `.3`); the parser reads a verdict and a
+confidence wherever they are stated, whatever the mode, and calls a reflection well formed
+when it states what the mode asks for. A suffix that does not read as a reflection is part
+of the answer (so `return a | b` stays code), and the reflection is then missing: it counts
+as wrong (a verdict) or uninformative (a confidence) in every metric (llm/calibration.py)
+and earns the signals' worst reward.
+
+`Reflective(task, mode)` wraps any task: the inner task sees its turns with the reflection
+cut off (so its tools and verifier are unchanged), and its demonstrations, for SFT, end with
+a reflection. A share `reflect_negatives` (default 0.5) of demonstrations ends instead in a
+wrong answer (the inner task's `wrong_turns`, where it has one) followed by "not solved" and
+a low confidence, with the wrong answer's tokens masked out of the SFT loss: the model learns
+the format and to judge an answer, not to give wrong ones (DECISION: without negatives, SFT
+teaches "solved 1.0" on every answer and there is nothing to calibrate; with the answer
+masked, it does not teach errors). Demonstrated confidences are drawn uniformly from
+0.6..1.0 on correct answers and 0.0..0.4 on wrong ones, in steps of 0.1, so sampling
+explores the scale from the start.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+
+from reflectrl.errors import UserError
+from reflectrl.llm.tasks.base import Problem, Task
+
+REFLECT_MODES = ("none", "verdict", "confidence", "both")
+SEPARATOR = " | "
+_NUMBER = r"(?:1(?:\.0*)?|0?\.\d+|0)"
+_REFLECTION = re.compile(rf"^\s*(?:(solved|not solved)\s*)?(?:({_NUMBER})\s*)?$")
+_VERDICT_PREFIX = re.compile(r"^\s*(relevant|not relevant)\s*;\s*", re.DOTALL)
+POSITIVE_CONFIDENCES = (0.6, 0.7, 0.8, 0.9, 1.0)
+NEGATIVE_CONFIDENCES = (0.0, 0.1, 0.2, 0.3, 0.4)
+
+
+@dataclass(frozen=True)
+class Reflection:
+    """What an agent stated about one turn's work: a verdict (True: "solved" / "relevant"),
+    a confidence in [0, 1], either None where it stated none or none that parses;
+    `well_formed`: it stated what the task's mode asks for."""
+
+    verdict: bool | None = None
+    confidence: float | None = None
+    well_formed: bool = False
+    final: bool = True  # on the answer (False: on an intermediate step, e.g. a search's result)
+
+    @property
+    def stated_verdict(self) -> bool | None:
+        """The verdict, or the confidence read as one (>= 0.5: solved) where only that is stated."""
+        if self.verdict is not None:
+            return self.verdict
+        return None if self.confidence is None else self.confidence >= 0.5
+
+    @property
+    def stated_confidence(self) -> float | None:
+        """The confidence, or a verdict read as one (1 or 0) where only that is stated."""
+        if self.confidence is not None:
+            return self.confidence
+        return None if self.verdict is None else float(self.verdict)
+
+
+def check_mode(mode: str, where: str) -> str:
+    if mode not in REFLECT_MODES:
+        raise UserError(f"{where}: reflect={mode!r}; use one of {', '.join(REFLECT_MODES)}")
+    return mode
+
+
+def wants(mode: str) -> tuple[bool, bool]:
+    """(a verdict, a confidence): what a mode asks for."""
+    return mode in ("verdict", "both"), mode in ("confidence", "both")
+
+
+def split_reflection(text: str, mode: str) -> tuple[str, Reflection]:
+    """`ANSWER | REFLECTION` -> (ANSWER, Reflection); a turn with no parseable reflection is all answer."""
+    head, sep, tail = text.rpartition(SEPARATOR.strip())
+    m = _REFLECTION.match(tail) if sep else None
+    if m is None or not (m.group(1) or m.group(2)):
+        return text, Reflection()
+    verdict = None if m.group(1) is None else m.group(1) == "solved"
+    confidence = None if m.group(2) is None else float(m.group(2))
+    want_verdict, want_confidence = wants(mode)
+    ok = (verdict is not None or not want_verdict) and (confidence is not None or not want_confidence)
+    return head.rstrip(), Reflection(verdict, confidence, ok)
+
+
+def format_reflection(verdict: bool, confidence: float, mode: str) -> str:
+    """The reflection suffix a mode asks for (with its separator), e.g. ' | not solved 0.2'."""
+    want_verdict, want_confidence = wants(mode)
+    parts = ([("solved" if verdict else "not solved")] if want_verdict else []) + \
+            ([f"{confidence:.1f}"] if want_confidence else [])
+    return SEPARATOR + " ".join(parts)
+
+
+def split_relevance(text: str) -> tuple[str, Reflection]:
+    """`relevant; ACTION` / `not relevant; ACTION` -> (ACTION, Reflection on the last step's
+    result); a turn without the prefix is all action, its reflection missing."""
+    m = _VERDICT_PREFIX.match(text)
+    if m is None:
+        return text, Reflection(final=False)
+    return text[m.end():], Reflection(verdict=m.group(1) == "relevant", well_formed=True, final=False)
+
+
+def format_relevance(relevant: bool) -> str:
+    return "relevant; " if relevant else "not relevant; "
+
+
+class Reflective(Task):
+    """Any task with a reflection at the end of its final agent turn (see the module's doc)."""
+
+    def __init__(self, inner: Task, mode: str, negatives: float = 0.5, seed: int = 0):
+        if mode == "none":
+            raise ValueError("Reflective needs a mode other than none")
+        if not 0.0 <= negatives <= 1.0:
+            raise UserError(f"task {inner.name}: reflect_negatives={negatives} must be in [0, 1]")
+        self.inner, self.reflect, self.negatives = inner, mode, negatives
+        self.name = inner.name
+        self.max_turns = inner.max_turns
+        self.max_new_tokens = inner.max_new_tokens + len(format_reflection(False, 0.0, "both")) + 2
+        self._demo_rng = random.Random(seed)  # the demonstrations' choices; the problems' stream is the inner task's
+
+    def _strip(self, turns: list[str]) -> list[str]:
+        return [split_reflection(t, self.reflect)[0] for t in turns]
+
+    def sample(self, rng: random.Random) -> Problem:
+        problem = self.inner.sample(rng)
+        r = self._demo_rng
+        negative = r.random() < self.negatives
+        problem.meta["reflect_demo"] = {"negative": negative, "seed": r.getrandbits(32),
+                                        "confidence": r.choice(NEGATIVE_CONFIDENCES if negative
+                                                               else POSITIVE_CONFIDENCES)}
+        return problem
+
+    def respond(self, problem: Problem, turns: list[str]) -> str | None:
+        return self.inner.respond(problem, self._strip(turns))
+
+    def score(self, problem: Problem, turns: list[str]) -> float:
+        return self.inner.score(problem, self._strip(turns))
+
+    def score_batch(self, problems: list[Problem], episodes: list[list[str]]) -> list[float]:
+        return self.inner.score_batch(problems, [self._strip(t) for t in episodes])
+
+    def reflections(self, problem: Problem, turns: list[str]) -> list[list[Reflection]]:
+        """Per turn, the reflections stated there: the final turn's; none on the others."""
+        if not turns:
+            return []
+        return [[] for _ in turns[:-1]] + [[split_reflection(turns[-1], self.reflect)[1]]]
+
+    def demonstration(self, problem: Problem) -> list:
+        demo = problem.meta.get("reflect_demo") or {"negative": False, "seed": 0, "confidence": 1.0}
+        wrong = None
+        if demo["negative"]:
+            wrong = self.inner.wrong_turns(problem, random.Random(demo["seed"]))
+        if wrong is None:
+            turns = list(self.inner.demonstration(problem))
+            confidence = (demo["confidence"] if not demo["negative"]  # a task with no wrong answers to show
+                          else random.Random(demo["seed"]).choice(POSITIVE_CONFIDENCES))
+            return turns[:-1] + [turns[-1] + format_reflection(True, confidence, self.reflect)]
+        # the wrong answer is in the context but not learned; its judgement is
+        *before, last = wrong
+        return before + [[(last, False), (format_reflection(False, demo["confidence"], self.reflect), True)]]
+
+    def wrong_turns(self, problem: Problem, rng: random.Random):
+        return self.inner.wrong_turns(problem, rng)
+
+
+def wrap(task: Task, mode: str, negatives: float) -> Task:
+    return task if mode == "none" else Reflective(task, mode, negatives)
