@@ -48,6 +48,7 @@ class SignalSpec:
                                        # knobs need of the rest of the run (e.g. the policy's encoder)
     on_finish: dict | str = field(default_factory=dict)  # {trainer: "module:function(run_dir)"} (or one for all)
     refusals: dict = field(default_factory=dict)  # {step kind it cannot work on: why} (said when refused)
+    task_options: dict = field(default_factory=dict)  # what it needs of an LLM task, e.g. {"reflect": "verdict"}
 
     def __hash__(self):
         return hash(self.name)

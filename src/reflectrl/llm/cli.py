@@ -31,6 +31,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     tiny_defaults = _defaults(init_tiny)
     tiny = sub.add_parser("init-tiny", help="write a tiny random causal LM and its tokenizer (no download)")
     tiny.add_argument("--out", required=True, help="model directory to create")
+    tiny.add_argument("--task", action="append", default=None, metavar="SPEC",
+                      help="train the tokenizer on this task's demonstrations too (repeatable), e.g. "
+                           "'arith[reflect=both]' or rag")
     tiny.add_argument("--arch", default=None, help=f"llama or qwen2 (default {tiny_defaults['arch']})")
     for flag, name in (("--hidden-size", "hidden_size"), ("--layers", "layers"), ("--heads", "heads"),
                        ("--vocab-size", "vocab_size"), ("--seed", "seed")):
@@ -67,7 +70,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     ev.add_argument("--task", required=True, help="arith, rg:NAME, code or tools, with options in brackets "
                     "(e.g. arith[max_operand=9;ops=+-*]); as given to llm train")
     ev.add_argument("--problems", type=int, default=64, help="held-out problems to score (default 64)")
-    ev.add_argument("--json", action="store_true", help="print one JSON object")
+    ev.add_argument("--json", action="store_true", help="print one JSON object (with the calibration metrics of "
+                    "the stated reflections: null where the task states none)")
+    ev.add_argument("--reliability", metavar="PNG", default=None,
+                    help="write a reliability diagram of the stated confidences (a task with reflect=...)")
     return llm
 
 
@@ -77,8 +83,15 @@ def run(args) -> int:
         from reflectrl.llm.model import init_tiny
 
         _check_out(args.out)
+        if args.task:
+            from reflectrl.llm.model import CORPUS_TASKS
+            from reflectrl.llm.tasks import make_task
+
+            for spec in args.task:
+                make_task(spec)  # a bad spec fails here, in one line
         path = init_tiny(args.out, **_given(arch=args.arch, hidden_size=args.hidden_size, layers=args.layers,
-                                            heads=args.heads, vocab_size=args.vocab_size, seed=args.seed))
+                                            heads=args.heads, vocab_size=args.vocab_size, seed=args.seed,
+                                            corpus_tasks=CORPUS_TASKS + tuple(args.task) if args.task else None))
         print(f"tiny model: {path}")
         return 0
     if command == "sft":
@@ -193,6 +206,7 @@ def _finish(trainer, run) -> None:
 def _eval(args) -> int:
     import random
 
+    from reflectrl.llm.calibration import calibration_metrics, plot_reliability
     from reflectrl.llm.grpo import EVAL_SEED, rollout
     from reflectrl.llm.model import load_model
     from reflectrl.llm.tasks import make_task
@@ -205,11 +219,23 @@ def _eval(args) -> int:
     problems = [task.sample(rng) for _ in range(args.problems)]
     episodes = rollout(model.eval(), tokenizer, task, problems, max_new_tokens=task.max_new_tokens, greedy=True)
     rewards = task.score_batch(problems, episodes.turns)
+    correct = [r >= 1.0 for r in rewards]
+    finals = episodes.final_reflections(task)
     result = {"task": args.task, "model": args.model, "problems": len(problems),
-              "accuracy": sum(r >= 1.0 for r in rewards) / len(rewards), "reward": sum(rewards) / len(rewards)}
+              "reward": sum(rewards) / len(rewards), **calibration_metrics(correct, finals),
+              "reliability_png": None}
+    if args.reliability:
+        if task.reflect == "none":
+            raise UserError(f"--reliability: task {args.task!r} states no confidence; add [reflect=confidence] "
+                            "(or verdict, both) to the task")
+        result["reliability_png"] = str(plot_reliability(correct, finals, args.reliability, title=args.task))
     if args.json:
         print(json.dumps(result))
     else:
         print(f"{args.task}: greedy accuracy {result['accuracy']:.3f}, mean reward {result['reward']:.3f} "
               f"over {len(problems)} held-out problems")
+        if task.reflect != "none":
+            shown = {k: result[k] for k in ("reflection_format_rate", "reflection_accuracy", "under_confidence_rate",
+                                            "over_confidence_rate", "ece", "brier", "auroc", "selective_auc")}
+            print("  " + ", ".join(f"{k} {'n/a' if v is None else f'{v:.3f}'}" for k, v in shown.items()))
     return 0

@@ -18,6 +18,7 @@ from reflectrl import overrides
 from reflectrl.config import check_seed, sections_from_dict, validate_sections
 from reflectrl.errors import UserError
 from reflectrl.llm.losses import LOSS_AGGREGATIONS
+from reflectrl.llm.tasks.reflect import require_reflect
 from reflectrl.registry import aliases, parse_algo, section_types, signal_spec
 
 
@@ -31,6 +32,7 @@ def __getattr__(name: str):
 
 LOSS_TYPES = tuple(LOSS_AGGREGATIONS)  # llm/losses.py
 SCALE_REWARDS = ("group", "batch", "none")
+PSEUDO_REWARDS = ("none", "verdict")
 
 
 @dataclass
@@ -75,6 +77,8 @@ class GRPOConfig:
     """greedy held-out accuracy every N steps (0: never)"""
     eval_problems: int = 64
     """size of the held-out set"""
+    pseudo_reward: str = "none"
+    """none, or verdict: train on the model's own final verdict ('solved': 1) instead of the withheld label"""
 
 
 @dataclass
@@ -165,6 +169,17 @@ def validate_llm(cfg: LLMRunConfig) -> None:
     for name, allowed in (("loss_type", LOSS_TYPES), ("scale_rewards", SCALE_REWARDS)):
         if getattr(g, name) not in allowed:
             raise UserError(f"{name}='{getattr(g, name)}': use one of {', '.join(allowed)}")
+    if g.pseudo_reward not in PSEUDO_REWARDS:
+        raise UserError(f"pseudo_reward='{g.pseudo_reward}': use one of {', '.join(PSEUDO_REWARDS)}")
     validate_sections(cfg.algo, algo, cfg.sections, run=cfg)
     for name in algo.signals:
         cfg.sections.setdefault(name, signal_spec(name).config())
+    # what the signals (and a pseudo-reward) need the task to state: switched on in its spec
+    needs = {f"signal '{n}'": signal_spec(n).task_options["reflect"] for n in algo.signals
+             if "reflect" in signal_spec(n).task_options}
+    if g.pseudo_reward == "verdict" and needs:
+        raise UserError(f"pseudo_reward=verdict withholds the labels that {', '.join(needs)} judge(s) the "
+                        "reflections against; drop the signal, or train it first and self-improve from its model")
+    if g.pseudo_reward == "verdict":
+        needs["pseudo_reward=verdict"] = "verdict"
+    cfg.task = require_reflect(cfg.task, needs)

@@ -33,11 +33,13 @@ import torch
 
 from reflectrl.control.gae import compute_gae
 from reflectrl.errors import NonFiniteError
+from reflectrl.llm.calibration import calibration_metrics, scalar_metrics
 from reflectrl.llm.config import LLMRunConfig
 from reflectrl.llm.losses import aggregate
 from reflectrl.llm.model import hidden_size
 from reflectrl.llm.tasks import make_task
 from reflectrl.llm.tasks.base import Problem, Task
+from reflectrl.llm.tasks.reflect import Reflection
 from reflectrl.registry import step_kind
 from reflectrl.runs import MetricsLogger, RunDir
 from reflectrl.runs.loop import Stopwatch, crossed, train_loop
@@ -60,6 +62,11 @@ class Episodes:
     turn_ends: list[list[int]]   # position of each turn's last token, per episode
     turns: list[list[str]]       # decoded agent turns
     problems: list[Problem]
+    reflections: list[list[list]] | None = None  # per episode and turn, the Reflections stated there
+
+    def final_reflections(self, task: Task) -> list:
+        """Each episode's reflection on its answer (None where the task asks for none)."""
+        return [final_reflection(task, r) for r in (self.reflections or [[] for _ in self.problems])]
 
     @property
     def completion_lengths(self) -> torch.Tensor:
@@ -124,17 +131,27 @@ def rollout(model, tokenizer, task: Task, problems: list[Problem], *, max_new_to
         attention[i, :len(s)] = 1
         agent_t[i, :len(s)] = torch.tensor(agent[i])
         turn_t[i, :len(s)] = torch.tensor(turn_of[i])
-    return Episodes(ids, attention, agent_t, turn_t, turn_ends, turns, problems)
+    reflections = [task.reflections(p, t) for p, t in zip(problems, turns)]
+    return Episodes(ids, attention, agent_t, turn_t, turn_ends, turns, problems, reflections)
+
+
+def final_reflection(task: Task, reflections: list[list]):
+    """The reflection on the answer in an episode's last turn; a missing one where it is asked for."""
+    if task.reflect == "none":
+        return None
+    last = reflections[-1] if reflections else []
+    return next((r for r in reversed(last) if r.final), Reflection())
 
 
 @dataclass
 class Scored:
-    """The verifier's rewards of a batch of episodes and GRPO's advantages, each (N,)."""
+    """The rewards of a batch of episodes and GRPO's advantages, each (N,)."""
 
-    rewards: torch.Tensor
+    rewards: torch.Tensor   # what is trained on: the verifier's, or the pseudo-reward
     advantages: torch.Tensor
     baseline: torch.Tensor  # the group's mean reward
     scale: torch.Tensor     # what the advantages were divided by
+    scores: torch.Tensor    # the verifier's, whether trained on or withheld (pseudo_reward)
 
 
 # ---------------------------------------------------------------------------- advantages
@@ -199,10 +216,13 @@ def token_batch(ep_agent: torch.Tensor, rewards: torch.Tensor, baseline: torch.T
 
 
 def turn_batch(episodes: Episodes, rewards: torch.Tensor, baseline: torch.Tensor, scale: torch.Tensor,
-               hidden: torch.Tensor, group_size: int, gamma: float, gae_lambda: float) -> Batch:
+               hidden: torch.Tensor, group_size: int, gamma: float, gae_lambda: float,
+               extra: torch.Tensor | None = None, outcomes: torch.Tensor | None = None) -> Batch:
     """The (K, N) Batch of agent turns: features = the hidden state at each turn's last token,
-    reward = the outcome on the last turn, V = the group's mean reward on every turn; the
-    advantages are GAE over turns divided by GRPO's scale, so with one turn they are GRPO's."""
+    reward = the outcome on the last turn (plus `extra`, a (K, N) reward term, on each turn),
+    V = the group's mean reward on every turn; the advantages are GAE over turns divided by
+    GRPO's scale, so with one turn they are GRPO's. `reflections` and `outcomes` carry what the
+    agent stated and whether it solved the task."""
     n = len(episodes.turn_ends)
     k = max(len(e) for e in episodes.turn_ends)
     feats = torch.zeros(k, n, hidden.shape[-1])
@@ -219,6 +239,9 @@ def turn_batch(episodes: Episodes, rewards: torch.Tensor, baseline: torch.Tensor
             terminations[j, i] = j == len(ends) - 1
             next_values[j, i] = 0.0 if j == len(ends) - 1 else baseline[i]
         r[len(ends) - 1, i] = rewards[i]
+    if extra is not None:
+        r = r + extra
+    outcomes = (rewards >= 1.0).float() if outcomes is None else outcomes
     truncations = torch.zeros_like(terminations)
 
     def estimate(total_rewards: torch.Tensor):
@@ -229,7 +252,16 @@ def turn_batch(episodes: Episodes, rewards: torch.Tensor, baseline: torch.Tensor
     groups = (torch.arange(n) // group_size)[None, :].expand(k, n)
     return Batch(obs=feats, actions=torch.zeros(k, n), rewards=r, terminations=terminations,
                  truncations=truncations, values=values, next_values=next_values, advantages=advantages,
-                 returns=returns, features=feats, mask=mask, groups=groups.contiguous(), estimate=estimate)
+                 returns=returns, features=feats, mask=mask, groups=groups.contiguous(), estimate=estimate,
+                 reflections=episodes.reflections, outcomes=(outcomes[None, :] * mask).float())
+
+
+def return_to_go_advantages(turns: Batch, scale: torch.Tensor) -> torch.Tensor:
+    """(sum of a turn's rewards from it on - V) / scale: GAE over turns with gamma = lambda = 1.
+    With reward terms that are all zero it is GRPO's advantage on every turn, bit for bit."""
+    adv, _ = compute_gae(turns.rewards, turns.values, turns.next_values, turns.terminations, turns.truncations,
+                         1.0, 1.0)
+    return adv / scale[None, :] * turns.mask
 
 
 def make_llm_signal(cfg: LLMRunConfig) -> Signal | None:
@@ -289,8 +321,23 @@ class GRPOTrainer:
         batches = []
         turns = None
         if "turn" in self.kinds:
-            turns = turn_batch(episodes, rewards, baseline, scale, hidden, g.group_size, g.gamma, g.gae_lambda)
+            outcomes = (scored.scores >= 1.0).float()
+            turns = turn_batch(episodes, rewards, baseline, scale, hidden, g.group_size, g.gamma, g.gae_lambda,
+                               outcomes=outcomes)
             turns.global_step = self.step  # what a signal's schedule counts (gear.warmup_steps)
+            # reward terms on the turns (the stated-reflection signals) join the outcome before GRPO's
+            # group normalisation, and each turn is credited with the terms from it on
+            extra = None
+            for member, kind in zip(self.members, self.kinds):
+                term = member.shape_rewards(turns) if kind == "turn" else None
+                if term is not None:
+                    extra = term if extra is None else extra + term
+            if extra is not None:
+                _, baseline, scale = group_advantages(rewards + extra.sum(0), g.group_size, g.scale_rewards)
+                turns = turn_batch(episodes, rewards, baseline, scale, hidden, g.group_size, g.gamma,
+                                   g.gae_lambda, extra=extra, outcomes=outcomes)
+                turns.global_step = self.step
+                turns.advantages = return_to_go_advantages(turns, scale)
             turn_adv, turn_rewards, turn_term = turns.advantages, turns.rewards, None
             for member, kind in zip(self.members, self.kinds):
                 if kind != "turn":
@@ -355,11 +402,16 @@ class GRPOTrainer:
             raise
 
     def score(self, episodes: Episodes) -> Scored:
-        """The verifier's rewards and GRPO's group-normalised advantages."""
+        """The verifier's rewards (or, with pseudo_reward=verdict, the model's own final verdict:
+        1 where it says "solved", the verifier's score then withheld from training and only
+        logged) and GRPO's group-normalised advantages."""
         g = self.cfg.grpo
-        rewards = torch.tensor(self.task.score_batch(episodes.problems, episodes.turns), dtype=torch.float32)
+        scores = torch.tensor(self.task.score_batch(episodes.problems, episodes.turns), dtype=torch.float32)
+        rewards = scores
+        if g.pseudo_reward == "verdict":
+            rewards = torch.tensor([float(r.stated_verdict is True) for r in episodes.final_reflections(self.task)])
         advantages, baseline, scale = group_advantages(rewards, g.group_size, g.scale_rewards)
-        return Scored(rewards, advantages, baseline, scale)
+        return Scored(rewards, advantages, baseline, scale, scores)
 
     def update(self, episodes: Episodes, scored: Scored, watch: Stopwatch) -> dict:
         """`num_iterations` passes of `minibatches` clipped-objective steps; the signals act on
@@ -425,10 +477,11 @@ class GRPOTrainer:
         g = self.cfg.grpo
         rewards = scored.rewards
         lengths = episodes.completion_lengths.float()
+        correct = scored.scores >= 1.0
         row = {
             "step": self.step,
             "reward": rewards.mean().item(),
-            "accuracy": (rewards >= 1.0).float().mean().item(),
+            "accuracy": correct.float().mean().item(),  # the verifier's, also where it is withheld
             "reward_std": rewards.std().item(),
             "solved_groups": (rewards.view(-1, g.group_size) >= 1).any(1).float().mean().item(),
             "loss": stats["loss"],
@@ -440,6 +493,13 @@ class GRPOTrainer:
         }
         if "kl" in stats:
             row["kl"] = stats["kl"]
+        if self.task.reflect != "none":  # how well the stated reflections match the outcomes
+            finals = episodes.final_reflections(self.task)
+            row.update(scalar_metrics(calibration_metrics(correct.tolist(), finals)))
+            row.pop("mean_confidence", None)
+        if g.pseudo_reward != "none":
+            row["pseudo_solved_rate"] = row.get("solved_rate", 0.0)
+            row["pseudo_true_accuracy"] = row["accuracy"]
         if self.signal is not None:
             row.update(self.signal.metrics())
             row["signal_time_fraction"] = watch.seconds / seconds
@@ -457,7 +517,11 @@ class GRPOTrainer:
                            max_new_tokens=self.max_new_tokens, greedy=True)
         torch.set_rng_state(state)
         rewards = torch.tensor(self.task.score_batch(self.eval_set, episodes.turns))
-        return {"eval_reward": rewards.mean().item(), "eval_accuracy": (rewards >= 1.0).float().mean().item()}
+        out = {"eval_reward": rewards.mean().item(), "eval_accuracy": (rewards >= 1.0).float().mean().item()}
+        if self.task.reflect != "none":
+            metrics = calibration_metrics((rewards >= 1.0).tolist(), episodes.final_reflections(self.task))
+            out.update(scalar_metrics(metrics, "eval_"))
+        return out
 
     # ------------------------------------------------------------------ loop
 

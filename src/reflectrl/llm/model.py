@@ -69,8 +69,9 @@ def build_tokenizer(vocab_size: int = 512, tasks=CORPUS_TASKS):
 
 def init_tiny(out: str | os.PathLike, *, arch: str = "llama", hidden_size: int = 64, layers: int = 2,
               heads: int = 4, intermediate_size: int = 256, vocab_size: int = 512, max_positions: int = 512,
-              seed: int = 0) -> Path:
-    """Write a tiny, randomly initialised causal LM and its tokenizer to `out`."""
+              seed: int = 0, corpus_tasks: tuple[str, ...] | None = None) -> Path:
+    """Write a tiny, randomly initialised causal LM and its tokenizer to `out`; the tokenizer's
+    merges are learnt on the demonstrations of `corpus_tasks` (default CORPUS_TASKS)."""
     import transformers
 
     transformers.utils.logging.disable_progress_bar()
@@ -81,7 +82,7 @@ def init_tiny(out: str | os.PathLike, *, arch: str = "llama", hidden_size: int =
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise UserError(f"{out} exists and is not empty; choose a new --out directory")
-    tokenizer = build_tokenizer(vocab_size)
+    tokenizer = build_tokenizer(vocab_size, tasks=corpus_tasks or CORPUS_TASKS)
     common = dict(vocab_size=len(tokenizer), hidden_size=hidden_size, num_hidden_layers=layers,
                   num_attention_heads=heads, num_key_value_heads=heads, intermediate_size=intermediate_size,
                   max_position_embeddings=max_positions, eos_token_id=tokenizer.eos_token_id,

@@ -19,6 +19,8 @@ EXPLOSION_FACTOR = 1e3     # a loss this many times its early level (at least 1)
 REFERENCE_ITERATIONS = 5   # the early level is the median of the first iterations
 LONG_RUN_SECONDS = 86_400  # warn when the estimated time exceeds a day
 QUIET_BELOW_SECONDS = 60   # shorter runs get no estimate line (their progress bar shows it)
+PSEUDO_COLLAPSE_RATE = 0.95  # pseudo_reward=verdict: "solved" on at least this share of answers ...
+PSEUDO_WINDOW = 5            # ... for this many steps in a row is a collapse
 
 
 def format_duration(seconds: float) -> str:
@@ -63,6 +65,7 @@ class RunMonitor:
                 warnings.warn(f"this run would take about {format_duration(left)} at the current speed; "
                               f"lower the budget ({self.total:,} {self.unit}) unless that is intended")
         self._check_entropy(row)
+        self._check_pseudo_reward(row)
         for key in LOSSES:
             value = row.get(key)
             if isinstance(value, (int, float)) and math.isfinite(value):
@@ -75,6 +78,23 @@ class RunMonitor:
             self.warned.add("entropy")
             warnings.warn(f"the policy's entropy has collapsed to {entropy:.2g} at {self._at(row)}: it acts "
                           "deterministically and explores no more (a too-high learning_rate, or ent_coef=0?)")
+
+    def _check_pseudo_reward(self, row: dict) -> None:
+        """Self-improvement on the model's own verdict (pseudo_reward=verdict) can reinforce itself
+        into saying "solved" on everything: warn once when it does, with the withheld accuracy."""
+        rate = row.get("pseudo_solved_rate")
+        if not isinstance(rate, (int, float)):
+            return
+        recent = self.early.setdefault("pseudo_solved_rate", [])
+        recent.append(float(rate))
+        del recent[:-PSEUDO_WINDOW]
+        if (len(recent) == PSEUDO_WINDOW and min(recent) >= PSEUDO_COLLAPSE_RATE
+                and "pseudo_solved_rate" not in self.warned):
+            self.warned.add("pseudo_solved_rate")
+            accuracy = row.get("pseudo_true_accuracy", float("nan"))
+            warnings.warn(f"the verdict has drifted toward always 'solved' at {self._at(row)}: it says solved on "
+                          f"{rate:.0%} of answers for {PSEUDO_WINDOW} steps while {accuracy:.0%} are correct; "
+                          "the pseudo-reward now rewards everything (stop, or calibrate with grpo+verdict first)")
 
     def _check_loss(self, key: str, value: float, row: dict) -> None:
         early = self.early.setdefault(key, [])

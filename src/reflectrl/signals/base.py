@@ -96,6 +96,11 @@ class Batch:
     # a replay trainer's TD errors of transitions under its current networks,
     # td_error_fn(obs, actions, rewards, next_obs, terminations) -> (B,): what shaping distils there
     td_error_fn: Callable[..., torch.Tensor] | None = None
+    # what a language-model agent stated about its work (a turn batch on a task with reflect=...):
+    # reflections[i][k] lists the Reflections (llm/tasks/reflect.py) episode i stated in turn k;
+    # outcomes (K, N): 1.0 where episode i was solved (on each of its turns), else 0
+    reflections: list | None = None
+    outcomes: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -146,6 +151,20 @@ def merge_terms(into: dict, terms: dict) -> dict:
     for key, value in terms.items():
         into[key] = into[key] + value if key in into and key.endswith(" reward") else value
     return into
+
+
+SCHEDULES = ("constant", "step", "linear")
+
+
+def scheduled(coef: float, schedule: str, until: float, step: int, total: int) -> float:
+    """A coefficient over training: `constant`; `step`: coef before the fraction `until` of the
+    `total` steps, 0 from it on; `linear`: from coef at step 0 down to 0 at `until`."""
+    progress = step / max(total, 1)
+    if schedule == "constant":
+        return coef
+    if schedule == "step":
+        return coef if progress < until else 0.0
+    return coef * max(0.0, 1.0 - progress / until) if until > 0 else 0.0
 
 
 def snapshot_iterations(total_iterations: int, k: int) -> list[int]:

@@ -12,6 +12,7 @@ an error. The tasks:
     rg:NAME   any reasoning-gym dataset, scored by its own verifier (tasks/reasoning_gym.py)
     code      write a small Python function body, scored by unit tests in the sandbox (tasks/code.py)
     tools     multi-turn: look a value up and calculate with tools, then answer (tasks/tools.py)
+    rag       multi-turn: search a generated corpus (BM25), hop by hop, then answer (tasks/rag.py)
 
 Every task also takes `reflect=none|verdict|confidence|both` and `reflect_negatives=0.5`:
 the final turn then ends in a stated verdict and/or confidence (tasks/reflect.py).
@@ -29,17 +30,18 @@ from reflectrl.errors import UserError
 from reflectrl.llm.tasks.arith import ArithTask
 from reflectrl.llm.tasks.base import Problem, Task
 from reflectrl.llm.tasks.code import CodeTask
+from reflectrl.llm.tasks.rag import RagTask
 from reflectrl.llm.tasks.reflect import check_mode, wrap
 from reflectrl.llm.tasks.tools import ToolsTask
 from reflectrl.overrides import parse_value
 
 __all__ = ["TASK_NAMES", "Problem", "Task", "make_task", "parse_spec"]
 
-_BUILTIN = {"arith": ArithTask, "code": CodeTask, "tools": ToolsTask}
-TASK_NAMES = ("arith", "rg:NAME", "code", "tools")
+_BUILTIN = {"arith": ArithTask, "code": CodeTask, "tools": ToolsTask, "rag": RagTask}
+TASK_NAMES = ("arith", "rg:NAME", "code", "tools", "rag")
 
 _SPEC = re.compile(r"^\s*([A-Za-z_][\w:.-]*)\s*(?:\[(.*)\])?\s*$", re.DOTALL)
-_NAMES_HINT = "valid tasks: arith, code, tools, rg:NAME (NAME: a reasoning-gym dataset, e.g. rg:basic_arithmetic)"
+_NAMES_HINT = "valid tasks: arith, code, tools, rag, rg:NAME (NAME: a reasoning-gym dataset, e.g. rg:basic_arithmetic)"
 
 
 def parse_spec(spec: str) -> tuple[str, dict[str, str]]:

@@ -178,3 +178,32 @@ class Reflective(Task):
 
 def wrap(task: Task, mode: str, negatives: float) -> Task:
     return task if mode == "none" else Reflective(task, mode, negatives)
+
+
+def union(modes) -> str:
+    """The one mode that states everything `modes` ask for."""
+    verdict = any(wants(m)[0] for m in modes)
+    confidence = any(wants(m)[1] for m in modes)
+    return {(False, False): "none", (True, False): "verdict", (False, True): "confidence",
+            (True, True): "both"}[(verdict, confidence)]
+
+
+def require_reflect(spec: str, needs: dict[str, str]) -> str:
+    """The task spec with the reflection `needs` ({who: mode}) switched on: `reflect` added where
+    the spec has none; one line saying what is missing where it has one that lacks a need."""
+    from reflectrl.llm.tasks import parse_spec
+
+    if not needs:
+        return spec
+    name, options = parse_spec(spec)
+    given = options.get("reflect")
+    want = union(needs.values())
+    if given is None:
+        body = spec.strip()
+        return body[:-1] + f";reflect={want}]" if body.endswith("]") else body + f"[reflect={want}]"
+    check_mode(given, f"task {name}")
+    for who, mode in needs.items():
+        if union([given, mode]) != given:
+            raise UserError(f"{who} needs the task to state a {mode} but --task {spec!r} has reflect={given}; "
+                            f"use reflect={union([given, mode])} (or leave reflect out)")
+    return spec

@@ -1,0 +1,173 @@
+"""How well an agent's stated reflections match what happened: the calibration metrics of
+`reflectrl llm eval --json`, of the training logs and of the report.
+
+Inputs, per episode: whether the answer was correct (the verifier's score is 1) and the
+final `Reflection` (tasks/reflect.py) the agent stated, or None where the task asks for
+none. Definitions (docs/llm.md repeats them):
+
+    verdict        the stated verdict; where only a confidence is stated, confidence >= 0.5
+                   reads as "solved"; none stated (missing or malformed): missing
+    confidence     the stated confidence; where only a verdict is stated, 1 ("solved") or
+                   0 ("not solved"); none stated: 0.5 (uninformative)
+
+    reflection_format_rate   share of episodes whose reflection states what the mode asks for
+    reflection_missing_rate  share with no usable verdict or confidence
+    reflection_accuracy      share whose verdict equals the outcome (missing counts as wrong)
+    under_confidence_rate    among correct answers, the share judged "not solved"
+    over_confidence_rate     among wrong answers, the share judged "solved"
+                             (so reflection_accuracy = 1 - (under + over + missing) / N in counts)
+    solved_rate              share of episodes judged "solved"
+    solved_precision         accuracy among the episodes judged "solved" (selective
+                             prediction by the verdict: answer only where it says solved)
+    mean_confidence
+    ece                      expected calibration error over 10 equal-width confidence bins
+                             [0, .1), ..., [.9, 1]: sum_b (n_b / N) |accuracy_b - mean confidence_b|
+    brier                    mean (confidence - correct)^2
+    auroc                    P(confidence of a correct answer > that of a wrong one), ties 1/2
+                             (the Mann-Whitney statistic); null when all answers are right or all wrong
+    selective_curve          [(coverage, accuracy)]: answering only where the confidence is at
+                             least each stated level, from the highest down (ties enter together)
+    selective_auc            the area under that curve, sum of coverage steps x accuracy (with
+                             distinct confidences: the mean over k of the accuracy of the k most
+                             confident answers); 1 is perfect, the accuracy itself is chance
+
+Every key is present; a key is None where its population is empty, and all reflection keys
+are None where no episode was asked for a reflection.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from reflectrl.llm.tasks.reflect import Reflection
+
+BINS = 10
+KEYS = ("accuracy", "reflection_format_rate", "reflection_missing_rate", "reflection_accuracy",
+        "under_confidence_rate", "over_confidence_rate", "solved_rate", "solved_precision", "mean_confidence",
+        "ece", "brier", "auroc", "selective_auc", "selective_curve")
+
+
+def effective(reflection: Reflection | None) -> tuple[bool | None, float]:
+    """(verdict or None where missing, confidence with 0.5 where none) of one reflection."""
+    if reflection is None:
+        return None, 0.5
+    confidence = reflection.stated_confidence
+    return reflection.stated_verdict, 0.5 if confidence is None else confidence
+
+
+def ece(confidence: np.ndarray, correct: np.ndarray, bins: int = BINS) -> float:
+    index = np.minimum((confidence * bins).astype(int), bins - 1)  # 1.0 falls in the last bin
+    total = 0.0
+    for b in range(bins):
+        inside = index == b
+        if inside.any():
+            total += inside.mean() * abs(correct[inside].mean() - confidence[inside].mean())
+    return float(total)
+
+
+def auroc(confidence: np.ndarray, correct: np.ndarray) -> float | None:
+    pos, neg = confidence[correct], confidence[~correct]
+    if len(pos) == 0 or len(neg) == 0:
+        return None
+    greater = (pos[:, None] > neg[None, :]).sum()
+    ties = (pos[:, None] == neg[None, :]).sum()
+    return float((greater + 0.5 * ties) / (len(pos) * len(neg)))
+
+
+def selective(confidence: np.ndarray, correct: np.ndarray) -> tuple[list[tuple[float, float]], float]:
+    """The accuracy-coverage curve at each distinct confidence level (highest first) and its area."""
+    n = len(confidence)
+    curve, area, covered = [], 0.0, 0
+    for level in np.unique(confidence)[::-1]:
+        inside = confidence >= level
+        coverage = int(inside.sum())
+        accuracy = float(correct[inside].mean())
+        area += (coverage - covered) / n * accuracy
+        covered = coverage
+        curve.append((coverage / n, accuracy))
+    return curve, float(area)
+
+
+def _rate(mask: np.ndarray, among: np.ndarray) -> float | None:
+    return float(mask[among].mean()) if among.any() else None
+
+
+def calibration_metrics(correct: Sequence[bool], reflections: Sequence[Reflection | None]) -> dict:
+    """Every key of KEYS for N episodes (see the module's doc)."""
+    correct = np.asarray(correct, dtype=bool)
+    out = dict.fromkeys(KEYS)
+    if len(correct) == 0:
+        return out
+    out["accuracy"] = float(correct.mean())
+    if all(r is None for r in reflections):
+        return out
+    pairs = [effective(r) for r in reflections]
+    verdict = np.array([v is True for v, _ in pairs])
+    not_solved = np.array([v is False for v, _ in pairs])
+    missing = np.array([v is None for v, _ in pairs])
+    confidence = np.array([c for _, c in pairs], dtype=float)
+    out.update(
+        reflection_format_rate=float(np.mean([r is not None and r.well_formed for r in reflections])),
+        reflection_missing_rate=float(missing.mean()),
+        reflection_accuracy=float(((verdict & correct) | (not_solved & ~correct)).mean()),
+        under_confidence_rate=_rate(not_solved, correct),
+        over_confidence_rate=_rate(verdict, ~correct),
+        solved_rate=float(verdict.mean()),
+        solved_precision=_rate(correct, verdict),
+        mean_confidence=float(confidence.mean()),
+        ece=ece(confidence, correct),
+        brier=float(np.mean((confidence - correct) ** 2)),
+        auroc=auroc(confidence, correct),
+    )
+    out["selective_curve"], out["selective_auc"] = selective(confidence, correct)
+    return out
+
+
+def scalar_metrics(metrics: dict, prefix: str = "") -> dict:
+    """The numeric keys (no curve) with a prefix, None kept out: what a metrics row logs."""
+    return {prefix + k: v for k, v in metrics.items()
+            if k != "selective_curve" and v is not None and not (isinstance(v, float) and math.isnan(v))}
+
+
+def plot_reliability(correct: Sequence[bool], reflections: Sequence[Reflection | None], path: str | Path,
+                     title: str = "") -> Path:
+    """A reliability diagram (accuracy and count per confidence bin, the diagonal) as a PNG, written atomically."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from reflectrl.runs.rundir import atomic_write_bytes
+
+    correct = np.asarray(correct, dtype=bool)
+    confidence = np.array([effective(r)[1] for r in reflections], dtype=float)
+    index = np.minimum((confidence * BINS).astype(int), BINS - 1)
+    centres = (np.arange(BINS) + 0.5) / BINS
+    accuracy = np.array([correct[index == b].mean() if (index == b).any() else np.nan for b in range(BINS)])
+    counts = np.array([(index == b).sum() for b in range(BINS)])
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(4.5, 5.5), sharex=True,
+                                      gridspec_kw={"height_ratios": [3, 1]})
+    top.bar(centres, np.nan_to_num(accuracy), width=1 / BINS, edgecolor="black", alpha=0.7, label="accuracy")
+    top.plot([0, 1], [0, 1], "k--", lw=1, label="calibrated")
+    top.set_ylabel("accuracy in bin")
+    top.set_ylim(0, 1)
+    top.legend(loc="upper left", fontsize=8)
+    m = calibration_metrics(correct, reflections)
+    top.set_title(f"{title}\nECE {m['ece']:.3f}  Brier {m['brier']:.3f}  n={len(correct)}".strip(), fontsize=9)
+    bottom.bar(centres, counts, width=1 / BINS, edgecolor="black", color="grey")
+    bottom.set_xlabel("stated confidence")
+    bottom.set_ylabel("answers")
+    bottom.set_xlim(0, 1)
+    fig.tight_layout()
+    import io
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    plt.close(fig)
+    path = Path(path)
+    atomic_write_bytes(path, buffer.getvalue())
+    return path

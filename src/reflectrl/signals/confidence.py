@@ -1,0 +1,97 @@
+"""The confidence reward of RLCR ("Beyond Binary Rewards: Training LMs to Reason About Their
+Uncertainty", arXiv 2507.16806): the agent states a confidence q in [0, 1] after its answer
+(llm/tasks/reflect.py) and earns, beside the outcome,
+
+    coef * S(q, y),   y = 1[correct],   S = -(q - y)^2 (Brier, the default)
+                                          or y log q + (1 - y) log(1 - q), q clipped to
+                                          [log_eps, 1 - log_eps] (`score=log`)
+
+RLCR's reward is 1[correct] - (q - 1[correct])^2, i.e. coef = 1 with the Brier score. Both are
+bounded proper scoring rules, so the reward's optimum is an accurate answer with a calibrated
+confidence. A missing or malformed confidence earns the rule's worst value (-1; log(log_eps)),
+so leaving it out never pays. `schedule`/`until` as the verdict signal's (default constant).
+
+Running `grpo+confidence` switches the task's `reflect=confidence` on.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from reflectrl.errors import UserError
+from reflectrl.registry import SignalSpec, register_signal
+from reflectrl.signals.base import Batch, Signal, scheduled
+from reflectrl.signals.verdict import check_schedule
+
+SCORES = ("brier", "log")
+
+
+@dataclass
+class ConfidenceConfig:
+    coef: float = 1.0
+    """weight of the scoring rule in the reward (0: the run is plain GRPO bit for bit)"""
+    score: str = "brier"
+    """brier (-(q - y)^2) or log (the log score of the clipped q)"""
+    log_eps: float = 0.01
+    """the log score's clip: q is read as at least this and at most 1 - this"""
+    schedule: str = "constant"
+    """constant, step or linear (as verdict.schedule)"""
+    until: float = 0.667
+    """the schedule's breakpoint, as a fraction of the run's steps"""
+
+    def validate(self) -> None:
+        check_schedule("confidence", self.coef, self.schedule, self.until)
+        if self.score not in SCORES:
+            raise UserError(f"confidence.score='{self.score}': use one of {', '.join(SCORES)}")
+        if not 0 < self.log_eps < 0.5:
+            raise UserError(f"confidence.log_eps={self.log_eps}: must be in (0, 0.5)")
+
+
+def proper_score(q: float | None, y: float, score: str = "brier", log_eps: float = 0.01) -> float:
+    """S(q, y); the worst value where no confidence was stated."""
+    if score == "brier":
+        return -1.0 if q is None else -(q - y) ** 2
+    if q is None:
+        return math.log(log_eps)
+    q = min(max(q, log_eps), 1 - log_eps)
+    return y * math.log(q) + (1 - y) * math.log(1 - q)
+
+
+class ConfidenceReward(Signal):
+    name = "confidence"
+
+    def __init__(self, config: ConfidenceConfig):
+        config.validate()
+        self.config = config
+        self._metrics: dict = {}
+
+    def shape_rewards(self, batch: Batch) -> torch.Tensor | None:
+        c = self.config
+        coef = scheduled(c.coef, c.schedule, c.until, batch.global_step, self.ctx.total_iterations)
+        reward = torch.zeros_like(batch.outcomes)
+        scores = []
+        for i, episode in enumerate(batch.reflections):
+            for k, turn in enumerate(episode):
+                for reflection in turn:
+                    if reflection.final:  # a search's "relevant" states no confidence
+                        s = proper_score(reflection.confidence, batch.outcomes[k, i].item(), c.score, c.log_eps)
+                        scores.append(s)
+                        reward[k, i] += coef * s
+        self._metrics = {"confidence_coef": coef,
+                         "confidence_score": sum(scores) / len(scores) if scores else float("nan")}
+        return reward
+
+    def metrics(self) -> dict:
+        return dict(self._metrics)
+
+
+register_signal(SignalSpec(
+    name="confidence", config=ConfidenceConfig, factory=ConfidenceReward, step_kinds=("turn",),
+    summary="RLCR's stated confidence scored by a proper scoring rule (Brier or log) joins the reward",
+    neutral="coef=0", task_options={"reflect": "confidence"},
+    refusals={k: "it scores a stated confidence, which only a language-model task's output has"
+              for k in ("env_step", "transition")},
+))

@@ -1,0 +1,90 @@
+"""The verbal verdict bonus of the RefGRPO paper ("Closing the Reflection Gap: A Free
+Calibration Bonus for Agentic RL", arXiv 2606.14211; seed 000 section 6).
+
+The agent acts, then states in words whether it solved the task ("solved" / "not solved";
+llm/tasks/reflect.py), never seeing the outcome. The reward is the paper's reported form
+
+    r = outcome + c * 1[verdict == outcome]
+
+added on the turn where the verdict is stated (a missing or malformed verdict earns no
+bonus), with c on a schedule: the paper's is about 0.1 for the first two thirds of training,
+then 0 (`schedule=step`, `until=0.667`, the defaults); `constant` keeps c throughout,
+`linear` brings it from c to 0 at `until`. A task with several reflections per episode (the
+`rag` task's "relevant" / "not relevant" after each search) gets a term for each, every one
+judged against the episode's final outcome, and the GRPO trainer credits the terms back over
+turns (see llm/grpo.py: the undiscounted return-to-go, so c = 0 is plain GRPO bit for bit).
+
+Running `grpo+verdict` switches the task's `reflect=verdict` on (tasks/reflect.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from reflectrl.errors import UserError
+from reflectrl.registry import SignalSpec, register_signal
+from reflectrl.signals.base import SCHEDULES, Batch, Signal, scheduled
+
+
+@dataclass
+class VerdictConfig:
+    coef: float = 0.1
+    """c: the bonus for a verdict that agrees with the outcome (0: the run is plain GRPO bit for bit)"""
+    schedule: str = "step"
+    """constant, step (c, then 0 from `until` on) or linear (c down to 0 at `until`)"""
+    until: float = 0.667
+    """the schedule's breakpoint, as a fraction of the run's steps"""
+
+    def validate(self) -> None:
+        check_schedule("verdict", self.coef, self.schedule, self.until)
+
+
+def check_schedule(name: str, coef: float, schedule: str, until: float) -> None:
+    if not math.isfinite(coef) or coef < 0:
+        raise UserError(f"{name}.coef={coef}: must be a finite number >= 0")
+    if schedule not in SCHEDULES:
+        raise UserError(f"{name}.schedule='{schedule}': use one of {', '.join(SCHEDULES)}")
+    if not 0 <= until <= 1:
+        raise UserError(f"{name}.until={until}: must be a fraction of the run in [0, 1]")
+
+
+class VerdictBonus(Signal):
+    name = "verdict"
+
+    def __init__(self, config: VerdictConfig):
+        config.validate()
+        self.config = config
+        self.coef = config.coef
+        self._metrics: dict = {}
+
+    def shape_rewards(self, batch: Batch) -> torch.Tensor | None:
+        c = self.config
+        self.coef = scheduled(c.coef, c.schedule, c.until, batch.global_step, self.ctx.total_iterations)
+        bonus = torch.zeros_like(batch.outcomes)
+        agree = stated = 0
+        for i, episode in enumerate(batch.reflections):
+            for k, turn in enumerate(episode):
+                for reflection in turn:
+                    verdict = reflection.stated_verdict
+                    stated += 1
+                    if verdict is not None and float(verdict) == batch.outcomes[k, i].item():
+                        agree += 1
+                        bonus[k, i] += self.coef
+        self._metrics = {"verdict_coef": self.coef, "verdict_agreement": agree / max(stated, 1),
+                         "verdict_bonus": bonus.sum().item() / max(len(batch.reflections), 1)}
+        return bonus
+
+    def metrics(self) -> dict:
+        return dict(self._metrics)
+
+
+register_signal(SignalSpec(
+    name="verdict", config=VerdictConfig, factory=VerdictBonus, step_kinds=("turn",),
+    summary="the RefGRPO paper's verbal verdict: c * 1[stated 'solved'/'not solved' == outcome] joins the reward",
+    neutral="coef=0", task_options={"reflect": "verdict"},
+    refusals={k: "it rewards a stated verdict, which only a language-model task's output has"
+              for k in ("env_step", "transition")},
+))
