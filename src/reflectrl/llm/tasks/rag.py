@@ -25,8 +25,8 @@ trainer appends to the context and masks out of the loss (surrounding whitespace
 
     prompt   "Q: In which region was Zorvek born?\\n"
     agent    "search Zorvek born"      -> reply "doc: Zorvek was born in Qelmar.\\n"
-    agent    "search Qelmar region"    -> reply "doc: Qelmar lies in region Draviss.\\n"
-    agent    "answer Draviss"          -> episode over (respond returns None); score 1.0
+    agent    "search Qelmar region"    -> reply "doc: Qelmar lies in region Dravis.\\n"
+    agent    "answer Dravis"           -> episode over (respond returns None); score 1.0
 
 An episode lasts at most `max_turns` = max_hops + 2 agent turns (the searches, the answer,
 one spare). Score: 1.0 iff the last turn is exactly `answer X` with X the answer (the
@@ -42,8 +42,8 @@ and the final turn ends with the answer reflection of the mode (`split_reflectio
 
     prompt   "Q: In which region was Zorvek born?\\n"
     agent    "search Zorvek born"                       -> "doc: Zorvek was born in Qelmar.\\n"
-    agent    "relevant; search Qelmar region"           -> "doc: Qelmar lies in region Draviss.\\n"
-    agent    "relevant; answer Draviss | solved 0.8"    -> episode over; score 1.0
+    agent    "relevant; search Qelmar region"           -> "doc: Qelmar lies in region Dravis.\\n"
+    agent    "relevant; answer Dravis | solved 0.8"     -> episode over; score 1.0
 
 The tools and the verifier see each turn with the prefix and the suffix removed.
 `reflections` gives, per turn, the relevance judgement where one is due (`Reflection(final=
@@ -165,7 +165,7 @@ class RagTask(Task):
         self._index = bm25s.BM25()
         self._index.index(bm25s.tokenize(self.documents, **_TOKENIZE), show_progress=False)
         self._cache: dict[str, tuple[int, ...]] = {}
-        self._demo_rng = random.Random(corpus_seed)  # the demonstrations' choices; never the problems'
+        self._demo_rng = random.Random(f"rag-demo-{corpus_seed}")  # the demonstrations' choices; never the problems'
 
         relevance = len(format_relevance(False)) if self.reflect != "none" else 0
         suffix = len(format_reflection(False, 0.0, "both")) if self.reflect != "none" else 0

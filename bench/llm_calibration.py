@@ -1,0 +1,182 @@
+"""Calibrated language-model agents on the tiny model: grpo vs grpo+verdict (the RefGRPO
+paper's verbal verdict) vs grpo+confidence (RLCR's Brier score), and self-improvement on the
+model's own verdict (pseudo_reward=verdict) against its labelled counterpart.
+
+    python bench/llm_calibration.py [--seeds 5] [--steps 300] [--tasks arith9,rag] [--out bench/results/llm-calibration]
+
+Builds (once per task, in OUT) a tiny Llama-style model whose tokenizer also learns the
+task's text with its reflections, warm-starts it per task with `reflectrl llm sft` on demonstrations that end in a
+reflection (reflect=both: the format, and judging masked wrong answers "not solved"), then
+runs `reflectrl llm train` for every (task, entry, seed); a finished run is skipped, an
+interrupted one resumes. Every entry trains on the same task spec (reflect=both), so all
+state a verdict and a confidence and their calibration compares. Self-improvement entries
+start from the SFT model (`self-sft`) and from seed 1's final grpo+verdict model
+(`self-cal`, with `labelled-cal`, plain grpo from that model, as its counterpart).
+
+Writes OUT/summary.md (final held-out metrics, IQM over seeds with bootstrap intervals; the
+per-run values in OUT/per_run.json), OUT/<task>-<metric>.png curves, and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from reflectrl.report.stats import interval, iqm
+
+TASKS = {"arith9": "arith[max_operand=9;reflect=both]",
+         "rag": "rag[people=30;max_hops=2;reflect=both]"}
+SFT_STEPS = {"arith9": 300, "rag": 600}
+ENTRIES = {"grpo": ["--algo", "grpo"],
+           "verdict": ["--algo", "grpo+verdict"],
+           "confidence": ["--algo", "grpo+confidence"]}
+SELF = {"self-sft": ("sft", ["--algo", "grpo", "--set", "pseudo_reward=verdict"]),
+        "self-cal": ("cal", ["--algo", "grpo", "--set", "pseudo_reward=verdict"]),
+        "labelled-cal": ("cal", ["--algo", "grpo"])}
+COMMON = ["group_size=16", "prompts_per_step=8", "learning_rate=3e-4", "eval_every=25", "eval_problems=128",
+          "log_kl=false", "torch_threads=1"]
+METRICS = ("eval_accuracy", "eval_reflection_accuracy", "eval_under_confidence_rate", "eval_over_confidence_rate",
+           "eval_solved_rate", "eval_ece", "eval_brier", "eval_auroc", "eval_selective_auc")
+CLI = [sys.executable, "-m", "reflectrl"]
+
+
+def sh(argv: list[str], log: Path | None = None) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with open(log, "w") if log else open(os.devnull, "w") as out:
+        subprocess.run(argv, check=True, stdout=out, stderr=subprocess.STDOUT, env=env)
+
+
+def finished(run: Path) -> bool:
+    try:
+        return json.loads((run / "run.json").read_text())["status"] == "finished"
+    except (OSError, KeyError, ValueError):
+        return False
+
+
+def prepare(out: Path, tasks: list[str]) -> dict[str, Path]:
+    models = {}
+    for name in tasks:
+        tiny = out / f"tiny-{name}"  # its tokenizer also learns this task's text, reflections included
+        if not (tiny / "config.json").exists():
+            sh([*CLI, "llm", "init-tiny", "--out", str(tiny), "--task", TASKS[name]])
+        sft_dir = out / f"sft-{name}"
+        if not (sft_dir / "config.json").exists():
+            sh([*CLI, "llm", "sft", "--model", str(tiny), "--task", TASKS[name], "--steps", str(SFT_STEPS[name]),
+                "--lr", "3e-3", "--out", str(sft_dir), "--no-progress"])
+        models[name] = sft_dir
+    return models
+
+
+def train(out: Path, model: Path, task: str, entry: str, argv: list[str], seed: int, steps: int) -> Path:
+    run = out / task / entry / f"seed{seed}"
+    if finished(run):
+        return run
+    if run.exists():
+        sh([*CLI, "llm", "train", "--resume", str(run), "--no-progress"], run.with_suffix(".log"))
+        return run
+    run.parent.mkdir(parents=True, exist_ok=True)
+    head, sets = (argv[:argv.index("--set")], argv[argv.index("--set") + 1:]) if "--set" in argv else (argv, [])
+    sh([*CLI, "llm", "train", *head, "--task", TASKS[task], "--model", str(model), "--steps", str(steps),
+        "--seed", str(seed), "--out", str(run), "--no-progress", "--set", *COMMON, *sets], run.with_suffix(".log"))
+    return run
+
+
+def rows(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def summarise(out: Path, seeds: int, tasks: list[str]) -> str:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    head = ["task", "entry", "runs"] + [m.removeprefix("eval_") for m in METRICS] + ["s/step", "signal share"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    per_run: dict = {}
+    for task in tasks:
+        curves: dict = {}
+        for entry in [*ENTRIES, *SELF]:
+            runs = [r for r in (out / task / entry / f"seed{s}" for s in range(1, seeds + 1)) if finished(r)]
+            unfinished = [str(r) for r in (out / task / entry / f"seed{s}" for s in range(1, seeds + 1))
+                          if r.exists() and not finished(r)]
+            if not runs:
+                continue
+            data = [rows(r) for r in runs]
+            evals = [[r for r in d if "eval_accuracy" in r] for d in data]
+            cells = [task, entry, str(len(runs))]
+            per_run.setdefault(task, {})[entry] = {"runs": [str(r) for r in runs], "unfinished": unfinished}
+            for m in METRICS:
+                finals = [e[-1].get(m) for e in evals]
+                per_run[task][entry][m] = finals
+                values = np.array([v for v in finals if v is not None], dtype=float)
+                if len(values) == 0:
+                    cells.append("n/a")
+                    continue
+                mid, lo, hi = interval([values[:, None]], iqm)
+                cells.append(f"{mid:.3f} [{lo:.3f}, {hi:.3f}]")
+                curves.setdefault(m, {})[entry] = (np.array([r["step"] for r in evals[0]]),
+                                                   np.array([[r.get(m, np.nan) for r in e] for e in evals], dtype=float))
+            step_s = float(np.mean([np.mean([r["step_seconds"] for r in d if "step_seconds" in r]) for d in data]))
+            share = [r["signal_time_fraction"] for d in data for r in d if "signal_time_fraction" in r]
+            start = {m: evals[0][0].get(m) for m in METRICS}
+            per_run[task][entry]["start"] = start
+            cells += [f"{step_s:.3f}", f"{np.mean(share):.1%}" if share else ""]
+            lines.append("| " + " | ".join(cells) + " |")
+        for m, by_entry in curves.items():
+            fig, ax = plt.subplots(figsize=(6, 4))
+            for entry, (steps, values) in by_entry.items():
+                ax.plot(steps, np.nanmean(values, 0), label=f"{entry} ({len(values)})")
+                ax.fill_between(steps, np.nanmin(values, 0), np.nanmax(values, 0), alpha=0.15)
+            ax.set_xlabel("GRPO step")
+            ax.set_ylabel(m.removeprefix("eval_") + " (held-out, greedy)")
+            ax.set_title(f"{task}: {TASKS[task]}", fontsize=9)
+            ax.legend(fontsize=7)
+            fig.tight_layout()
+            fig.savefig(out / f"{task}-{m.removeprefix('eval_')}.png", dpi=100)
+            plt.close(fig)
+    table = "\n".join(lines)
+    (out / "summary.md").write_text(table + "\n")
+    (out / "per_run.json").write_text(json.dumps(per_run, indent=1) + "\n")
+    return table
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--out", default="bench/results/llm-calibration")
+    ap.add_argument("--tasks", default=",".join(TASKS), help=f"of {', '.join(TASKS)}")
+    ap.add_argument("--no-self", action="store_true", help="skip the self-improvement entries")
+    ap.add_argument("--summary-only", action="store_true")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tasks = args.tasks.split(",")
+    if not args.summary_only:
+        models = prepare(out, tasks)
+        jobs = [(t, e, ENTRIES[e], models[t], s) for s in range(1, args.seeds + 1) for t in tasks for e in ENTRIES]
+        with ThreadPoolExecutor(args.workers) as pool:
+            for run in pool.map(lambda j: train(out, j[3], j[0], j[1], j[2], j[4], args.steps), jobs):
+                print(f"done: {run}", flush=True)
+        if not args.no_self:
+            jobs = []
+            for t in tasks:
+                for entry, (start, argv) in SELF.items():
+                    model = models[t] if start == "sft" else out / t / "verdict" / "seed1" / "model"
+                    jobs += [(t, entry, argv, model, s) for s in range(1, args.seeds + 1)]
+            with ThreadPoolExecutor(args.workers) as pool:
+                for run in pool.map(lambda j: train(out, j[3], j[0], j[1], j[2], j[4], args.steps), jobs):
+                    print(f"done: {run}", flush=True)
+    print(summarise(out, args.seeds, tasks))
+
+
+if __name__ == "__main__":
+    main()
