@@ -32,8 +32,10 @@ import numpy as np
 from reflectrl.report.stats import interval, iqm
 
 TASKS = {"arith9": "arith[max_operand=9;reflect=both]",
-         "rag": "rag[people=30;max_hops=2;reflect=both]"}
-SFT_STEPS = {"arith9": 300, "rag": 600}
+         "rag": "rag[reflect=both]"}        # 60 people, 1-3 hops, top-1 BM25
+SFT_STEPS = {"arith9": 300, "rag": 175}    # an intermediate greedy accuracy to start from
+STEPS = {"arith9": 300, "rag": 200}        # GRPO steps (--steps overrides)
+TASK_SETS = {"rag": ["group_size=8"]}      # rag's episodes are 3-5 turns: 64 per step
 ENTRIES = {"grpo": ["--algo", "grpo"],
            "verdict": ["--algo", "grpo+verdict"],
            "confidence": ["--algo", "grpo+confidence"]}
@@ -84,7 +86,8 @@ def train(out: Path, model: Path, task: str, entry: str, argv: list[str], seed: 
     run.parent.mkdir(parents=True, exist_ok=True)
     head, sets = (argv[:argv.index("--set")], argv[argv.index("--set") + 1:]) if "--set" in argv else (argv, [])
     sh([*CLI, "llm", "train", *head, "--task", TASKS[task], "--model", str(model), "--steps", str(steps),
-        "--seed", str(seed), "--out", str(run), "--no-progress", "--set", *COMMON, *sets], run.with_suffix(".log"))
+        "--seed", str(seed), "--out", str(run), "--no-progress", "--set", *COMMON, *TASK_SETS.get(task, []), *sets],
+       run.with_suffix(".log"))
     return run
 
 
@@ -121,8 +124,8 @@ def summarise(out: Path, seeds: int, tasks: list[str]) -> str:
                     continue
                 mid, lo, hi = interval([values[:, None]], iqm)
                 cells.append(f"{mid:.3f} [{lo:.3f}, {hi:.3f}]")
-                curves.setdefault(m, {})[entry] = (np.array([r["step"] for r in evals[0]]),
-                                                   np.array([[r.get(m, np.nan) for r in e] for e in evals], dtype=float))
+                values = np.array([[r.get(m, np.nan) for r in e] for e in evals], dtype=float)
+                curves.setdefault(m, {})[entry] = (np.array([r["step"] for r in evals[0]]), values)
             step_s = float(np.mean([np.mean([r["step_seconds"] for r in d if "step_seconds" in r]) for d in data]))
             share = [r["signal_time_fraction"] for d in data for r in d if "signal_time_fraction" in r]
             start = {m: evals[0][0].get(m) for m in METRICS}
@@ -150,7 +153,7 @@ def summarise(out: Path, seeds: int, tasks: list[str]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--steps", type=int, default=None, help=f"GRPO steps (default per task: {STEPS})")
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--out", default="bench/results/llm-calibration")
     ap.add_argument("--tasks", default=",".join(TASKS), help=f"of {', '.join(TASKS)}")
@@ -160,11 +163,16 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tasks = args.tasks.split(",")
+
+    def run_job(job) -> Path:
+        task, entry, argv, model, seed = job
+        return train(out, model, task, entry, argv, seed, args.steps or STEPS[task])
+
     if not args.summary_only:
         models = prepare(out, tasks)
         jobs = [(t, e, ENTRIES[e], models[t], s) for s in range(1, args.seeds + 1) for t in tasks for e in ENTRIES]
         with ThreadPoolExecutor(args.workers) as pool:
-            for run in pool.map(lambda j: train(out, j[3], j[0], j[1], j[2], j[4], args.steps), jobs):
+            for run in pool.map(run_job, jobs):
                 print(f"done: {run}", flush=True)
         if not args.no_self:
             jobs = []
@@ -173,7 +181,7 @@ def main() -> None:
                     model = models[t] if start == "sft" else out / t / "verdict" / "seed1" / "model"
                     jobs += [(t, entry, argv, model, s) for s in range(1, args.seeds + 1)]
             with ThreadPoolExecutor(args.workers) as pool:
-                for run in pool.map(lambda j: train(out, j[3], j[0], j[1], j[2], j[4], args.steps), jobs):
+                for run in pool.map(run_job, jobs):
                     print(f"done: {run}", flush=True)
     print(summarise(out, args.seeds, tasks))
 

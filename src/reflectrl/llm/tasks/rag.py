@@ -57,8 +57,8 @@ share `reflect_negatives` of them is negative, half of one kind and half of the 
 shown but not learned, judged "not solved" with a low confidence (that judgement learned);
 (b) a search for another person first ("X born", shown but not learned), then the right
 chain, whose first turn judges the bad search "not relevant; " and whose correct answer is
-judged solved. Demonstrated confidences are drawn as in tasks/reflect.py (0.6..1.0 correct,
-0.0..0.4 wrong), by a generator the task owns, so the problems are the same whatever the
+judged solved. Demonstrated confidences are drawn as in tasks/reflect.py (0.6..0.9 correct,
+0.1..0.4 wrong), by a generator the task owns, so the problems are the same whatever the
 reflect options. Options:
 
     people        persons (default 60, 2..100000); cities: max(2, people // 3), regions: max(2, people // 9)

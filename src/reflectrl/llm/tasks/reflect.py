@@ -24,8 +24,10 @@ a low confidence, with the wrong answer's tokens masked out of the SFT loss: the
 the format and to judge an answer, not to give wrong ones (DECISION: without negatives, SFT
 teaches "solved 1.0" on every answer and there is nothing to calibrate; with the answer
 masked, it does not teach errors). Demonstrated confidences are drawn uniformly from
-0.6..1.0 on correct answers and 0.0..0.4 on wrong ones, in steps of 0.1, so sampling
-explores the scale from the start.
+0.6..0.9 on correct answers and 0.1..0.4 on wrong ones, in steps of 0.1, so sampling
+explores the scale from the start; SFT teaches no certainty (0 or 1), and every stated
+number is then " 0", ".", a digit that must depend on the verdict (with 0.0 and 1.0 among
+them, the digit "0" was the most frequent one and a tiny model decoded "solved 0.0" greedily).
 """
 
 from __future__ import annotations
@@ -42,8 +44,8 @@ SEPARATOR = " | "
 _NUMBER = r"(?:1(?:\.0*)?|0?\.\d+|0)"
 _REFLECTION = re.compile(rf"^\s*(?:(solved|not solved)\s*)?(?:({_NUMBER})\s*)?$")
 _VERDICT_PREFIX = re.compile(r"^\s*(relevant|not relevant)\s*;\s*", re.DOTALL)
-POSITIVE_CONFIDENCES = (0.6, 0.7, 0.8, 0.9, 1.0)
-NEGATIVE_CONFIDENCES = (0.0, 0.1, 0.2, 0.3, 0.4)
+POSITIVE_CONFIDENCES = (0.6, 0.7, 0.8, 0.9)
+NEGATIVE_CONFIDENCES = (0.1, 0.2, 0.3, 0.4)
 
 
 @dataclass(frozen=True)
