@@ -13,8 +13,9 @@ state a verdict and a confidence and their calibration compares. Self-improvemen
 start from the SFT model (`self-sft`) and from seed 1's final grpo+verdict model
 (`self-cal`, with `labelled-cal`, plain grpo from that model, as its counterpart).
 
-Writes OUT/summary.md (final held-out metrics, IQM over seeds with bootstrap intervals; the
-per-run values in OUT/per_run.json), OUT/<task>-<metric>.png curves, and prints the table.
+Writes OUT/summary.md (final held-out greedy metrics and the sampled training episodes' mean
+over the last 50 steps, IQM over seeds with bootstrap intervals; the per-run values in
+OUT/per_run.json), OUT/<task>-<metric>.png curves, and prints the table.
 """
 
 from __future__ import annotations
@@ -38,12 +39,15 @@ STEPS = {"arith9": 300, "rag": 200}        # GRPO steps (--steps overrides)
 TASK_SETS = {"rag": ["group_size=8"]}      # rag's episodes are 3-5 turns: 64 per step
 ENTRIES = {"grpo": ["--algo", "grpo"],
            "verdict": ["--algo", "grpo+verdict"],
-           "confidence": ["--algo", "grpo+confidence"]}
+           "confidence": ["--algo", "grpo+confidence"],
+           # the bonus kept all along (the paper's schedule drops it after two thirds)
+           "verdict-const": ["--algo", "grpo+verdict", "--set", "verdict.schedule=constant"]}
 SELF = {"self-sft": ("sft", ["--algo", "grpo", "--set", "pseudo_reward=verdict"]),
         "self-cal": ("cal", ["--algo", "grpo", "--set", "pseudo_reward=verdict"]),
         "labelled-cal": ("cal", ["--algo", "grpo"])}
 COMMON = ["group_size=16", "prompts_per_step=8", "learning_rate=3e-4", "eval_every=25", "eval_problems=128",
           "log_kl=false", "torch_threads=1"]
+SAMPLED = ("reflection_accuracy", "ece", "brier", "auroc")  # on the sampled training episodes, last 50 steps
 METRICS = ("eval_accuracy", "eval_reflection_accuracy", "eval_under_confidence_rate", "eval_over_confidence_rate",
            "eval_solved_rate", "eval_ece", "eval_brier", "eval_auroc", "eval_selective_auc")
 CLI = [sys.executable, "-m", "reflectrl"]
@@ -100,7 +104,8 @@ def summarise(out: Path, seeds: int, tasks: list[str]) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    head = ["task", "entry", "runs"] + [m.removeprefix("eval_") for m in METRICS] + ["s/step", "signal share"]
+    head = (["task", "entry", "runs"] + [m.removeprefix("eval_") for m in METRICS]
+            + [f"sampled {m}" for m in SAMPLED] + ["s/step", "signal share"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     per_run: dict = {}
     for task in tasks:
@@ -126,6 +131,11 @@ def summarise(out: Path, seeds: int, tasks: list[str]) -> str:
                 cells.append(f"{mid:.3f} [{lo:.3f}, {hi:.3f}]")
                 values = np.array([[r.get(m, np.nan) for r in e] for e in evals], dtype=float)
                 curves.setdefault(m, {})[entry] = (np.array([r["step"] for r in evals[0]]), values)
+            for m in SAMPLED:  # what the signals train on: the sampled episodes (temperature 1)
+                finals = [float(np.nanmean([r.get(m, np.nan) for r in d if "reward" in r][-50:])) for d in data]
+                per_run[task][entry][f"sampled_{m}"] = finals
+                mid, lo, hi = interval([np.array(finals)[:, None]], iqm)
+                cells.append(f"{mid:.3f} [{lo:.3f}, {hi:.3f}]")
             step_s = float(np.mean([np.mean([r["step_seconds"] for r in d if "step_seconds" in r]) for d in data]))
             share = [r["signal_time_fraction"] for d in data for r in d if "signal_time_fraction" in r]
             start = {m: evals[0][0].get(m) for m in METRICS}
@@ -158,6 +168,8 @@ def main() -> None:
     ap.add_argument("--out", default="bench/results/llm-calibration")
     ap.add_argument("--tasks", default=",".join(TASKS), help=f"of {', '.join(TASKS)}")
     ap.add_argument("--no-self", action="store_true", help="skip the self-improvement entries")
+    ap.add_argument("--only-self", action="store_true",
+                    help="run only the self-improvement entries (seed 1's grpo+verdict model must exist)")
     ap.add_argument("--summary-only", action="store_true")
     args = ap.parse_args()
     out = Path(args.out)
@@ -170,7 +182,8 @@ def main() -> None:
 
     if not args.summary_only:
         models = prepare(out, tasks)
-        jobs = [(t, e, ENTRIES[e], models[t], s) for s in range(1, args.seeds + 1) for t in tasks for e in ENTRIES]
+        jobs = [] if args.only_self else [(t, e, ENTRIES[e], models[t], s) for s in range(1, args.seeds + 1)
+                                          for t in tasks for e in ENTRIES]
         with ThreadPoolExecutor(args.workers) as pool:
             for run in pool.map(run_job, jobs):
                 print(f"done: {run}", flush=True)

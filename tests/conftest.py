@@ -26,3 +26,20 @@ def tiny_model_dir(tmp_path_factory):
 
     return init_tiny(tmp_path_factory.mktemp("llm") / "tiny", hidden_size=32, layers=1, heads=2,
                      intermediate_size=64, vocab_size=384)
+
+
+@pytest.fixture(scope="session")
+def sft_arith_model_dir(tiny_model_dir, tmp_path_factory):
+    """The tiny model after a short SFT on arith[max_operand=9]: GRPO gets non-zero rewards from it,
+    so a bit-identity check between two trainers compares updates that happened."""
+    from reflectrl.llm.model import load_model
+    from reflectrl.llm.sft import sft
+    from reflectrl.llm.tasks import make_task
+
+    model, tok = load_model(str(tiny_model_dir))
+    path = tmp_path_factory.mktemp("sft") / "arith9"
+    sft(model, tok, make_task(SFT_ARITH), steps=300, out=path, learning_rate=3e-3, progress=False)
+    return path
+
+
+SFT_ARITH = "arith[max_operand=9]"

@@ -241,11 +241,11 @@ def test_sft_demonstration_mask_covers_turns_only(tiny_model_dir):
 
 # ---------------------------------------------------------------------------- trainer
 
-def _trainer(tiny_model_dir, algo="grpo", steps=4, run=None, **grpo):
+def _trainer(tiny_model_dir, algo="grpo", steps=4, run=None, task="arith", **grpo):
     from reflectrl.llm.config import apply_llm_overrides, validate_llm
     from reflectrl.llm.model import load_model
 
-    cfg = LLMRunConfig(algo=algo, task="arith", model=str(tiny_model_dir), steps=steps, seed=3)
+    cfg = LLMRunConfig(algo=algo, task=task, model=str(tiny_model_dir), steps=steps, seed=3)
     apply_llm_overrides(cfg, ["prompts_per_step=2", "group_size=4", "eval_every=0", "max_new_tokens=4",
                               *(f"{k}={v}" for k, v in grpo.items())])
     validate_llm(cfg)
@@ -257,24 +257,35 @@ def _params(trainer):
     return torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters()])
 
 
-def test_refgrpo_alpha_zero_is_grpo(tiny_model_dir):
-    plain = _trainer(tiny_model_dir)
-    zero = _trainer(tiny_model_dir, algo="refgrpo", **{"calibration.alpha": 0})
-    for _ in range(3):
-        plain.train_step()
-        row = zero.train_step()
+def _trained(model_dir, algo="grpo", steps=3, **knobs):
+    """(parameters before, after `steps` GRPO steps, the last row) of one trainer, built and run
+    alone: generation draws from torch's global RNG, so two trainers must not interleave."""
+    from conftest import SFT_ARITH
+
+    trainer = _trainer(model_dir, algo=algo, task=SFT_ARITH, **knobs)
+    start = _params(trainer)
+    rows = [trainer.train_step() for _ in range(steps)]
+    return start, _params(trainer), rows[-1]
+
+
+@pytest.mark.slow
+def test_refgrpo_alpha_zero_is_grpo(sft_arith_model_dir):
+    start, plain, _ = _trained(sft_arith_model_dir)
+    _, zero, row = _trained(sft_arith_model_dir, algo="refgrpo", **{"calibration.alpha": 0})
+    assert not torch.equal(start, plain)  # GRPO updated the model: the comparison is not vacuous
     assert "calibration_loss" in row
-    assert torch.equal(_params(plain), _params(zero))
+    assert torch.equal(plain, zero)
 
 
-def test_gear_infinite_temperature_is_grpo(tiny_model_dir):
-    plain = _trainer(tiny_model_dir)
-    gear = _trainer(tiny_model_dir, algo="gear", **{"gear.temperature": "inf"})
-    for _ in range(3):
-        plain.train_step()
-        row = gear.train_step()
+@pytest.mark.slow
+def test_gear_infinite_temperature_is_grpo(sft_arith_model_dir):
+    start, plain, _ = _trained(sft_arith_model_dir)
+    _, gear, row = _trained(sft_arith_model_dir, algo="gear", **{"gear.temperature": "inf"})
+    _, weighted, _ = _trained(sft_arith_model_dir, algo="gear")
+    assert not torch.equal(start, plain)
     assert row["weights_mean"] == 1.0 and "value_head_loss" in row
-    assert torch.equal(_params(plain), _params(gear))
+    assert torch.equal(plain, gear)
+    assert not torch.equal(plain, weighted)  # finite temperature: GEAR's weights do change the update
 
 
 @pytest.mark.parametrize("knobs", [dict(loss_type="dapo", num_iterations=2, minibatches=2, beta=0.1),
@@ -286,20 +297,25 @@ def test_gear_trains_with_every_loss_and_prepass(tiny_model_dir, knobs):
     assert rows[-1]["weights_std"] > 0 and rows[-1]["kl"] >= 0
 
 
-def test_resume_is_bit_identical(tiny_model_dir, tmp_path):
+@pytest.mark.slow
+def test_resume_is_bit_identical(sft_arith_model_dir, tmp_path):
+    from conftest import SFT_ARITH
     from reflectrl.runs import RunDir
 
-    full = _trainer(tiny_model_dir, algo="gear", steps=4)
+    tiny_model_dir = sft_arith_model_dir
+    full = _trainer(tiny_model_dir, algo="gear", steps=4, task=SFT_ARITH)
+    start = _params(full)
     for _ in range(4):
         full.train_step()
+    assert not torch.equal(start, _params(full))  # the run learnt: resuming it has something to reproduce
 
     run = RunDir.create(tmp_path / "run", {})
-    first = _trainer(tiny_model_dir, algo="gear", steps=4, run=run)
+    first = _trainer(tiny_model_dir, algo="gear", steps=4, run=run, task=SFT_ARITH)
     first.train_step()
     first.train_step()
     first.save_checkpoint()
     del first
-    second = _trainer(tiny_model_dir, algo="gear", steps=4, run=run)
+    second = _trainer(tiny_model_dir, algo="gear", steps=4, run=run, task=SFT_ARITH)
     second.load_state_dict(run.load_checkpoint())
     second.train(progress=False)
     assert second.step == 4
