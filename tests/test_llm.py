@@ -300,6 +300,7 @@ def test_gear_trains_with_every_loss_and_prepass(tiny_model_dir, knobs):
 @pytest.mark.slow
 def test_resume_is_bit_identical(sft_arith_model_dir, tmp_path):
     from conftest import SFT_ARITH
+
     from reflectrl.runs import RunDir
 
     tiny_model_dir = sft_arith_model_dir

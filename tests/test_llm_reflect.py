@@ -352,3 +352,27 @@ def test_eval_json_always_carries_the_calibration_keys(cli, reflect_model_dirs, 
                        str(tmp_path / "x.png"))
     assert code != 0 and "states no confidence" in err and "Traceback" not in err
     assert not (tmp_path / "x.png").exists()
+
+
+def test_trl_reward_functions_by_hand():
+    from reflectrl.integrations.rewards import task_dataset, task_rewards
+
+    spec = "arith[reflect=both]"
+    rows = task_dataset(spec, 4, seed=2, instruct=True)
+    assert rows[0]["prompt"].startswith("Give only the final answer") and rows[3]["problem"] == 3
+    rng, task = random.Random(2), make_task(spec)
+    answers = [task.sample(rng).answer for _ in range(4)]
+    completions = [f"{answers[0]} | solved 0.8", "-999 | solved 0.9", "-999 | not solved 0.2", answers[3]]
+    outcome, verdict, confidence = task_rewards(spec, ["verdict", "confidence"], seed=2)
+    assert outcome(None, completions, problem=[0, 1, 2, 3]) == [1.0, 0.0, 0.0, 1.0]
+    assert verdict(None, completions, problem=[0, 1, 2, 3]) == pytest.approx([0.1, 0.0, 0.1, 0.0])
+    assert confidence(None, completions, problem=[0, 1, 2, 3]) == pytest.approx([-0.04, -0.81, -0.04, -1.0])
+
+    class State:  # TRL's trainer_state: the paper's step schedule drops the bonus after two thirds
+        global_step, max_steps = 90, 100
+
+    assert verdict(None, completions, problem=[0, 1, 2, 3], trainer_state=State) == [0, 0, 0, 0]
+    with pytest.raises(UserError, match="multi-turn"):
+        task_dataset("tools[reflect=both]", 2)
+    with pytest.raises(UserError, match="needs the task to state a confidence"):
+        task_rewards("arith[reflect=verdict]", ["confidence"])

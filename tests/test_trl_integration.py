@@ -108,3 +108,26 @@ def test_import_reflectrl_does_not_import_trl():
 
     code = "import sys, reflectrl, reflectrl.integrations, reflectrl.signals; assert 'trl' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_reflection_reward_functions_train_in_trl(tmp_path):
+    """The verdict and confidence signals as TRL reward functions: TRL logs each, sums them, trains."""
+    from reflectrl.integrations.rewards import task_dataset, task_rewards
+    from reflectrl.llm.sft import sft
+
+    spec = "arith[max_operand=9;reflect=both]"
+    base = init_tiny(tmp_path / "tiny", hidden_size=32, layers=1, heads=2, intermediate_size=64, vocab_size=384)
+    model, tokenizer = load_model(str(base))
+    sft(model, tokenizer, make_task(spec), steps=300, out=tmp_path / "sft", learning_rate=3e-3, progress=False)
+    model, tokenizer = load_model(str(tmp_path / "sft"))
+    start = [p.detach().clone() for p in model.parameters()]
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, max_steps=2, per_device_train_batch_size=16,
+                      num_generations=4, max_completion_length=16, learning_rate=1e-3, beta=0.0, seed=0,
+                      report_to=[], save_strategy="no", logging_steps=1, disable_tqdm=True)
+    trainer = GRPOTrainer(model=model, processing_class=tokenizer, args=args,
+                          train_dataset=Dataset.from_list(task_dataset(spec, 32)),
+                          reward_funcs=task_rewards(spec, ["verdict", "confidence"], n=32))
+    trainer.train()
+    logged = {k for row in trainer.state.log_history for k in row}
+    assert {"rewards/outcome/mean", "rewards/verdict/mean", "rewards/confidence/mean"} <= logged
+    assert any(not torch.equal(a, b) for a, b in zip(start, trainer.model.parameters()))

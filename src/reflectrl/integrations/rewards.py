@@ -1,0 +1,122 @@
+"""A reflectrl task and its stated-reflection signals as reward functions for TRL's GRPOTrainer
+(or any trainer that takes `reward_funcs(prompts, completions, **columns) -> list[float]`).
+
+    from trl import GRPOConfig, GRPOTrainer
+    from reflectrl.integrations.rewards import task_dataset, task_rewards
+
+    rows = task_dataset("arith[max_operand=99;reflect=both]", 2000, seed=0, instruct=True)
+    trainer = GRPOTrainer(model="Qwen/Qwen2.5-0.5B-Instruct", args=GRPOConfig(...),
+                          train_dataset=datasets.Dataset.from_list(rows),
+                          reward_funcs=task_rewards("arith[max_operand=99;reflect=both]", ["verdict"]))
+
+TRL sums the reward functions (`reward_weights` 1 each) and normalises the sum within each
+group, which is exactly how reflectrl's own GRPO trainer treats the signals' terms on a
+single-turn task: `outcome` is the task's verifier, `verdict` the RefGRPO paper's
+c * 1[verdict == outcome], `confidence` RLCR's proper score, each with the knobs and the
+schedule of its signal (signals/verdict.py, signals/confidence.py; the schedule reads TRL's
+`trainer_state.global_step / max_steps`). The verdict, confidence and outcome are read from
+the completion exactly as reflectrl reads them (tasks/reflect.py). Single-turn tasks only:
+TRL's GRPOTrainer generates one completion per prompt.
+
+`instruct=True` prefixes each prompt with one sentence describing the reflection format, for
+a model that was not taught it by `reflectrl llm sft` (an instruct model; pass the rows
+through the model's chat template as TRL does for conversational datasets by giving
+`{"prompt": [{"role": "user", "content": ...}]}`: `chat=True`).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+
+from reflectrl.errors import UserError
+from reflectrl.llm.tasks import make_task
+from reflectrl.llm.tasks.reflect import wants
+from reflectrl.signals.base import scheduled
+
+INSTRUCTIONS = {
+    "verdict": "Give only the final answer, then ' | ' and 'solved' if you are sure it is right or "
+               "'not solved' otherwise, e.g. '42 | solved'.",
+    "confidence": "Give only the final answer, then ' | ' and the probability from 0 to 1 that it is right, "
+                  "e.g. '42 | 0.7'.",
+    "both": "Give only the final answer, then ' | ', 'solved' or 'not solved', and the probability from 0 to 1 "
+            "that it is right, e.g. '42 | solved 0.8'.",
+}
+
+
+def task_dataset(spec: str, n: int, seed: int = 0, instruct: bool = False, chat: bool = False) -> list[dict]:
+    """`n` problems of the task as rows {"prompt", "problem"} (`problem`: the row's index, which
+    the reward functions read back)."""
+    task = make_task(spec)
+    if task.max_turns != 1:
+        raise UserError(f"task {spec!r} is multi-turn; TRL's GRPOTrainer generates one completion per prompt: "
+                        "train it with 'reflectrl llm train'")
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        prompt = task.sample(rng).prompt
+        if instruct and task.reflect != "none":
+            prompt = f"{INSTRUCTIONS[task.reflect]}\n{prompt}"
+        rows.append({"prompt": [{"role": "user", "content": prompt}] if chat else prompt, "problem": i})
+    return rows
+
+
+def _text(completion) -> str:
+    if isinstance(completion, list):  # conversational: [{"role": "assistant", "content": ...}]
+        return completion[-1]["content"]
+    return completion
+
+
+def task_rewards(spec: str, signals: Sequence[str] = (), n: int | None = None, seed: int = 0,
+                 configs: dict | None = None) -> list[Callable]:
+    """[outcome, then one reward function per signal] for rows made by task_dataset(spec, n, seed).
+    `configs`: {"verdict": VerdictConfig(...), "confidence": ConfidenceConfig(...)}."""
+    from reflectrl.signals.confidence import ConfidenceConfig, proper_score
+    from reflectrl.signals.verdict import VerdictConfig
+
+    task = make_task(spec)
+    configs = dict(configs or {})
+    for name in signals:
+        if name not in ("verdict", "confidence"):
+            raise UserError(f"signal '{name}' has no TRL reward function; use verdict or confidence")
+        need = wants(task.reflect)[0 if name == "verdict" else 1]
+        if not need:
+            raise UserError(f"signal '{name}' needs the task to state a {name}; add [reflect=both] to {spec!r}")
+        configs.setdefault(name, VerdictConfig() if name == "verdict" else ConfidenceConfig())
+        configs[name].validate()
+    problems: list = []
+    rng = random.Random(seed)
+
+    def lookup(index: int):
+        while len(problems) <= index:  # the same stream as task_dataset's, drawn as far as needed
+            problems.append(task.sample(rng))
+        return problems[index]
+
+    def judged(completions, index):
+        for c, i in zip(completions, index):
+            p = lookup(int(i))
+            turns = [_text(c)]
+            yield task.score(p, turns) >= 1.0, task.reflections(p, turns)[-1]
+
+    def coef(config, trainer_state) -> float:
+        step, total = (0, 1) if trainer_state is None else (trainer_state.global_step, trainer_state.max_steps)
+        return scheduled(config.coef, config.schedule, config.until, step, total)
+
+    def outcome(prompts, completions, problem=None, **kwargs):
+        return [task.score(lookup(int(i)), [_text(c)]) for c, i in zip(completions, problem)]
+
+    def verdict(prompts, completions, problem=None, trainer_state=None, **kwargs):
+        c = coef(configs["verdict"], trainer_state)
+        return [c * sum(r.stated_verdict is not None and r.stated_verdict == ok for r in refl)
+                for ok, refl in judged(completions, problem)]
+
+    def confidence(prompts, completions, problem=None, trainer_state=None, **kwargs):
+        cfg = configs["confidence"]
+        c = coef(cfg, trainer_state)
+        return [c * sum(proper_score(r.confidence, float(ok), cfg.score, cfg.log_eps) for r in refl if r.final)
+                for ok, refl in judged(completions, problem)]
+
+    if n is not None:
+        lookup(n - 1)
+    chosen = {"verdict": verdict, "confidence": confidence}
+    return [outcome] + [chosen[name] for name in signals]
