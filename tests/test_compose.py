@@ -12,7 +12,10 @@ from reflectrl.signals import Signal, SignalOutput
 def test_every_signal_declares_itself():
     table = signals()
     assert {"calibration", "shaping", "gear", "rnd", "count"} <= set(table)
-    assert {knob.split(".")[0] for knob in NEUTRAL} == set(table)  # the neutral test below runs them all
+    on_ppo = {name for name, spec in table.items() if "env_step" in spec.step_kinds}
+    assert {knob.split(".")[0] for knob in NEUTRAL} == on_ppo  # the neutral test below runs them all
+    # the language-model-only ones: their coef=0 runs are GRPO bit for bit in tests/test_llm_reflect.py
+    assert set(table) - on_ppo == {"verdict", "confidence"}
     for name, spec in table.items():
         assert spec.name == name and spec.summary and spec.step_kinds
         assert spec.neutral, f"{name} has no neutral setting to test bit-identity with"
