@@ -135,9 +135,12 @@ def test_verdict_bonus_by_hand():
     term = bonus.shape_rewards(_turn_batch(reflections, [1, 0, 0, 1, 0]))
     assert torch.allclose(term, torch.tensor([[0.1, 0.0, 0.1, 0.0, 0.1]]))
     assert bonus.metrics()["verdict_agreement"] == pytest.approx(3 / 5)
-    # several reflections in one episode (rag's "relevant" after a search): one term each, on its turn
+    # several reflections in one episode (rag's "relevant" after a search): a share of c each, on its turn,
+    # so an episode's bonus is at most c however many judgements it states
     multi = [[[R(True, final=False)], [R(False, final=False), R(True, 0.7, True)]]]
-    assert torch.allclose(bonus.shape_rewards(_turn_batch(multi, [1])), torch.tensor([[0.1], [0.1]]))
+    assert torch.allclose(bonus.shape_rewards(_turn_batch(multi, [1])), torch.tensor([[0.1 / 3], [0.1 / 3]]))
+    spam = [[[R(False, final=False)] for _ in range(4)] + [[R(False, final=False), R(False, 0.1, True)]]]
+    assert bonus.shape_rewards(_turn_batch(spam, [0])).sum().item() == pytest.approx(0.1)
 
 
 def test_confidence_score_by_hand():

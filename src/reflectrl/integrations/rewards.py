@@ -107,8 +107,8 @@ def task_rewards(spec: str, signals: Sequence[str] = (), n: int | None = None, s
 
     def verdict(prompts, completions, problem=None, trainer_state=None, **kwargs):
         c = coef(configs["verdict"], trainer_state)
-        return [c * sum(r.stated_verdict is not None and r.stated_verdict == ok for r in refl)
-                for ok, refl in judged(completions, problem)]
+        return [c * sum(r.stated_verdict is not None and r.stated_verdict == ok for r in refl) / max(len(refl), 1)
+                for ok, refl in judged(completions, problem)]  # at most c per completion, as the signal's
 
     def confidence(prompts, completions, problem=None, trainer_state=None, **kwargs):
         cfg = configs["confidence"]
