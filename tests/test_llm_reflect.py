@@ -379,3 +379,18 @@ def test_trl_reward_functions_by_hand():
         task_dataset("tools[reflect=both]", 2)
     with pytest.raises(UserError, match="needs the task to state a confidence"):
         task_rewards("arith[reflect=verdict]", ["confidence"])
+
+
+@pytest.mark.slow
+def test_a_finished_run_writes_its_calibration_and_reliability_diagram(cli, reflect_model_dirs, tmp_path):
+    run = tmp_path / "run"
+    code, _, err = cli("llm", "train", "--algo", "grpo+verdict+confidence", "--task", "arith[max_operand=9]",
+                       "--model", str(reflect_model_dirs["arith"]), "--steps", "2", "--out", str(run), "--no-progress",
+                       "--set", "prompts_per_step=2", "group_size=4", "eval_every=2", "eval_problems=8")
+    assert code == 0, err
+    assert json.loads((run / "config.json").read_text())["task"] == "arith[max_operand=9;reflect=both]"
+    metrics = json.loads((run / "calibration.json").read_text())
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert metrics["ece"] == pytest.approx(rows[-1]["eval_ece"])
+    assert {"verdict_coef", "confidence_score", "signal_time_fraction", "reflection_accuracy"} <= set(rows[-1])
+    assert (run / "reliability.png").read_bytes()[:4] == b"\x89PNG"

@@ -196,6 +196,14 @@ def _finish(trainer, run) -> None:
     with atomic_dir(model_dir) as tmp:
         trainer.save_model(tmp)
     result = trainer.evaluate() if trainer.eval_set else {}
+    if trainer.last_eval is not None:  # the stated reflections' calibration on the held-out set
+        from reflectrl.llm.calibration import calibration_metrics, plot_reliability
+        from reflectrl.runs.rundir import atomic_write_bytes
+
+        metrics = calibration_metrics(*trainer.last_eval)
+        atomic_write_bytes(run.path / "calibration.json", (json.dumps(metrics, indent=1) + "\n").encode())
+        plot_reliability(*trainer.last_eval, run.path / "reliability.png",
+                         title=f"{trainer.cfg.algo} on {trainer.cfg.task}")
     run.set_status("finished", step=trainer.step, **result)
     finish_signals(trainer.cfg.algo, "llm", run.path)
     acc = f", held-out greedy accuracy {result['eval_accuracy']:.3f}" if result else ""

@@ -298,6 +298,7 @@ class GRPOTrainer:
         self.eval_set = [self.task.sample(eval_rng) for _ in range(g.eval_problems)] if g.eval_every else []
         self.step = 0
         self.logger: MetricsLogger | None = None
+        self.last_eval = None  # (correct, final reflections) of the last evaluation, where reflections are stated
 
     @property
     def global_step(self) -> int:
@@ -519,7 +520,8 @@ class GRPOTrainer:
         rewards = torch.tensor(self.task.score_batch(self.eval_set, episodes.turns))
         out = {"eval_reward": rewards.mean().item(), "eval_accuracy": (rewards >= 1.0).float().mean().item()}
         if self.task.reflect != "none":
-            metrics = calibration_metrics((rewards >= 1.0).tolist(), episodes.final_reflections(self.task))
+            self.last_eval = ((rewards >= 1.0).tolist(), episodes.final_reflections(self.task))
+            metrics = calibration_metrics(*self.last_eval)
             out.update(scalar_metrics(metrics, "eval_"))
         return out
 
