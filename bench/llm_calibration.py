@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -31,6 +29,9 @@ from pathlib import Path
 import numpy as np
 
 from reflectrl.report.stats import interval, iqm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from llm_learning import finished, sh  # noqa: E402  (the same subprocess and run-status helpers)
 
 TASKS = {"arith9": "arith[max_operand=9;reflect=both]",
          "rag": "rag[reflect=both]"}        # 60 people, 1-3 hops, top-1 BM25
@@ -51,19 +52,6 @@ SAMPLED = ("reflection_accuracy", "ece", "brier", "auroc")  # on the sampled tra
 METRICS = ("eval_accuracy", "eval_reflection_accuracy", "eval_under_confidence_rate", "eval_over_confidence_rate",
            "eval_solved_rate", "eval_ece", "eval_brier", "eval_auroc", "eval_selective_auc")
 CLI = [sys.executable, "-m", "reflectrl"]
-
-
-def sh(argv: list[str], log: Path | None = None) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    with open(log, "w") if log else open(os.devnull, "w") as out:
-        subprocess.run(argv, check=True, stdout=out, stderr=subprocess.STDOUT, env=env)
-
-
-def finished(run: Path) -> bool:
-    try:
-        return json.loads((run / "run.json").read_text())["status"] == "finished"
-    except (OSError, KeyError, ValueError):
-        return False
 
 
 def prepare(out: Path, tasks: list[str]) -> dict[str, Path]:
