@@ -92,7 +92,8 @@ def summarise(out: Path, seeds: int, tasks: list[str]) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    head = (["task", "entry", "runs"] + [m.removeprefix("eval_") for m in METRICS]
+    head = (["task", "entry", "runs", "start accuracy", "accuracy, mean of evals"]
+            + [m.removeprefix("eval_") for m in METRICS]
             + [f"sampled {m}" for m in SAMPLED] + ["s/step", "signal share"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     per_run: dict = {}
@@ -106,8 +107,12 @@ def summarise(out: Path, seeds: int, tasks: list[str]) -> str:
                 continue
             data = [rows(r) for r in runs]
             evals = [[r for r in d if "eval_accuracy" in r] for d in data]
-            cells = [task, entry, str(len(runs))]
             per_run.setdefault(task, {})[entry] = {"runs": [str(r) for r in runs], "unfinished": unfinished}
+            auc = [float(np.mean([r["eval_accuracy"] for r in e])) for e in evals]
+            per_run[task][entry]["accuracy_mean_of_evals"] = auc
+            mid, lo, hi = interval([np.array(auc)[:, None]], iqm)
+            cells = [task, entry, str(len(runs)), f"{evals[0][0]['eval_accuracy']:.3f}",
+                     f"{mid:.3f} [{lo:.3f}, {hi:.3f}]"]
             for m in METRICS:
                 finals = [e[-1].get(m) for e in evals]
                 per_run[task][entry][m] = finals
