@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from reflectrl.report.stats import interval, iqm
+from reflectrl.report.stats import interval, iqm, iqm_difference, probability_of_improvement
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from llm_learning import finished, sh  # noqa: E402  (the same subprocess and run-status helpers)
@@ -85,6 +85,34 @@ def train(out: Path, model: Path, task: str, entry: str, argv: list[str], seed: 
 
 def rows(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+DIFFERENCES = ("eval_accuracy", "accuracy_mean_of_evals", "eval_reflection_accuracy", "sampled_reflection_accuracy",
+               "sampled_ece", "sampled_brier", "sampled_auroc")
+
+
+def differences(per_run: dict) -> str:
+    """Each signal entry minus grpo (and labelled-cal minus self-cal): IQM difference [95% bootstrap
+    CI], P(entry > grpo) over the runs' pairs."""
+    head = ["task", "entry - baseline", *DIFFERENCES]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    pairs = [(e, "grpo") for e in ("verdict", "verdict-const", "confidence")] + [("self-cal", "labelled-cal"),
+                                                                                  ("self-sft", "grpo")]
+    for task, entries in per_run.items():
+        for entry, base in pairs:
+            if entry not in entries or base not in entries:
+                continue
+            cells = [task, f"{entry} - {base}"]
+            for m in DIFFERENCES:
+                x = np.array([v for v in entries[entry][m] if v is not None], dtype=float)[:, None]
+                y = np.array([v for v in entries[base][m] if v is not None], dtype=float)[:, None]
+                if len(x) == 0 or len(y) == 0:
+                    cells.append("n/a")
+                    continue
+                mid, lo, hi = interval([x, y], iqm_difference)
+                cells.append(f"{mid:+.3f} [{lo:+.3f}, {hi:+.3f}] P>{probability_of_improvement(x, y):.2f}")
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def summarise(out: Path, seeds: int, tasks: list[str]) -> str:
@@ -147,6 +175,7 @@ def summarise(out: Path, seeds: int, tasks: list[str]) -> str:
             fig.tight_layout()
             fig.savefig(out / f"{task}-{m.removeprefix('eval_')}.png", dpi=100)
             plt.close(fig)
+    lines += ["", differences(per_run)]
     table = "\n".join(lines)
     (out / "summary.md").write_text(table + "\n")
     (out / "per_run.json").write_text(json.dumps(per_run, indent=1) + "\n")
