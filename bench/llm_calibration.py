@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -48,7 +49,7 @@ SELF = {"self-sft": ("sft", ["--algo", "grpo", "--set", "pseudo_reward=verdict"]
         "labelled-cal": ("cal", ["--algo", "grpo"])}
 COMMON = ["group_size=16", "prompts_per_step=8", "learning_rate=3e-4", "eval_every=25", "eval_problems=128",
           "log_kl=false", "torch_threads=1"]
-SAMPLED = ("reflection_accuracy", "ece", "brier", "auroc")  # on the sampled training episodes, last 50 steps
+SAMPLED = ("accuracy", "reflection_accuracy", "ece", "brier", "auroc")  # sampled training episodes, last 50 steps
 METRICS = ("eval_accuracy", "eval_reflection_accuracy", "eval_under_confidence_rate", "eval_over_confidence_rate",
            "eval_solved_rate", "eval_ece", "eval_brier", "eval_auroc", "eval_selective_auc")
 CLI = [sys.executable, "-m", "reflectrl"]
@@ -87,8 +88,8 @@ def rows(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-DIFFERENCES = ("eval_accuracy", "accuracy_mean_of_evals", "eval_reflection_accuracy", "sampled_reflection_accuracy",
-               "sampled_ece", "sampled_brier", "sampled_auroc")
+DIFFERENCES = ("eval_accuracy", "accuracy_mean_of_evals", "sampled_accuracy", "eval_reflection_accuracy",
+               "sampled_reflection_accuracy", "sampled_ece", "sampled_brier", "sampled_auroc")
 
 
 def differences(per_run: dict) -> str:
@@ -153,9 +154,17 @@ def summarise(out: Path, seeds: int, tasks: list[str]) -> str:
                 values = np.array([[r.get(m, np.nan) for r in e] for e in evals], dtype=float)
                 curves.setdefault(m, {})[entry] = (np.array([r["step"] for r in evals[0]]), values)
             for m in SAMPLED:  # what the signals train on: the sampled episodes (temperature 1)
-                finals = [float(np.nanmean([r.get(m, np.nan) for r in d if "reward" in r][-50:])) for d in data]
+                finals = []
+                for d in data:
+                    values = [r.get(m) for r in d if "reward" in r][-50:]
+                    values = [v for v in values if v is not None and np.isfinite(v)]
+                    finals.append(float(np.mean(values)) if values else None)
                 per_run[task][entry][f"sampled_{m}"] = finals
-                mid, lo, hi = interval([np.array(finals)[:, None]], iqm)
+                known = np.array([v for v in finals if v is not None])
+                if len(known) == 0:
+                    cells.append("n/a")
+                    continue
+                mid, lo, hi = interval([known[:, None]], iqm)
                 cells.append(f"{mid:.3f} [{lo:.3f}, {hi:.3f}]")
             step_s = float(np.mean([np.mean([r["step_seconds"] for r in d if "step_seconds" in r]) for d in data]))
             share = [r["signal_time_fraction"] for d in data for r in d if "signal_time_fraction" in r]
@@ -166,8 +175,10 @@ def summarise(out: Path, seeds: int, tasks: list[str]) -> str:
         for m, by_entry in curves.items():
             fig, ax = plt.subplots(figsize=(6, 4))
             for entry, (steps, values) in by_entry.items():
-                ax.plot(steps, np.nanmean(values, 0), label=f"{entry} ({len(values)})")
-                ax.fill_between(steps, np.nanmin(values, 0), np.nanmax(values, 0), alpha=0.15)
+                with np.errstate(all="ignore"), warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)  # an evaluation where every run's value is null
+                    ax.plot(steps, np.nanmean(values, 0), label=f"{entry} ({len(values)})")
+                    ax.fill_between(steps, np.nanmin(values, 0), np.nanmax(values, 0), alpha=0.15)
             ax.set_xlabel("GRPO step")
             ax.set_ylabel(m.removeprefix("eval_") + " (held-out, greedy)")
             ax.set_title(f"{task}: {TASKS[task]}", fontsize=9)
