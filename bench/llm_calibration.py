@@ -170,6 +170,15 @@ def summarise(out: Path, seeds: int, tasks: list[str]) -> str:
             share = [r["signal_time_fraction"] for d in data for r in d if "signal_time_fraction" in r]
             start = {m: evals[0][0].get(m) for m in METRICS}
             per_run[task][entry]["start"] = start
+            for m in SAMPLED:  # the sampled episodes over training, a 10-step moving average per run
+                series = []
+                for d in data:
+                    raw = np.array([np.nan if r.get(m) is None else r[m] for r in d if "reward" in r], dtype=float)
+                    kernel = np.ones(10) / 10
+                    series.append(np.convolve(np.nan_to_num(raw, nan=np.nanmean(raw)), kernel, mode="valid"))
+                width = min(len(x) for x in series)
+                values = np.stack([x[:width] for x in series])
+                curves.setdefault(f"sampled_{m}", {})[entry] = (np.arange(10, 10 + width), values)
             cells += [f"{step_s:.3f}", f"{np.mean(share):.1%}" if share else ""]
             lines.append("| " + " | ".join(cells) + " |")
         for m, by_entry in curves.items():
@@ -180,7 +189,8 @@ def summarise(out: Path, seeds: int, tasks: list[str]) -> str:
                     ax.plot(steps, np.nanmean(values, 0), label=f"{entry} ({len(values)})")
                     ax.fill_between(steps, np.nanmin(values, 0), np.nanmax(values, 0), alpha=0.15)
             ax.set_xlabel("GRPO step")
-            ax.set_ylabel(m.removeprefix("eval_") + " (held-out, greedy)")
+            ax.set_ylabel(m.removeprefix("eval_") + " (held-out, greedy)" if m.startswith("eval_")
+                          else m.removeprefix("sampled_") + " (sampled episodes, 10-step mean)")
             ax.set_title(f"{task}: {TASKS[task]}", fontsize=9)
             ax.legend(fontsize=7)
             fig.tight_layout()
