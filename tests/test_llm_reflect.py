@@ -394,3 +394,30 @@ def test_a_finished_run_writes_its_calibration_and_reliability_diagram(cli, refl
     assert metrics["ece"] == pytest.approx(rows[-1]["eval_ece"])
     assert {"verdict_coef", "confidence_score", "signal_time_fraction", "reflection_accuracy"} <= set(rows[-1])
     assert (run / "reliability.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_relevance_judgements_are_scored_against_the_searches_truth():
+    from reflectrl.llm.calibration import relevance_metrics
+
+    task = make_task("rag[max_hops=2;min_hops=2;reflect=both]")
+    problem = task.sample(random.Random(3))
+    q1, q2 = problem.meta["queries"]
+    other = next(p for p in (task.sample(random.Random(s)) for s in range(50))
+                 if not set(task.search(p.meta["queries"][0])) & set(problem.meta["docs"]))
+    bad = other.meta["queries"][0]
+    episodes = [[f"search {q1}", f"relevant; search {q2}", f"relevant; answer {problem.answer} | solved 0.9"],
+                [f"search {bad}", f"relevant; search {q1}", f"search {q2}", "relevant; answer x | not solved 0.2"]]
+    reflections = [task.reflections(problem, turns) for turns in episodes]
+    m = relevance_metrics(task, [problem, problem], episodes, reflections)
+    # 5 judgements due: right, right; wrong (the bad search called relevant), missing (wrong), right
+    assert m == {"relevance_accuracy": pytest.approx(3 / 5), "relevant_search_rate": pytest.approx(4 / 5)}
+    assert relevance_metrics(make_task("arith[reflect=both]"), [], [], []) == {}
+
+
+@pytest.mark.slow
+def test_verdict_composes_with_gear(reflect_model_dirs):
+    trainer = _trainer(reflect_model_dirs["arith"], "grpo+gear+verdict", "arith[max_operand=9;reflect=both]",
+                       **{"verdict.schedule": "constant"})
+    rows = [trainer.train_step() for _ in range(2)]
+    assert {"weights_mean", "verdict_bonus", "verdict_agreement", "reflection_accuracy"} <= set(rows[-1])
+    assert all(math.isfinite(r["loss"]) for r in rows)

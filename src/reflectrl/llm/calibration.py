@@ -32,7 +32,9 @@ none. Definitions (docs/llm.md repeats them):
                              confident answers); 1 is perfect, the accuracy itself is chance
 
 Every key is present; a key is None where its population is empty, and all reflection keys
-are None where no episode was asked for a reflection.
+are None where no episode was asked for a reflection. A task that knows whether each search
+found what was needed (`rag`) also gets `relevance_accuracy` (the share of "relevant" / "not
+relevant" judgements that are true) and `relevant_search_rate` (`relevance_metrics`).
 """
 
 from __future__ import annotations
@@ -125,6 +127,28 @@ def calibration_metrics(correct: Sequence[bool], reflections: Sequence[Reflectio
     )
     out["selective_curve"], out["selective_auc"] = selective(confidence, correct)
     return out
+
+
+def relevance_metrics(task, problems, episodes: list[list[str]], reflections: list[list[list]]) -> dict:
+    """How a task's intermediate judgements ("relevant" / "not relevant" after a search, on the
+    next turn) match the truth the task knows (`task.search_relevance`), over every judgement of
+    every episode; a missing judgement counts as wrong. {} for a task without such a truth."""
+    truth_of = getattr(task, "search_relevance", None)
+    if truth_of is None or task.reflect == "none":
+        return {}
+    right = stated = relevant = 0
+    for problem, turns, refl in zip(problems, episodes, reflections):
+        truth = truth_of(problem, turns)
+        for k in range(1, len(turns)):
+            judged = [r for r in refl[k] if not r.final]
+            if truth[k - 1] is None or not judged:
+                continue
+            stated += 1
+            relevant += truth[k - 1]
+            right += judged[0].verdict is not None and judged[0].verdict == truth[k - 1]
+    if not stated:
+        return {}
+    return {"relevance_accuracy": right / stated, "relevant_search_rate": relevant / stated}
 
 
 def scalar_metrics(metrics: dict, prefix: str = "") -> dict:

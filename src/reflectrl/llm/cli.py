@@ -214,7 +214,7 @@ def _finish(trainer, run) -> None:
 def _eval(args) -> int:
     import random
 
-    from reflectrl.llm.calibration import calibration_metrics, plot_reliability
+    from reflectrl.llm.calibration import calibration_metrics, plot_reliability, relevance_metrics
     from reflectrl.llm.grpo import EVAL_SEED, rollout
     from reflectrl.llm.model import load_model
     from reflectrl.llm.tasks import make_task
@@ -231,7 +231,7 @@ def _eval(args) -> int:
     finals = episodes.final_reflections(task)
     result = {"task": args.task, "model": args.model, "problems": len(problems),
               "reward": sum(rewards) / len(rewards), **calibration_metrics(correct, finals),
-              "reliability_png": None}
+              **relevance_metrics(task, problems, episodes.turns, episodes.reflections), "reliability_png": None}
     if args.reliability:
         if task.reflect == "none":
             raise UserError(f"--reliability: task {args.task!r} states no confidence; add [reflect=confidence] "

@@ -33,7 +33,7 @@ import torch
 
 from reflectrl.control.gae import compute_gae
 from reflectrl.errors import NonFiniteError
-from reflectrl.llm.calibration import calibration_metrics, scalar_metrics
+from reflectrl.llm.calibration import calibration_metrics, relevance_metrics, scalar_metrics
 from reflectrl.llm.config import LLMRunConfig
 from reflectrl.llm.losses import aggregate
 from reflectrl.llm.model import hidden_size
@@ -497,6 +497,7 @@ class GRPOTrainer:
         if self.task.reflect != "none":  # how well the stated reflections match the outcomes
             finals = episodes.final_reflections(self.task)
             row.update(scalar_metrics(calibration_metrics(correct.tolist(), finals)))
+            row.update(relevance_metrics(self.task, episodes.problems, episodes.turns, episodes.reflections))
             row.pop("mean_confidence", None)
         if g.pseudo_reward != "none":
             row["pseudo_solved_rate"] = row.get("solved_rate", 0.0)
@@ -522,6 +523,7 @@ class GRPOTrainer:
         if self.task.reflect != "none":
             self.last_eval = ((rewards >= 1.0).tolist(), episodes.final_reflections(self.task))
             metrics = calibration_metrics(*self.last_eval)
+            metrics.update(relevance_metrics(self.task, self.eval_set, episodes.turns, episodes.reflections))
             out.update(scalar_metrics(metrics, "eval_"))
         return out
 
