@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -203,6 +205,52 @@ def summarise(out: Path, seeds: int, tasks: list[str]) -> str:
     return table
 
 
+def sampled_eval(out: Path, task: str, seeds: int, problems: int) -> str:
+    """Every finished main entry's final model on `problems` held-out problems sampled at
+    temperature 1 (`llm eval --temperature 1 --seed 0`): the distribution GRPO trains on.
+    Writes OUT/sampled_eval.jsonl (one row per run) and returns a table with the differences."""
+    rows = []
+    for entry in ENTRIES:
+        for s in range(1, seeds + 1):
+            run = out / task / entry / f"seed{s}"
+            if not finished(run):
+                continue
+            result = subprocess.run([*CLI, "llm", "eval", "--model", str(run), "--task", TASKS[task], "--problems",
+                                     str(problems), "--temperature", "1", "--seed", "0", "--json"],
+                                    check=True, capture_output=True, text=True,
+                                    env={**os.environ, "OMP_NUM_THREADS": "1"})
+            row = json.loads(result.stdout)
+            row.pop("selective_curve")
+            rows.append({"entry": entry, "seed": s, "run": str(run), **row})
+    (out / "sampled_eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    keys = ("accuracy", "reflection_accuracy", "under_confidence_rate", "over_confidence_rate", "ece", "brier", "auroc")
+    by: dict = {}
+    for r in rows:
+        by.setdefault(r["entry"], []).append(r)
+    lines = ["| entry | runs | " + " | ".join(keys) + " |", "|" + "---|" * (len(keys) + 2)]
+    for entry, rs in by.items():
+        cells = []
+        for k in keys:
+            v = np.array([r[k] for r in rs if r[k] is not None], dtype=float)[:, None]
+            mid, lo, hi = interval([v], iqm)
+            cells.append(f"{mid:.3f} [{lo:.3f}, {hi:.3f}]")
+        lines.append(f"| {entry} | {len(rs)} | " + " | ".join(cells) + " |")
+    lines += ["", "| entry - grpo | reflection_accuracy | ece | brier |", "|---|---|---|---|"]
+    for entry in by:
+        if entry == "grpo" or "grpo" not in by:
+            continue
+        cells = []
+        for k in ("reflection_accuracy", "ece", "brier"):
+            x = np.array([r[k] for r in by[entry]], dtype=float)[:, None]
+            y = np.array([r[k] for r in by["grpo"]], dtype=float)[:, None]
+            mid, lo, hi = interval([x, y], iqm_difference)
+            cells.append(f"{mid:+.3f} [{lo:+.3f}, {hi:+.3f}] P>{probability_of_improvement(x, y):.2f}")
+        lines.append(f"| {entry} - grpo | " + " | ".join(cells) + " |")
+    table = "\n".join(lines)
+    (out / "sampled_eval.md").write_text(table + "\n")
+    return table
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=5)
@@ -214,6 +262,8 @@ def main() -> None:
     ap.add_argument("--only-self", action="store_true",
                     help="run only the self-improvement entries (seed 1's grpo+verdict model must exist)")
     ap.add_argument("--summary-only", action="store_true")
+    ap.add_argument("--sampled-eval", type=int, default=0, metavar="N",
+                    help="also evaluate every main entry's final model on N held-out problems sampled at temperature 1")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -240,6 +290,8 @@ def main() -> None:
                 for run in pool.map(run_job, jobs):
                     print(f"done: {run}", flush=True)
     print(summarise(out, args.seeds, tasks))
+    for task in tasks if args.sampled_eval else []:
+        print(sampled_eval(out, task, args.seeds, args.sampled_eval))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@
     reflectrl llm sft --model DIR --task T --steps N --out DIR [--batch-size 32] [--lr 1e-3]
     reflectrl llm train --algo grpo|gear|refgrpo --task T --model DIR --steps N --seed N --out DIR [--set k=v ...]
     reflectrl llm train --resume DIR
-    reflectrl llm eval --model DIR --task T [--problems 64] [--json]
+    reflectrl llm eval --model DIR --task T [--problems 64] [--json] [--reliability PNG] [--temperature 1 --seed 0]
 
 Wired into `reflectrl.cli` by `add_parser(sub)` and `run(args)`; torch and transformers are
 imported only when a command runs.
@@ -70,6 +70,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     ev.add_argument("--task", required=True, help="arith, rg:NAME, code or tools, with options in brackets "
                     "(e.g. arith[max_operand=9;ops=+-*]); as given to llm train")
     ev.add_argument("--problems", type=int, default=64, help="held-out problems to score (default 64)")
+    ev.add_argument("--temperature", type=float, default=0.0,
+                    help="0 (default): greedy; > 0: sample at this temperature (seeded by --seed), e.g. 1 to "
+                         "measure calibration on the distribution GRPO trains on")
+    ev.add_argument("--seed", type=int, default=0, help="the sampling seed with --temperature (default 0)")
     ev.add_argument("--json", action="store_true", help="print one JSON object (with the calibration metrics of "
                     "the stated reflections: null where the task states none)")
     ev.add_argument("--reliability", metavar="PNG", default=None,
@@ -214,6 +218,8 @@ def _finish(trainer, run) -> None:
 def _eval(args) -> int:
     import random
 
+    import torch
+
     from reflectrl.llm.calibration import calibration_metrics, plot_reliability, relevance_metrics
     from reflectrl.llm.grpo import EVAL_SEED, rollout
     from reflectrl.llm.model import load_model
@@ -225,11 +231,15 @@ def _eval(args) -> int:
     model, tokenizer = load_model(args.model)
     rng = random.Random(EVAL_SEED)
     problems = [task.sample(rng) for _ in range(args.problems)]
-    episodes = rollout(model.eval(), tokenizer, task, problems, max_new_tokens=task.max_new_tokens, greedy=True)
+    if not args.temperature >= 0 or args.temperature == float("inf"):
+        raise UserError(f"--temperature {args.temperature}: must be a finite number >= 0 (0: greedy)")
+    torch.manual_seed(args.seed)
+    episodes = rollout(model.eval(), tokenizer, task, problems, max_new_tokens=task.max_new_tokens,
+                       greedy=args.temperature == 0, temperature=args.temperature or 1.0)
     rewards = task.score_batch(problems, episodes.turns)
     correct = [r >= 1.0 for r in rewards]
     finals = episodes.final_reflections(task)
-    result = {"task": args.task, "model": args.model, "problems": len(problems),
+    result = {"task": args.task, "model": args.model, "problems": len(problems), "temperature": args.temperature,
               "reward": sum(rewards) / len(rewards), **calibration_metrics(correct, finals),
               **relevance_metrics(task, problems, episodes.turns, episodes.reflections), "reliability_png": None}
     if args.reliability:
@@ -240,7 +250,8 @@ def _eval(args) -> int:
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"{args.task}: greedy accuracy {result['accuracy']:.3f}, mean reward {result['reward']:.3f} "
+        how = "greedy" if args.temperature == 0 else f"sampled (temperature {args.temperature:g})"
+        print(f"{args.task}: {how} accuracy {result['accuracy']:.3f}, mean reward {result['reward']:.3f} "
               f"over {len(problems)} held-out problems")
         if task.reflect != "none":
             shown = {k: result[k] for k in ("reflection_format_rate", "reflection_accuracy", "under_confidence_rate",
