@@ -351,6 +351,13 @@ def test_eval_json_always_carries_the_calibration_keys(cli, reflect_model_dirs, 
     stated = json.loads(out)
     assert stated["ece"] is not None and stated["reflection_format_rate"] > 0.5
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and stated["reliability_png"] == str(png)
+    sampled = [json.loads(cli("llm", "eval", "--model", str(reflect_model_dirs["arith"]), "--task",
+                              "arith[max_operand=9;reflect=both]", "--problems", "16", "--json", "--temperature", "1",
+                              "--seed", str(seed))[1]) for seed in (0, 0, 1)]
+    assert sampled[0] == sampled[1] and sampled[0]["temperature"] == 1.0  # seeded
+    assert sampled[0] != sampled[2]  # another seed, other samples
+    code, _, err = cli("llm", "eval", "--model", str(tiny_model_dir), "--task", "arith", "--temperature", "-1")
+    assert code != 0 and "--temperature -1" in err
     code, _, err = cli("llm", "eval", "--model", str(tiny_model_dir), "--task", "arith", "--reliability",
                        str(tmp_path / "x.png"))
     assert code != 0 and "states no confidence" in err and "Traceback" not in err
