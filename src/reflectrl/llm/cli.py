@@ -42,7 +42,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     sft_defaults = _defaults(sft_fn)
     sft = sub.add_parser("sft", help="warm-start a model on a task's demonstrations")
     sft.add_argument("--model", required=True, help="model directory or Hugging Face name")
-    sft.add_argument("--task", required=True, help="arith, rg:NAME, code or tools")
+    sft.add_argument("--task", required=True, help="arith, rg:NAME, code, tools or rag")
     sft.add_argument("--steps", type=int, required=True)
     sft.add_argument("--out", required=True, help="model directory to create")
     sft.add_argument("--batch-size", type=int, default=None, help=f"(default {sft_defaults['batch_size']})")
@@ -51,10 +51,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     sft.add_argument("--no-progress", action="store_true")
 
     train = sub.add_parser("train", help="RL on a task: grpo, grpo+gear (GEAR weights), "
-                                         "grpo+calibration (turn calibration bonus)")
+                                         "grpo+calibration (turn calibration bonus), grpo+verdict (stated "
+                                         "verdict bonus), grpo+confidence (scored stated confidence)")
     train.add_argument("--algo", default=None, help=f"TRAINER[+SIGNAL...]: {', '.join(algo_names('llm'))} "
                        f"(default {d.algo})")
-    train.add_argument("--task", default=None, help=f"arith, rg:NAME, code or tools (default {d.task})")
+    train.add_argument("--task", default=None, help=f"arith, rg:NAME, code, tools or rag (default {d.task})")
     train.add_argument("--model", default=None, help="model directory or Hugging Face name")
     train.add_argument("--steps", type=int, default=None, help=f"GRPO steps (default {d.steps})")
     train.add_argument("--seed", type=int, default=None, help=f"random seed (default {d.seed})")
@@ -67,7 +68,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     ev = sub.add_parser("eval", help="greedy accuracy of a model on a task's held-out problems")
     ev.add_argument("--model", required=True,
                     help="model directory, a run directory (its DIR/model is used) or HF name")
-    ev.add_argument("--task", required=True, help="arith, rg:NAME, code or tools, with options in brackets "
+    ev.add_argument("--task", required=True, help="arith, rg:NAME, code, tools or rag, with options in brackets "
                     "(e.g. arith[max_operand=9;ops=+-*]); as given to llm train")
     ev.add_argument("--problems", type=int, default=64, help="held-out problems to score (default 64)")
     ev.add_argument("--temperature", type=float, default=0.0,

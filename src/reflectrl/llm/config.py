@@ -86,7 +86,7 @@ class LLMRunConfig:
     algo: str = "grpo"
     """grpo, gear or refgrpo (--algo)"""
     task: str = "arith"
-    """arith, rg:NAME, code or tools (--task)"""
+    """arith, rg:NAME, code, tools or rag, with options in brackets such as [reflect=both] (--task)"""
     model: str = ""
     """model directory or Hugging Face name (--model)"""
     steps: int = 100
