@@ -40,3 +40,16 @@ def test_the_old_names_are_not_fields():
 
     assert "reflection_epochs" not in {f.name for f in fields(CalibrationConfig)}
     assert "map_snapshots" not in {f.name for f in fields(ShapingConfig)}
+
+
+def test_knobs_for_any_composition():
+    from reflectrl.errors import UserError
+    from reflectrl.knobs import sections_for_algo
+
+    assert sections_for_algo("llm:grpo+gear+verdict") == ["grpo", "gear", "verdict"]
+    assert sections_for_algo("llm:refgrpo") == ["grpo", "calibration"]
+    assert sections_for_algo("ppo+rnd+count") == ["run", "ppo", "env", "rnd", "count"]
+    assert sections_for_algo("sdrs") == ["run", "ppo", "env", "shaping"]
+    assert sections_for_algo("dqn+shaping") == ["run", "dqn", "env", "shaping"]
+    with pytest.raises(UserError, match="unknown --algo"):
+        sections_for_algo("bogus")

@@ -119,22 +119,14 @@ def sections() -> dict[str, dict]:
 
 
 def sections_for_algo(algo: str) -> list[str]:
-    from reflectrl.config import ALGO_SECTIONS, ALGOS
-    from reflectrl.llm.config import LLM_ALGO_SECTIONS, LLM_ALGOS
+    """The knob sections an --algo reads: any TRAINER[+SIGNAL...] or alias (`llm:` for llm train)."""
+    from reflectrl.registry import parse_algo
 
     llm = algo.startswith("llm:")
-    name = algo.removeprefix("llm:")
-    if not llm and name.split("+")[0] in ("dqn", "sac"):
-        from reflectrl.registry import parse_algo
-
-        parsed = parse_algo(name, "control")
-        return ["run", parsed.trainer, "env", *parsed.signals]
-    if not llm and name in ALGOS:
-        return ["run", "ppo", "env", *([ALGO_SECTIONS[name]] if name in ALGO_SECTIONS else [])]
-    if name in LLM_ALGOS:
-        return ["grpo", *([LLM_ALGO_SECTIONS[name]] if name in LLM_ALGO_SECTIONS else [])]
-    known = [*ALGOS, *(f"llm:{a}" for a in LLM_ALGOS)]
-    raise UserError(f"unknown --algo '{algo}'; use one of: {', '.join(known)}")
+    parsed = parse_algo(algo.removeprefix("llm:"), "llm" if llm else "control")
+    if llm:
+        return ["grpo", *parsed.signals]
+    return ["run", parsed.trainer, "env", *parsed.signals]
 
 
 def print_knobs(section: str | None = None, algo: str | None = None, as_json: bool = False) -> int:
