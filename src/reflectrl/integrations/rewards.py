@@ -71,8 +71,8 @@ def task_rewards(spec: str, signals: Sequence[str] = (), n: int | None = None, s
                  configs: dict | None = None) -> list[Callable]:
     """[outcome, then one reward function per signal] for rows made by task_dataset(spec, n, seed).
     `configs`: {"verdict": VerdictConfig(...), "confidence": ConfidenceConfig(...)}."""
-    from reflectrl.signals.confidence import ConfidenceConfig, proper_score
-    from reflectrl.signals.verdict import VerdictConfig
+    from reflectrl.signals.confidence import ConfidenceConfig, confidence_terms
+    from reflectrl.signals.verdict import VerdictConfig, verdict_terms
 
     task = make_task(spec)
     configs = dict(configs or {})
@@ -86,35 +86,41 @@ def task_rewards(spec: str, signals: Sequence[str] = (), n: int | None = None, s
         configs[name].validate()
     problems: list = []
     rng = random.Random(seed)
+    judged_cache: dict = {}  # the reward functions of one batch judge the same completions: verify each once
 
     def lookup(index: int):
         while len(problems) <= index:  # the same stream as task_dataset's, drawn as far as needed
             problems.append(task.sample(rng))
         return problems[index]
 
-    def judged(completions, index):
-        for c, i in zip(completions, index):
-            p = lookup(int(i))
-            turns = [_text(c)]
-            yield task.score(p, turns) >= 1.0, task.reflections(p, turns)[-1]
+    def judge(completion, index) -> tuple[float, list]:
+        """(the verifier's score, the reflections per turn) of one completion."""
+        turns = [_text(completion)]
+        key = (int(index), turns[0])
+        if key not in judged_cache:
+            if len(judged_cache) > 4096:
+                judged_cache.clear()
+            p = lookup(int(index))
+            judged_cache[key] = (task.score(p, turns), task.reflections(p, turns))
+        return judged_cache[key]
 
     def coef(config, trainer_state) -> float:
         step, total = (0, 1) if trainer_state is None else (trainer_state.global_step, trainer_state.max_steps)
         return scheduled(config.coef, config.schedule, config.until, step, total)
 
     def outcome(prompts, completions, problem=None, **kwargs):
-        return [task.score(lookup(int(i)), [_text(c)]) for c, i in zip(completions, problem)]
+        return [judge(c, i)[0] for c, i in zip(completions, problem)]
 
     def verdict(prompts, completions, problem=None, trainer_state=None, **kwargs):
         c = coef(configs["verdict"], trainer_state)
-        return [c * sum(r.stated_verdict is not None and r.stated_verdict == ok for r in refl) / max(len(refl), 1)
-                for ok, refl in judged(completions, problem)]  # at most c per completion, as the signal's
+        judged = [judge(x, i) for x, i in zip(completions, problem)]
+        return [sum(verdict_terms(refl, float(score >= 1.0), c)[0]) for score, refl in judged]
 
     def confidence(prompts, completions, problem=None, trainer_state=None, **kwargs):
         cfg = configs["confidence"]
         c = coef(cfg, trainer_state)
-        return [c * sum(proper_score(r.confidence, float(ok), cfg.score, cfg.log_eps) for r in refl if r.final)
-                for ok, refl in judged(completions, problem)]
+        judged = [judge(x, i) for x, i in zip(completions, problem)]
+        return [sum(confidence_terms(refl, float(score >= 1.0), c, cfg)[0]) for score, refl in judged]
 
     if n is not None:
         lookup(n - 1)

@@ -39,6 +39,7 @@ relevant" judgements that are true) and `relevant_search_rate` (`relevance_metri
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -187,8 +188,6 @@ def plot_reliability(correct: Sequence[bool], reflections: Sequence[Reflection |
     bottom.set_ylabel("answers")
     bottom.set_xlim(0, 1)
     fig.tight_layout()
-    import io
-
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
     plt.close(fig)

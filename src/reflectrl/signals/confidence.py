@@ -60,6 +60,18 @@ def proper_score(q: float | None, y: float, score: str = "brier", log_eps: float
     return y * math.log(q) + (1 - y) * math.log(1 - q)
 
 
+def confidence_terms(episode: list[list], outcome: float, coef: float, config: ConfidenceConfig
+                     ) -> tuple[list[float], list[float]]:
+    """Per turn of one episode, coef x the score of the confidences stated on its answer there (a
+    search's "relevant" states none), and the scores. Also TRL's reward (integrations/rewards.py)."""
+    terms, scores = [], []
+    for turn in episode:
+        here = [proper_score(r.confidence, outcome, config.score, config.log_eps) for r in turn if r.final]
+        scores += here
+        terms.append(coef * sum(here))
+    return terms, scores
+
+
 class ConfidenceReward(Signal):
     name = "confidence"
 
@@ -74,12 +86,9 @@ class ConfidenceReward(Signal):
         reward = torch.zeros_like(batch.outcomes)
         scores = []
         for i, episode in enumerate(batch.reflections):
-            for k, turn in enumerate(episode):
-                for reflection in turn:
-                    if reflection.final:  # a search's "relevant" states no confidence
-                        s = proper_score(reflection.confidence, batch.outcomes[k, i].item(), c.score, c.log_eps)
-                        scores.append(s)
-                        reward[k, i] += coef * s
+            terms, here = confidence_terms(episode, batch.outcomes[len(episode) - 1, i].item(), coef, c)
+            reward[:len(terms), i] = torch.tensor(terms)
+            scores += here
         self._metrics = {"confidence_coef": coef,
                          "confidence_score": sum(scores) / len(scores) if scores else float("nan")}
         return reward

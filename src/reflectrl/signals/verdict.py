@@ -57,6 +57,20 @@ def check_schedule(name: str, coef: float, schedule: str, until: float) -> None:
         raise UserError(f"{name}.until={until}: must be a fraction of the run in [0, 1]")
 
 
+def verdict_terms(episode: list[list], outcome: float, coef: float) -> tuple[list[float], int]:
+    """Per turn of one episode, the bonus of the judgements stated there (c / the episode's number of
+    judgements for each that agrees with the outcome: an episode's bonus is at most c, however many),
+    and how many agree. `episode[k]`: the Reflections stated in turn k. Also TRL's reward
+    (integrations/rewards.py)."""
+    count = sum(len(turn) for turn in episode)
+    terms, agree = [], 0
+    for turn in episode:
+        right = sum(r.stated_verdict is not None and float(r.stated_verdict) == outcome for r in turn)
+        agree += right
+        terms.append(right * coef / count if right else 0.0)
+    return terms, agree
+
+
 class VerdictBonus(Signal):
     name = "verdict"
 
@@ -72,14 +86,10 @@ class VerdictBonus(Signal):
         bonus = torch.zeros_like(batch.outcomes)
         agree = stated = 0
         for i, episode in enumerate(batch.reflections):
-            count = sum(len(turn) for turn in episode)
-            for k, turn in enumerate(episode):
-                for reflection in turn:
-                    verdict = reflection.stated_verdict
-                    stated += 1
-                    if verdict is not None and float(verdict) == batch.outcomes[k, i].item():
-                        agree += 1
-                        bonus[k, i] += self.coef / count  # an episode's bonus is at most c, however many
+            terms, right = verdict_terms(episode, batch.outcomes[len(episode) - 1, i].item(), self.coef)
+            bonus[:len(terms), i] = torch.tensor(terms)
+            agree += right
+            stated += sum(len(turn) for turn in episode)
         self._metrics = {"verdict_coef": self.coef, "verdict_agreement": agree / max(stated, 1),
                          "verdict_bonus": bonus.sum().item() / max(len(batch.reflections), 1)}
         return bonus
