@@ -52,7 +52,7 @@ def test_parse_algo_errors(text, family, needle):
 
 
 def test_aliases_and_names_come_from_the_registry():
-    assert aliases("control") == {"ppo": "ppo", "dqn": "dqn", "sac": "sac", "refgrpo": "ppo+calibration",
+    assert aliases("control") == {"ppo": "ppo", "dqn": "dqn", "sac": "sac", "impala": "impala", "refgrpo": "ppo+calibration",
                                   "gear": "ppo+gear", "sdrs": "ppo+shaping"}
     assert {"dqn+shaping", "dqn+calibration", "sac+shaping", "sac+calibration"} <= set(algo_names("control"))
     # the replay trainers learn from transitions out of trajectory order: no gear, rnd or count

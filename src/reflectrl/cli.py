@@ -54,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--set", action="append", nargs="+", metavar="KEY=VALUE",
                        help="override a knob, e.g. --set num_envs=8 learning_rate=1e-3 env.size=12")
     train.add_argument("--resume", metavar="DIR", default=None, help="continue the interrupted run in DIR")
+    train.add_argument("--ray-address", default=None, help="--algo impala: the Ray cluster its actors run on (auto, "
+                       "or HOST:PORT; default: start a local instance); with --resume it replaces the saved one")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     cmp = sub.add_parser("compare", help="run every (env, algo, seed) and write the report")
@@ -150,8 +152,21 @@ def config_from_args(args):
     """The resolved, validated RunConfig of `reflectrl train` arguments (no --resume)."""
     from reflectrl.control.ppo import new_run_config
 
+    overrides = _flatten(args.set)
+    if getattr(args, "ray_address", None) is not None:
+        _check_ray_address(args.algo)
+        overrides = [*overrides, f"ray_address={args.ray_address}"]
     return new_run_config(algo=args.algo, env_id=args.env, seed=args.seed, total_steps=args.total_steps,
-                          wrapper=args.wrapper, overrides=_flatten(args.set))
+                          wrapper=args.wrapper, overrides=overrides)
+
+
+def _check_ray_address(algo: str | None) -> None:
+    from reflectrl.registry import parse_algo
+
+    if algo is None or parse_algo(algo, "control").trainer != "impala":
+        raise UserError(f"--ray-address places an --algo impala run's actors on a Ray cluster; --algo "
+                        f"{algo or 'ppo'} runs in this process (to spread whole runs over Ray: "
+                        "reflectrl compare --backend ray --ray-address ...)")
 
 
 def config_from_train_argv(argv: list[str]):
@@ -184,8 +199,15 @@ def _train_resume(args) -> int:
 
     given = [("--algo", args.algo), ("--env", args.env), ("--seed", args.seed), ("--total-steps", args.total_steps),
              ("--out", args.out), ("--wrapper", args.wrapper), ("--set", args.set)]
-    return resume_run(args.resume, given, "control", lambda run: make_trainer(RunConfig.from_dict(run.config()), run),
-                      _finish, progress=not args.no_progress, resume_command="reflectrl train")
+    def build(run):
+        cfg = RunConfig.from_dict(run.config())
+        if args.ray_address is not None:
+            _check_ray_address(cfg.algo)
+            cfg.impala.ray_address = args.ray_address  # a cluster's address may change between sessions
+        return make_trainer(cfg, run)
+
+    return resume_run(args.resume, given, "control", build, _finish, progress=not args.no_progress,
+                      resume_command="reflectrl train")
 
 
 def _finish(trainer, run) -> None:

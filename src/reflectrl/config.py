@@ -196,7 +196,66 @@ class SACConfig:
     log_every: int = 1000
     """env steps per metrics row (and per iteration: checkpoints and stops fall on these)"""
 
-# the off-policy trainers' knob sections: RunConfig.NAME is set for --algo NAME runs only
+@dataclass
+class IMPALAConfig:
+    """The IMPALA actor-learner's knobs (distributed/impala.py); defaults follow RLlib's IMPALA where it has one."""
+
+    num_actors: int = 2
+    """Ray actors, each stepping its own vector envs with a local copy of the policy"""
+    envs_per_actor: int = 4
+    """envs in each actor's vector env (one trajectory each per unroll)"""
+    unroll_length: int = 50
+    """steps per trajectory (RLlib's rollout_fragment_length)"""
+    batch_trajectories: int | None = None
+    """trajectories per learner update, a multiple of envs_per_actor (none: num_actors*envs_per_actor)"""
+    synchronous: bool = False
+    """the learner waits for unrolls made with its current weights: deterministic, no policy lag (and no overlap)"""
+    actors: str = "ray"
+    """ray (actor processes on a Ray instance) or inline (stepped in the learner's process, synchronous, no Ray)"""
+    ray_address: str | None = None
+    """the Ray instance: none starts a local one, auto or HOST:PORT joins a cluster (--ray-address)"""
+    actor_cpus: float = 1.0
+    """CPUs Ray reserves for each actor"""
+    max_actor_failures: int = 20
+    """actor deaths the run survives (each actor is replaced); one more stops it with its checkpoint kept"""
+    rho_bar: float = 1.0
+    """V-trace's truncation of the importance weight in the value targets and the policy gradient"""
+    c_bar: float = 1.0
+    """V-trace's truncation of the trace-cutting weights c_t"""
+    vtrace_lambda: float = 1.0
+    """V-trace's lambda (remark 1 of the paper: c_t = lambda * min(c_bar, pi/mu))"""
+    learning_rate: float = 5e-4
+    """Adam step size (RLlib's lr)"""
+    anneal_lr: bool = False
+    """decay the learning rate linearly to 0 over training"""
+    gamma: float = 0.99
+    """discount factor"""
+    ent_coef: float = 0.01
+    """entropy bonus weight (RLlib's entropy_coeff)"""
+    vf_coef: float = 0.5
+    """value loss weight (RLlib's vf_loss_coeff)"""
+    max_grad_norm: float = 40.0
+    """global gradient-norm clip (RLlib's grad_clip)"""
+    norm_adv: bool = False
+    """normalise the V-trace advantages over each batch (IMPALA does not)"""
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    """actor and critic MLP widths (as PPO's policy)"""
+    encoder: str = "auto"
+    """mlp, cnn, or auto: cnn for pixel images, mlp otherwise"""
+
+    def batch_size(self) -> int:
+        """Env steps per learner update."""
+        return self.trajectories() * self.unroll_length
+
+    def trajectories(self) -> int:
+        return self.batch_trajectories if self.batch_trajectories is not None else self.num_actors * self.envs_per_actor
+
+
+ACTOR_KINDS = ("ray", "inline")
+
+# the trainers with a knob section of their own: RunConfig.NAME is set for --algo NAME runs only
+TRAINER_SECTIONS = {"dqn": DQNConfig, "sac": SACConfig, "impala": IMPALAConfig}
+# the replay trainers among them
 OFF_POLICY = {"dqn": DQNConfig, "sac": SACConfig}
 
 ENCODERS = ("auto", "mlp", "cnn")
@@ -234,6 +293,8 @@ class RunConfig:
     """the DQN knobs (--algo dqn runs only)"""
     sac: SACConfig | None = None
     """the SAC knobs (--algo sac runs only)"""
+    impala: IMPALAConfig | None = None
+    """the IMPALA knobs (--algo impala runs only)"""
     # Signal sections (calibration, shaping, gear) are added by the signal modules.
     sections: dict[str, Any] = field(default_factory=dict)
     """the signals' knobs, by section"""
@@ -241,7 +302,7 @@ class RunConfig:
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["ppo"]["hidden_sizes"] = list(self.ppo.hidden_sizes)
-        for name in OFF_POLICY:
+        for name in TRAINER_SECTIONS:
             if getattr(self, name) is None:
                 del d[name]
             else:
@@ -256,8 +317,8 @@ class RunConfig:
             ppo_values["stream_heads"] = "separate"
         ppo = overrides_mod.from_dict(PPOConfig, ppo_values)
         trainers = {name: overrides_mod.from_dict(cls, d.pop(name)) if d.get(name) is not None else None
-                    for name, cls in OFF_POLICY.items()}
-        for name in OFF_POLICY:
+                    for name, cls in TRAINER_SECTIONS.items()}
+        for name in TRAINER_SECTIONS:
             d.pop(name, None)
         sections = sections_from_dict(d.pop("sections", {}))
         known = {f.name for f in dataclasses.fields(cls)}
@@ -305,14 +366,17 @@ def trainer_name(cfg: RunConfig) -> str:
     return parse_algo(cfg.algo, "control").trainer
 
 
-def off_policy_knobs(cfg: RunConfig):
-    """The run's DQNConfig or SACConfig (created with its defaults if unset); None for PPO."""
+def trainer_knobs(cfg: RunConfig):
+    """The run's DQNConfig, SACConfig or IMPALAConfig (created with its defaults if unset); None for PPO."""
     name = trainer_name(cfg)
-    if name not in OFF_POLICY:
+    if name not in TRAINER_SECTIONS:
         return None
     if getattr(cfg, name) is None:
-        setattr(cfg, name, OFF_POLICY[name]())
+        setattr(cfg, name, TRAINER_SECTIONS[name]())
     return getattr(cfg, name)
+
+
+off_policy_knobs = trainer_knobs  # the name the replay trainers started with
 
 
 def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
@@ -320,7 +384,7 @@ def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
     names go to the run's trainer (PPO's, DQN's or SAC's knobs), then to the run knobs."""
     types = section_types()
     sections = {name: (lambda name=name: cfg.sections.setdefault(name, types[name]())) for name in types}
-    own = off_policy_knobs(cfg)
+    own = trainer_knobs(cfg)
     trainer = trainer_name(cfg)
     bare = ("PPO", cfg.ppo, None) if own is None else (trainer.upper(), own, None)
 
@@ -329,7 +393,7 @@ def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
             raise UserError(f"--set {name}.* knobs apply to --algo {name}, not --algo {cfg.algo}")
         return knobs
 
-    prefixed = {name: (own if name == trainer else refuse(name)) for name in OFF_POLICY}
+    prefixed = {name: (own if name == trainer else refuse(name)) for name in TRAINER_SECTIONS}
     overrides_mod.apply(overrides, bare=[bare, ("run", cfg, RUN_KNOBS)],
                         prefixed={"env": cfg.env, "ppo": cfg.ppo, **prefixed, **sections})
     return cfg
@@ -360,6 +424,9 @@ class EnvSettings:
 
 def env_settings(cfg: RunConfig) -> EnvSettings:
     name = trainer_name(cfg)
+    if name == "impala" and cfg.impala is not None:
+        d = cfg.impala  # no normalising wrappers: each actor's running statistics would differ
+        return EnvSettings(d.envs_per_actor, False, False, 10.0, 10.0, d.gamma, d.encoder)
     if name in OFF_POLICY and getattr(cfg, name) is not None:
         d = getattr(cfg, name)  # a replay trainer learns from the env's own observations and rewards
         return EnvSettings(d.num_envs, False, False, 10.0, 10.0, d.gamma, getattr(d, "encoder", "mlp"))
@@ -391,6 +458,8 @@ def validate(cfg: RunConfig) -> None:
         validate_dqn(cfg.dqn, cfg.total_steps)
     elif algo.trainer == "sac":
         validate_sac(cfg.sac, cfg.total_steps)
+    elif algo.trainer == "impala":
+        validate_impala(cfg.impala, cfg.total_steps)
     else:
         _validate_ppo(cfg)
     validate_sections(cfg.algo, algo, cfg.sections, run=cfg)
@@ -461,6 +530,48 @@ def validate_sac(d: SACConfig, total_steps: int) -> None:
     if d.learning_starts >= total_steps:
         raise UserError(f"learning_starts={d.learning_starts} is not below --total-steps {total_steps}: the run "
                         "would never learn; lower learning_starts or raise --total-steps")
+
+
+def validate_impala(d: IMPALAConfig, total_steps: int) -> None:
+    for name in ("num_actors", "envs_per_actor", "unroll_length"):
+        if getattr(d, name) < 1:
+            raise UserError(f"{name}={getattr(d, name)}: must be a positive integer")
+    if d.batch_trajectories is not None:
+        if d.batch_trajectories < 1:
+            raise UserError(f"batch_trajectories={d.batch_trajectories}: must be a positive integer (or none)")
+        if d.batch_trajectories % d.envs_per_actor:
+            raise UserError(f"batch_trajectories={d.batch_trajectories} is not a multiple of envs_per_actor="
+                            f"{d.envs_per_actor} (an actor sends one trajectory per env per unroll); pick a multiple")
+    if d.actors not in ACTOR_KINDS:
+        raise UserError(f"actors='{d.actors}': use one of {', '.join(ACTOR_KINDS)}")
+    if d.actors == "inline" and d.ray_address is not None:
+        raise UserError("actors=inline steps the actors in this process and uses no Ray: drop --ray-address")
+    if d.max_actor_failures < 0:
+        raise UserError(f"max_actor_failures={d.max_actor_failures}: must be >= 0")
+    for name in ("actor_cpus", "rho_bar", "c_bar", "vtrace_lambda", "learning_rate", "gamma", "ent_coef", "vf_coef",
+                 "max_grad_norm"):
+        _finite(name, getattr(d, name))
+    for name in ("rho_bar", "c_bar", "learning_rate", "max_grad_norm"):
+        if getattr(d, name) <= 0:
+            raise UserError(f"{name}={getattr(d, name)}: must be > 0")
+    if d.actor_cpus < 0:
+        raise UserError(f"actor_cpus={d.actor_cpus}: must be >= 0")
+    if not 0.0 <= d.vtrace_lambda <= 1.0:
+        raise UserError(f"vtrace_lambda={d.vtrace_lambda}: must be in [0, 1]")
+    if not 0.0 < d.gamma <= 1.0:
+        raise UserError(f"gamma={d.gamma}: must be in (0, 1]")
+    for name in ("ent_coef", "vf_coef"):
+        if getattr(d, name) < 0:
+            raise UserError(f"{name}={getattr(d, name)}: must be >= 0")
+    if d.norm_adv and d.batch_size() < 2:
+        raise UserError("norm_adv needs batches of 2 or more steps; raise unroll_length or batch_trajectories")
+    if not d.hidden_sizes or any(h < 1 for h in d.hidden_sizes):
+        raise UserError(f"hidden_sizes={d.hidden_sizes}: give one or more positive layer widths, e.g. 64,64")
+    if d.encoder not in ENCODERS:
+        raise UserError(f"encoder='{d.encoder}': use one of {', '.join(ENCODERS)}")
+    if d.batch_size() > total_steps:
+        raise UserError(f"--total-steps {total_steps} is smaller than one learner batch (batch_trajectories*"
+                        f"unroll_length={d.batch_size()}); raise --total-steps or lower unroll_length")
 
 
 def _validate_ppo(cfg: RunConfig) -> None:

@@ -100,3 +100,54 @@ def discounted_returns_from_ends(rewards: torch.Tensor, next_values: torch.Tenso
     episode terminated."""
     bootstrap = next_values * (1.0 - terminations.float())
     return discounted_returns(rewards, gamma, episode_continues(terminations, truncations), bootstrap)
+
+
+def vtrace(
+    behaviour_logprobs: torch.Tensor,
+    target_logprobs: torch.Tensor,
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    next_values: torch.Tensor,
+    terminations: torch.Tensor,
+    truncations: torch.Tensor,
+    gamma: float,
+    rho_bar: float = 1.0,
+    c_bar: float = 1.0,
+    pg_rho_bar: float | None = None,
+    vtrace_lambda: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """V-trace (Espeholt et al. 2018, eqs. 1-2, remark 1): off-policy value targets v_s and
+    policy-gradient advantages for (T, N) trajectories collected by a behaviour policy mu and
+    learnt by a target policy pi. Returns (advantages, targets, clipping statistics).
+
+        rho_t = min(rho_bar, pi/mu),  c_t = lambda * min(c_bar, pi/mu)
+        delta_t = rho_t (r_t + gamma_t V(x_{t+1}) - V(x_t))
+        v_t - V(x_t) = delta_t + gamma c_t (v_{t+1} - V(x_{t+1}))        (0 past the batch)
+        A_t = min(pg_rho_bar, pi/mu) (r_t + gamma_t v_{t+1} - V(x_t))
+
+    Episode ends are handled as compute_gae does: gamma_t = 0 after a termination, V(x_{t+1})
+    is `next_values[t]` (V of the final observation at a truncation), and the correction never
+    flows across an episode end, so there v_{t+1} is the bootstrap V(x_{t+1}) itself. On-policy
+    (pi = mu) with rho_bar, c_bar >= 1 and lambda = 1 the targets are compute_gae's returns at
+    gae_lambda = 1 (n-step returns to the end of the batch) and the advantages its advantages.
+    """
+    log_rhos = (target_logprobs - behaviour_logprobs).detach().numpy().astype(np.float64)
+    rhos = np.exp(log_rhos)
+    dtype = rewards.detach().numpy().dtype
+    clipped = np.minimum(rho_bar, rhos).astype(dtype)
+    pg_clipped = np.minimum(rho_bar if pg_rho_bar is None else pg_rho_bar, rhos).astype(dtype)
+    cs = (vtrace_lambda * np.minimum(c_bar, rhos)).astype(dtype)
+    r, v, nv = (t.detach().numpy() for t in (rewards, values, next_values))
+    not_terminal = 1.0 - terminations.detach().numpy().astype(dtype)
+    not_done = not_terminal * (1.0 - truncations.detach().numpy().astype(dtype))
+    deltas = clipped * (r + gamma * nv * not_terminal - v)
+    vs_minus_v = _backward(deltas.astype(dtype, copy=False), (gamma * cs * not_done).astype(dtype, copy=False))
+    targets = vs_minus_v + v
+    following = np.zeros_like(vs_minus_v)  # v_{t+1} - V(x_{t+1}) where step t+1 continues the episode
+    following[:-1] = vs_minus_v[1:]
+    next_targets = nv + not_done * following
+    advantages = pg_clipped * (r + gamma * next_targets * not_terminal - v)
+    stats = {"vtrace_rho_clip_frac": float((rhos > rho_bar).mean()),
+             "vtrace_c_clip_frac": float((rhos > c_bar).mean()),
+             "vtrace_rho_mean": float(rhos.mean()), "vtrace_rho_max": float(rhos.max())}
+    return torch.from_numpy(advantages.astype(dtype)), torch.from_numpy(targets.astype(dtype)), stats

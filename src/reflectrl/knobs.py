@@ -92,6 +92,7 @@ def sections() -> dict[str, dict]:
         SECTION_TYPES,
         DQNConfig,
         PPOConfig,
+        IMPALAConfig,
         RunConfig,
         SACConfig,
     )
@@ -107,6 +108,8 @@ def sections() -> dict[str, dict]:
                                                           for k in DQN_DEFAULTS}),
                 "for": "reflectrl train --algo dqn: bare names, or dqn.NAME"},
         "sac": {"rows": _rows(SACConfig, ""), "for": "reflectrl train --algo sac: bare names, or sac.NAME"},
+        "impala": {"rows": _rows(IMPALAConfig, ""),
+                   "for": "reflectrl train --algo impala: bare names, or impala.NAME"},
         "env": {"rows": [{"key": "env.NAME", "default": "", "help": "a keyword for the env's constructor "
                           "(e.g. env.size=12 for reflectrl/GridWorld-v0, env.max_episode_steps=500)"}],
                 "for": "reflectrl train"},
@@ -158,7 +161,7 @@ def print_knobs(section: str | None = None, algo: str | None = None, as_json: bo
 def markdown_table(section: str) -> str:
     """The README's table of a section's knobs (tests/test_readme.py keeps the README in step)."""
     rows = sections()[section]["rows"]
-    prefix = f"{section}." if section not in ("run", "ppo", "dqn", "sac", "env", "grpo") else ""
+    prefix = f"{section}." if section not in ("run", "ppo", "dqn", "sac", "impala", "env", "grpo") else ""
     lines = ["| knob | default | meaning |", "|---|---|---|"]
     for r in rows:
         key = r["key"][len(prefix):] if prefix and r["key"].startswith(prefix) else r["key"]

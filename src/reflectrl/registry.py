@@ -90,6 +90,10 @@ TRAINERS: dict[str, TrainerSpec] = {
     "sac": TrainerSpec("sac", "control", ("transition",), frozenset({"next_obs"}),
                        "SAC on Gymnasium envs with continuous actions (CleanRL's sac_continuous_action.py)",
                        "reflectrl.control.sac:SACTrainer"),
+    "impala": TrainerSpec("impala", "control", ("env_step",),
+                          frozenset({"features", "next_obs", "state_keys", "value_stream"}),
+                          "IMPALA on Ray: actors step envs in parallel, one learner applies V-trace "
+                          "(Espeholt et al. 2018)", "reflectrl.distributed.impala:IMPALATrainer"),
     "grpo": TrainerSpec("grpo", "llm", ("token", "turn"), frozenset({"features"}),
                         "GRPO on language models (group-normalised advantages, clipped token objective)"),
 }

@@ -38,9 +38,9 @@ def load_policy(run: RunDir) -> tuple[RunConfig, ActorCritic | QNetwork | Actor,
         agent = QNetwork(obs_shape, action_dim, cfg.dqn.encoder, cfg.dqn.hidden_sizes)
     elif trainer_name(cfg) == "sac":
         agent = Actor(int(np.prod(obs_shape)), *bounds, cfg.sac.hidden_sizes)
-    else:
-        agent = make_policy(obs_shape, action_dim, continuous, "cnn" if cnn_encoder(cfg) else "mlp",
-                            cfg.ppo.hidden_sizes)
+    else:  # PPO's policy, or IMPALA's (the same actor-critic, its own widths)
+        hidden = cfg.impala.hidden_sizes if trainer_name(cfg) == "impala" else cfg.ppo.hidden_sizes
+        agent = make_policy(obs_shape, action_dim, continuous, "cnn" if cnn_encoder(cfg) else "mlp", hidden)
     try:
         agent.load_state_dict(state["agent"])
     except (KeyError, RuntimeError):

@@ -25,6 +25,7 @@ import torch
 
 from reflectrl.config import (
     DQNConfig,
+    IMPALAConfig,
     RunConfig,
     SACConfig,
     add_algo_section,
@@ -107,6 +108,12 @@ def resolve_config(cfg: RunConfig) -> RunConfig:
             raise UserError(f"--algo sac reads flat vector observations; '{cfg.env_id}' gives {shape}: "
                             "use --algo ppo on it")
         cfg.sac = cfg.sac or SACConfig()
+    elif trainer_name(cfg) == "impala":
+        cfg.impala = cfg.impala or IMPALAConfig()
+        if cfg.impala.encoder == "cnn":
+            image_layout(shape)
+        if cfg.impala.encoder == "auto":
+            cfg.impala.encoder = "cnn" if pixels else "mlp"
     add_algo_section(cfg)
     validate(cfg)
     return cfg

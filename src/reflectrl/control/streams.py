@@ -51,9 +51,12 @@ from reflectrl.signals.base import RewardStream, Signal
 
 class ValueStreams:
     def __init__(self, signal: Signal, obs_shape: tuple[int, ...], hidden_sizes, seed: int, gae_lambda: float,
-                 encoder: str = "mlp", trunk: tuple[int, tuple[int, ...]] | None = None):
+                 encoder: str = "mlp", trunk: tuple[int, tuple[int, ...]] | None = None, estimator=None):
         """`trunk`: (its output width, the critic's hidden widths above it) to put the heads on
-        the policy's shared trunk; None for heads with networks of their own."""
+        the policy's shared trunk; None for heads with networks of their own. `estimator`:
+        estimator(rewards, values, next_values, terminations, truncations, gamma) -> (advantages,
+        returns), the trainer's (IMPALA's V-trace); None: GAE under the trainer's lambda."""
+        self.estimator = estimator
         self.streams: list[RewardStream] = list(signal.reward_streams())
         self.extrinsic_coef = float(signal.extrinsic_coef)
         obs_dim = int(math.prod(obs_shape))
@@ -110,8 +113,12 @@ class ValueStreams:
                     next_values[t, i] = v[T * N + N + k]
             else:
                 terms = truncs = torch.zeros_like(rollout.terminations)
-            adv, self.returns[s.name] = compute_gae(stream_rewards[s.name].float(), values, next_values, terms,
-                                                    truncs, s.gamma, self.gae_lambda)
+            if self.estimator is not None:
+                adv, self.returns[s.name] = self.estimator(stream_rewards[s.name].float(), values, next_values,
+                                                           terms, truncs, s.gamma)
+            else:
+                adv, self.returns[s.name] = compute_gae(stream_rewards[s.name].float(), values, next_values, terms,
+                                                        truncs, s.gamma, self.gae_lambda)
             self.returns[s.name] = self.returns[s.name].reshape(-1)
             combined = combined + s.coef * adv
         return combined

@@ -13,6 +13,7 @@ A trainer plugs in by providing (see PPOTrainer and GRPOTrainer):
     run_iteration()       one iteration; returns its metrics row (with "global_step")
     checkpoint_due(before) whether to checkpoint after an iteration that started at `before`
     save_checkpoint()
+    prepare()             optional: start what training needs (IMPALA's actors) before the clock starts
     on_start(logger)      optional: log something before the first iteration
     postfix(row)          optional: the progress bar's text
     discrete_entropy      optional: whether `entropy` is a discrete policy's (for the collapse warning)
@@ -44,6 +45,8 @@ def train_loop(trainer, progress: bool = True) -> None:
     bar = tqdm(total=total, initial=trainer.units_done(), unit=trainer.unit.split()[-1].rstrip("s") or "step",
                unit_scale=True, disable=not progress, dynamic_ncols=True, smoothing=0.1, mininterval=0.5)
     monitor = RunMonitor(total, trainer.unit, discrete_entropy=getattr(trainer, "discrete_entropy", True))
+    if hasattr(trainer, "prepare"):
+        trainer.prepare()  # e.g. start actor processes: not part of the first iteration's speed
     session_start, session_first = time.perf_counter(), trainer.units_done()
     try:
         if hasattr(trainer, "on_start"):

@@ -101,6 +101,9 @@ class Batch:
     # outcomes (K, N): 1.0 where episode i was solved (on each of its turns), else 0
     reflections: list | None = None
     outcomes: torch.Tensor | None = None
+    # int64 (N,) the env slot each column's steps come from, where columns are not the same envs
+    # from one batch to the next (IMPALA's batches mix actors); None: column i is env i throughout
+    env_ids: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)

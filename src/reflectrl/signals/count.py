@@ -46,40 +46,43 @@ class CountBonus(Signal):
     def __init__(self, cfg: CountConfig):
         cfg.validate()
         self.cfg = cfg
-        self.counts: list[dict] | None = None  # per env (episodic) or one for all
-        self.starting: list[bool] | None = None  # the env's next step starts an episode
+        self.counts: dict | None = None  # {env: its episode's counts} (episodic), or {0: all of training's}
+        self.starting: dict | None = None  # {env: its next step starts an episode}
         self._last: dict = {}
 
     def bind(self, ctx: SignalContext) -> None:
         super().bind(ctx)
         self.counts = self.starting = None
 
-    def visits(self, state_keys: np.ndarray, next_state_keys: np.ndarray, ended: np.ndarray) -> np.ndarray:
-        """(T, N) visit counts N(s_{t+1}) after each step, updating the running counts."""
+    def visits(self, state_keys: np.ndarray, next_state_keys: np.ndarray, ended: np.ndarray,
+               env_ids: np.ndarray | None = None) -> np.ndarray:
+        """(T, N) visit counts N(s_{t+1}) after each step, updating the running counts.
+        `env_ids` (N,): the env each column continues (Batch.env_ids); None: column i is env i."""
         T, N = next_state_keys.shape
         if self.counts is None:
-            self.counts = [{} for _ in range(N if self.cfg.episodic else 1)]
-            self.starting = [True] * N
+            self.counts, self.starting = {}, {}
         out = np.empty((T, N), dtype=np.int64)
         for i in range(N):
-            counts = self.counts[i if self.cfg.episodic else 0]
+            env = int(env_ids[i]) if env_ids is not None else i
+            counts = self.counts.setdefault(env if self.cfg.episodic else 0, {})
             for t in range(T):
-                if self.starting[i]:
+                if self.starting.get(env, True):
                     if self.cfg.episodic:
                         counts.clear()
                     start = int(state_keys[t, i])
                     counts[start] = counts.get(start, 0) + 1
-                    self.starting[i] = False
+                    self.starting[env] = False
                 key = int(next_state_keys[t, i])
                 n = counts.get(key, 0) + 1
                 counts[key] = out[t, i] = n
                 if ended[t, i]:
-                    self.starting[i] = True
+                    self.starting[env] = True
         return out
 
     def shape_rewards(self, batch: Batch) -> torch.Tensor:
         ended = (batch.terminations.bool() | batch.truncations.bool()).numpy()
-        n = self.visits(batch.state_keys.numpy(), batch.next_state_keys.numpy(), ended)
+        n = self.visits(batch.state_keys.numpy(), batch.next_state_keys.numpy(), ended,
+                        None if batch.env_ids is None else batch.env_ids.numpy())
         bonus = (self.cfg.beta / np.sqrt(n)).astype(np.float32)
         self._last = {"count_bonus_mean": float(bonus.mean()), "count_visits_mean": float(n.mean()),
                       "count_new_frac": float((n == 1).mean())}
@@ -93,7 +96,10 @@ class CountBonus(Signal):
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        self.counts, self.starting = state["counts"], state["starting"]
+        counts, starting = state["counts"], state["starting"]
+        if isinstance(counts, list):  # written before env ids: one entry per column
+            counts, starting = dict(enumerate(counts)), dict(enumerate(starting))
+        self.counts, self.starting = counts, starting
 
 
 register_signal(SignalSpec(
