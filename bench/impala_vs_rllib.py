@@ -37,10 +37,14 @@ Not matched, or not matchable (read the numbers with these in mind):
   object store and actor RPCs, its learner thread with a queue of 3 batches
   (learner_queue_size), weights pushed to an EnvRunnerStateServer after every update and pulled by
   each EnvRunner at the start of each `sample()`, one sample request in flight per EnvRunner.
-* Loss details: RLlib uses Adam (torch defaults but lr), normalises each loss term by the number of
-  unpadded steps and uses 0.5 * vf_loss_coeff * mean(squared V-trace error); its network init is
-  RLlib's default, not CleanRL's orthogonal init. Whether reflectrl does the same is its own code's
-  business: check reflectrl's IMPALA before reading return differences as algorithmic.
+* Loss and optimiser details: RLlib uses Adam with torch's eps 1e-8 (reflectrl's IMPALA, as written
+  when this script was: Adam eps 1e-5), takes each loss term's mean over the unpadded steps and
+  uses 0.5 * vf_loss_coeff * mean(squared V-trace error) (reflectrl: the same form); its network
+  init is RLlib's default, not reflectrl's CleanRL-style orthogonal init. Check reflectrl's IMPALA
+  (distributed/impala.py) before reading return differences as algorithmic.
+* Processes: both sides run their actors as 1-CPU Ray actors, but reflectrl's subprocess starts its
+  own local Ray instance, while this script's instance (for RLlib) stays up, idle, during the
+  reflectrl runs: a little background load on that side.
 * Timing: wall time starts, on both sides, when training starts: RLlib's `build_algo()` (creating the
   EnvRunner actors) is reported separately as setup_s; reflectrl's `wall_time` is its own
   "seconds since training began" and its process start-up is in setup_s. "steady" env steps/s is

@@ -213,7 +213,7 @@ class IMPALAConfig:
     actors: str = "ray"
     """ray (actor processes on a Ray instance) or inline (stepped in the learner's process, synchronous, no Ray)"""
     ray_address: str | None = None
-    """the Ray instance: none starts a local one, auto or HOST:PORT joins a cluster (--ray-address)"""
+    """the Ray instance: none starts a local one (or joins $RAY_ADDRESS), auto or HOST:PORT a cluster (--ray-address)"""
     actor_cpus: float = 1.0
     """CPUs Ray reserves for each actor"""
     max_actor_failures: int = 20

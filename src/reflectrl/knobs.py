@@ -91,8 +91,8 @@ def sections() -> dict[str, dict]:
         RUN_KNOBS,
         SECTION_TYPES,
         DQNConfig,
-        PPOConfig,
         IMPALAConfig,
+        PPOConfig,
         RunConfig,
         SACConfig,
     )

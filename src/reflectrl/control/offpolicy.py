@@ -48,7 +48,7 @@ from reflectrl.envs.statekey import is_montezuma
 from reflectrl.errors import NonFiniteError
 from reflectrl.exploration import ExplorationTracker, RolloutKeys
 from reflectrl.runs import MetricsLogger, RunDir
-from reflectrl.runs.loop import Stopwatch, crossed, train_loop
+from reflectrl.runs.loop import EnvStepTrainer, Stopwatch
 from reflectrl.signals import Batch, Signal, SignalContext, make_signal
 
 CHECKPOINT_FORMAT = 1
@@ -75,9 +75,8 @@ def mean_metrics(rows: list[dict]) -> dict:
     return out
 
 
-class ReplayTrainer:
-    # what the shared loop (runs/loop.py) needs
-    unit = "env steps"
+class ReplayTrainer(EnvStepTrainer):
+    # what the shared loop (runs/loop.py) needs beyond EnvStepTrainer's
     discrete_entropy = False  # no discrete policy entropy to watch
     name = "replay"
     has_features = False  # features(obs) gives the networks' features (a signal's heads may read them)
@@ -262,20 +261,6 @@ class ReplayTrainer:
     def total_units(self) -> int:
         return self.num_iterations * self.steps_per_iteration
 
-    def units_done(self) -> int:
-        return self.global_step
-
-    def finished(self) -> bool:
-        return self.iteration >= self.num_iterations
-
-    def checkpoint_due(self, before: int) -> bool:
-        return crossed(before, self.global_step, self.cfg.checkpoint_every)
-
-    def postfix(self, row: dict) -> str:
-        return f"return={np.mean(self.recent_returns):.3g}" if self.recent_returns else ""
-
-    def train(self, progress: bool = True) -> None:
-        train_loop(self, progress)
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -62,7 +62,7 @@ from reflectrl.errors import NonFiniteError, UserError
 from reflectrl.exploration import ExplorationTracker, RolloutKeys
 from reflectrl.nets import flatten_parameters
 from reflectrl.runs import MetricsLogger, RunDir
-from reflectrl.runs.loop import Stopwatch, crossed, train_loop
+from reflectrl.runs.loop import EnvStepTrainer, Stopwatch
 from reflectrl.runs.state_samples import StateSampler
 from reflectrl.signals import Batch, Signal, SignalContext, make_signal, signal_terms
 
@@ -145,7 +145,7 @@ class Rollout:
                                                # in that order (kept for value heads on the trunk: streams.py)
 
 
-class PPOTrainer:
+class PPOTrainer(EnvStepTrainer):
     def __init__(self, cfg: RunConfig, run: RunDir | None = None, signal: Signal | None = None):
         torch.set_num_threads(cfg.torch_threads)
         self.cfg = cfg
@@ -490,8 +490,7 @@ class PPOTrainer:
             "steps_per_second": p.batch_size / elapsed,
         }
 
-    # what the shared loop (runs/loop.py) needs
-    unit = "env steps"
+    # what the shared loop (runs/loop.py) needs beyond EnvStepTrainer's
 
     @property
     def discrete_entropy(self) -> bool:
@@ -505,20 +504,6 @@ class PPOTrainer:
     def total_units(self) -> int:
         return self.num_iterations * self.cfg.ppo.batch_size
 
-    def units_done(self) -> int:
-        return self.global_step
-
-    def finished(self) -> bool:
-        return self.iteration >= self.num_iterations
-
-    def checkpoint_due(self, before: int) -> bool:
-        return crossed(before, self.global_step, self.cfg.checkpoint_every)
-
-    def postfix(self, row: dict) -> str:
-        return f"return={np.mean(self.recent_returns):.3g}" if self.recent_returns else ""
-
-    def train(self, progress: bool = True) -> None:
-        train_loop(self, progress)
 
     # ------------------------------------------------------------------ checkpoints
 

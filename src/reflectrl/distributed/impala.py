@@ -62,15 +62,14 @@ from reflectrl.estimators import vtrace
 from reflectrl.exploration import ExplorationTracker
 from reflectrl.nets import flatten_parameters
 from reflectrl.runs import MetricsLogger, RunDir
-from reflectrl.runs.loop import Stopwatch, crossed, train_loop
+from reflectrl.runs.loop import EnvStepTrainer, Stopwatch
 from reflectrl.runs.state_samples import StateSampler
 from reflectrl.signals import Batch, Signal, SignalContext, make_signal, signal_terms
 
 CHECKPOINT_FORMAT = 1
 
 
-class IMPALATrainer:
-    unit = "env steps"
+class IMPALATrainer(EnvStepTrainer):
 
     def __init__(self, cfg: RunConfig, run: RunDir | None = None, signal: Signal | None = None):
         torch.set_num_threads(cfg.torch_threads)
@@ -369,21 +368,9 @@ class IMPALATrainer:
     def total_units(self) -> int:
         return self.num_iterations * self.knobs.batch_size()
 
-    def units_done(self) -> int:
-        return self.global_step
-
-    def finished(self) -> bool:
-        return self.iteration >= self.num_iterations
-
-    def checkpoint_due(self, before: int) -> bool:
-        return crossed(before, self.global_step, self.cfg.checkpoint_every)
 
     def postfix(self, row: dict) -> str:
-        ret = f"return={np.mean(self.recent_returns):.3g} " if self.recent_returns else ""
-        return f"{ret}lag={row['policy_lag_mean']:.1f}"
-
-    def train(self, progress: bool = True) -> None:
-        train_loop(self, progress)
+        return f"{super().postfix(row)} lag={row['policy_lag_mean']:.1f}".strip()
 
     # ------------------------------------------------------------------ checkpoints
 

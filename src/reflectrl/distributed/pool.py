@@ -67,6 +67,7 @@ class RayPool:
                             "(or --set actors=inline to step the actors in this process)") from None
         self.ray = ray
         self.started_here = not ray.is_initialized()
+        address = address or os.environ.get("RAY_ADDRESS") or None  # as `ray.init()` itself reads it
         if self.started_here:
             try:
                 # a local instance offers at least one CPU per actor: on a small machine they time-share

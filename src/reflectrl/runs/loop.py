@@ -80,6 +80,31 @@ def crossed(before: int, after: int, every: int) -> bool:
     return after // every > before // every
 
 
+class EnvStepTrainer:
+    """What train_loop needs of a control trainer that counts env steps (PPO, DQN, SAC, IMPALA),
+    written once: the subclass keeps `global_step`, `iteration`, `num_iterations`,
+    `recent_returns` and `cfg.checkpoint_every`, and gives `total_units()` and `run_iteration()`."""
+
+    unit = "env steps"
+
+    def units_done(self) -> int:
+        return self.global_step
+
+    def finished(self) -> bool:
+        return self.iteration >= self.num_iterations
+
+    def checkpoint_due(self, before: int) -> bool:
+        return crossed(before, self.global_step, self.cfg.checkpoint_every)
+
+    def postfix(self, row: dict) -> str:
+        import numpy as np
+
+        return f"return={np.mean(self.recent_returns):.3g}" if self.recent_returns else ""
+
+    def train(self, progress: bool = True) -> None:
+        train_loop(self, progress)
+
+
 class Stopwatch:
     """Accumulates the seconds spent inside `with watch:` blocks."""
 
