@@ -276,8 +276,9 @@ def test_the_learner_killed_leaves_its_checkpoint_and_resume_finishes(tmp_path):
 
 
 @pytest.mark.slow
-def test_learns_cartpole_with_two_asynchronous_actors(local_ray):
+def test_learns_cartpole_with_two_actors_on_ray(local_ray):
+    # synchronous, so the test is deterministic (the asynchronous path is the fault test's)
     cfg = new_run_config(algo="impala", env_id="CartPole-v1", total_steps=100_000, seed=1,
-                         overrides=["num_actors=2"])
+                         overrides=["num_actors=2", "synchronous=true"])
     trainer = _train(cfg)
-    assert np.mean(trainer.recent_returns) > 150
+    assert np.mean(trainer.recent_returns) > 150, list(trainer.recent_returns)
