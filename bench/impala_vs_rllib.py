@@ -51,6 +51,9 @@ Not matched, or not matchable (read the numbers with these in mind):
   measured between 10% and 100% of the budget, which leaves the start-up of either out.
 * RLlib adds about one `train()` call of env steps past --steps (overshoot); rates use the real counts.
 
+Needs RLlib's dependencies beside reflectrl's ray extra: pip install 'ray[rllib]' lz4 (without lz4 RLlib
+turns sample compression off and says so; on CartPole it made no difference here).
+
     python bench/impala_vs_rllib.py                                   # 100k steps, 2 actors x 4 envs, 1 seed
     python bench/impala_vs_rllib.py --steps 200000 --seeds 3
     python bench/impala_vs_rllib.py --steps 20000 --only rllib --out /tmp/impala-rllib-smoke

@@ -282,3 +282,16 @@ def test_learns_cartpole_with_two_actors_on_ray(local_ray):
                          overrides=["num_actors=2", "synchronous=true"])
     trainer = _train(cfg)
     assert np.mean(trainer.recent_returns) > 150, list(trainer.recent_returns)
+
+
+def test_rnd_forward_filter_follows_env_ids():
+    from reflectrl.signals.rnd import RewardForwardFilter
+
+    by_column, by_env = RewardForwardFilter(0.5), RewardForwardFilter(0.5)
+    r = np.array([[1.0, 2.0], [3.0, 4.0]])
+    by_column.update(r)
+    by_env.update(r, np.array([7, 8]))
+    # the same envs, next batch, columns swapped: each env's R continues where it was
+    got = by_env.update(np.array([[0.0, 0.0]]), np.array([8, 7]))
+    want = by_column.update(np.array([[0.0, 0.0]]))[:, ::-1]
+    assert got.tolist() == want.tolist() == [[0.5 * (0.5 * 2 + 4), 0.5 * (0.5 * 1 + 3)]]

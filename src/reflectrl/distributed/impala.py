@@ -28,7 +28,7 @@ Choices, each a DECISION with its reason:
 * No observation or reward normalisation: each actor's running statistics would differ, and
   the learner would learn from inconsistently scaled data.
 * Batch.env_ids names each column's env slot (actor slot * envs_per_actor + env), so signals
-  that carry per-env state across batches (the episodic count) stay right when a batch's
+  that carry per-env state across batches (the episodic count, RND's reward filter) stay right when a batch's
   columns come from different actors than the last one's.
 
 Bit-identity with an uninterrupted run is not expected with asynchronous actors (which unroll

@@ -119,11 +119,22 @@ class RewardForwardFilter:
 
     def __init__(self, gamma: float):
         self.gamma = gamma
-        self.rewems: np.ndarray | None = None
+        self.rewems: np.ndarray | None = None  # column i is env i (PPO's rollouts)
+        self.by_env: dict = {}                 # {env id: R} where batches name their envs (Batch.env_ids)
 
-    def update(self, rewards: np.ndarray) -> np.ndarray:
-        """(T, N) rewards -> (T, N) filtered values, in time order."""
+    def update(self, rewards: np.ndarray, env_ids: np.ndarray | None = None) -> np.ndarray:
+        """(T, N) rewards -> (T, N) filtered values, in time order. With `env_ids` (N,), each
+        column continues its env's R, columns in order (a later column of the same env after
+        an earlier one)."""
         out = np.empty(rewards.shape, np.float64)
+        if env_ids is not None:
+            for j, env in enumerate(int(e) for e in env_ids):
+                value = self.by_env.get(env)
+                for t, r in enumerate(np.asarray(rewards[:, j], np.float64)):
+                    value = r if value is None else value * self.gamma + r
+                    out[t, j] = value
+                self.by_env[env] = value
+            return out
         for t, r in enumerate(np.asarray(rewards, np.float64)):
             self.rewems = r.copy() if self.rewems is None else self.rewems * self.gamma + r
             out[t] = self.rewems
@@ -232,9 +243,9 @@ class RND(Signal):
         """||f(z) - g(z)||^2 / 2 per row."""
         return (self.predictor(z) - self.target(z)).square().sum(-1) / 2
 
-    def normalise_rewards(self, raw: np.ndarray) -> np.ndarray:
+    def normalise_rewards(self, raw: np.ndarray, env_ids: np.ndarray | None = None) -> np.ndarray:
         """(T, N) raw errors divided by the running std of the forward-filtered returns."""
-        filtered = self.filter.update(raw)
+        filtered = self.filter.update(raw, env_ids)
         self.reward_rms.update_from_moments(filtered.mean(), filtered.var(), filtered.size)
         return raw / np.sqrt(self.reward_rms.var)
 
@@ -250,7 +261,7 @@ class RND(Signal):
         else:
             first = False
         raw = self.prediction_error(self.normalise(x)).double().numpy().reshape(shape)
-        reward = self.normalise_rewards(raw)
+        reward = self.normalise_rewards(raw, None if batch.env_ids is None else batch.env_ids.numpy())
         if not first:
             self.obs_rms.update(x)
         self._train_obs = x
@@ -297,7 +308,7 @@ class RND(Signal):
         return {**super().state_dict(), "target": self.target.state_dict(), "predictor": self.predictor.state_dict(),
                 "optimizer": self.optimizer.state_dict(), "obs_rms": self.obs_rms.state_dict(),
                 "reward_rms": self.reward_rms.state_dict(), "rewems": self.filter.rewems,
-                "initialised": self.initialised}
+                "rewems_by_env": self.filter.by_env, "initialised": self.initialised}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
@@ -307,6 +318,7 @@ class RND(Signal):
         self.obs_rms.load_state_dict(state["obs_rms"])
         self.reward_rms.load_state_dict(state["reward_rms"])
         self.filter.rewems = state["rewems"]
+        self.filter.by_env = state.get("rewems_by_env", {})
         self.initialised = state["initialised"]
 
 
