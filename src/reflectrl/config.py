@@ -243,11 +243,14 @@ class IMPALAConfig:
     encoder: str = "auto"
     """mlp, cnn, or auto: cnn for pixel images, mlp otherwise"""
 
+    @property
     def batch_size(self) -> int:
         """Env steps per learner update."""
-        return self.trajectories() * self.unroll_length
+        return self.trajectories * self.unroll_length
 
+    @property
     def trajectories(self) -> int:
+        """Trajectories per learner update."""
         return self.batch_trajectories if self.batch_trajectories is not None else self.num_actors * self.envs_per_actor
 
 
@@ -563,15 +566,15 @@ def validate_impala(d: IMPALAConfig, total_steps: int) -> None:
     for name in ("ent_coef", "vf_coef"):
         if getattr(d, name) < 0:
             raise UserError(f"{name}={getattr(d, name)}: must be >= 0")
-    if d.norm_adv and d.batch_size() < 2:
+    if d.norm_adv and d.batch_size < 2:
         raise UserError("norm_adv needs batches of 2 or more steps; raise unroll_length or batch_trajectories")
     if not d.hidden_sizes or any(h < 1 for h in d.hidden_sizes):
         raise UserError(f"hidden_sizes={d.hidden_sizes}: give one or more positive layer widths, e.g. 64,64")
     if d.encoder not in ENCODERS:
         raise UserError(f"encoder='{d.encoder}': use one of {', '.join(ENCODERS)}")
-    if d.batch_size() > total_steps:
+    if d.batch_size > total_steps:
         raise UserError(f"--total-steps {total_steps} is smaller than one learner batch (batch_trajectories*"
-                        f"unroll_length={d.batch_size()}); raise --total-steps or lower unroll_length")
+                        f"unroll_length={d.batch_size}); raise --total-steps or lower unroll_length")
 
 
 def _validate_ppo(cfg: RunConfig) -> None:

@@ -49,6 +49,13 @@ def _backward(xs: np.ndarray, cs: np.ndarray) -> np.ndarray:
     return out
 
 
+def _continuation_masks(terminations: torch.Tensor, truncations: torch.Tensor, dtype) -> tuple:
+    """(1 - terminated, 1 - episode ended) as arrays of `dtype`: where a bootstrap value counts,
+    and where the recursion carries on into the next row."""
+    not_terminal = 1.0 - terminations.detach().numpy().astype(dtype)
+    return not_terminal, not_terminal * (1.0 - truncations.detach().numpy().astype(dtype))
+
+
 def compute_gae(
     rewards: torch.Tensor,
     values: torch.Tensor,
@@ -65,8 +72,7 @@ def compute_gae(
     step, V of the final observation); ignored where the step terminated.
     """
     r, v, nv = (t.detach().numpy() for t in (rewards, values, next_values))
-    not_terminal = 1.0 - terminations.detach().numpy().astype(np.float32)
-    not_done = not_terminal * (1.0 - truncations.detach().numpy().astype(np.float32))
+    not_terminal, not_done = _continuation_masks(terminations, truncations, np.float32)
     deltas = r + gamma * nv * not_terminal - v  # the same float32 operations, in the same order, as in torch
     advantages = _backward(deltas, (gamma * gae_lambda * not_done).astype(deltas.dtype, copy=False))
     return torch.from_numpy(advantages), torch.from_numpy(advantages + v)
@@ -138,8 +144,7 @@ def vtrace(
     pg_clipped = np.minimum(rho_bar if pg_rho_bar is None else pg_rho_bar, rhos).astype(dtype)
     cs = (vtrace_lambda * np.minimum(c_bar, rhos)).astype(dtype)
     r, v, nv = (t.detach().numpy() for t in (rewards, values, next_values))
-    not_terminal = 1.0 - terminations.detach().numpy().astype(dtype)
-    not_done = not_terminal * (1.0 - truncations.detach().numpy().astype(dtype))
+    not_terminal, not_done = _continuation_masks(terminations, truncations, dtype)
     deltas = clipped * (r + gamma * nv * not_terminal - v)
     vs_minus_v = _backward(deltas.astype(dtype, copy=False), (gamma * cs * not_done).astype(dtype, copy=False))
     targets = vs_minus_v + v

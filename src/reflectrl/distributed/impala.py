@@ -90,8 +90,8 @@ class IMPALATrainer(EnvStepTrainer):
         self.agent = make_policy(self.obs_shape, action_dim, self.continuous, d.encoder, d.hidden_sizes)
         self.flat_params = flatten_parameters(self.agent)
         self.optimizer = torch.optim.Adam([self.flat_params], lr=d.learning_rate, eps=1e-5, fused=True)
-        self.unrolls_per_batch = d.trajectories() // d.envs_per_actor
-        self.num_iterations = math.ceil(cfg.total_steps / d.batch_size())
+        self.unrolls_per_batch = d.trajectories // d.envs_per_actor
+        self.num_iterations = math.ceil(cfg.total_steps / d.batch_size)
         self.signal = signal if signal is not None else make_signal(cfg)
         if self.signal is not None:
             self.signal.bind(SignalContext(
@@ -215,25 +215,21 @@ class IMPALATrainer(EnvStepTrainer):
         next_values, truncated, final_obs = self.next_values(b, values_d)
         self._check_finite(values_d, "value")
 
-        def gae(rewards, v, nv, terms, truncs, gamma=d.gamma):
-            adv, targets, _ = vtrace(b.behaviour_logprobs, target_logprobs, rewards, v, nv, terms, truncs, gamma,
-                                     d.rho_bar, d.c_bar, vtrace_lambda=d.vtrace_lambda)
-            return adv, targets
+        def estimator(rewards, v, nv, terms, truncs, gamma=d.gamma):
+            """V-trace under this batch's importance weights: (advantages, targets, clip statistics)."""
+            return vtrace(b.behaviour_logprobs, target_logprobs, rewards, v, nv, terms, truncs, gamma, d.rho_bar,
+                          d.c_bar, vtrace_lambda=d.vtrace_lambda)
 
-        weights = None
+        weights, batch, terms = None, None, {}
         signal_stats, watch, self._own_estimate = {}, Stopwatch(), Stopwatch()
-        advantages, targets, vstats = vtrace(b.behaviour_logprobs, target_logprobs, b.rewards, values_d, next_values,
-                                             b.terminations, b.truncations, d.gamma, d.rho_bar, d.c_bar,
-                                             vtrace_lambda=d.vtrace_lambda)
-        batch = None
-        if self.signal is not None:
+        if self.signal is None:
+            advantages, targets, vstats = estimator(b.rewards, values_d, next_values, b.terminations, b.truncations)
+        else:
             with watch:
-                batch, advantages, targets, weights, terms = self.apply_signal(
-                    b, values_d, next_values, truncated, final_obs, gae, advantages, targets)
-            if self.samples.wants(self.iteration + 1):
-                self.samples.record(self.iteration + 1, self.global_step, b.obs, b.state_keys, b.rewards, terms)
-        elif self.samples.wants(self.iteration + 1):
-            self.samples.record(self.iteration + 1, self.global_step, b.obs, b.state_keys, b.rewards, {})
+                batch, advantages, targets, vstats, weights, terms = self.apply_signal(
+                    b, values_d, next_values, truncated, final_obs, estimator)
+        if self.samples.wants(self.iteration + 1):
+            self.samples.record(self.iteration + 1, self.global_step, b.obs, b.state_keys, b.rewards, terms)
 
         adv = advantages.reshape(-1)
         if d.norm_adv:
@@ -305,8 +301,9 @@ class IMPALATrainer(EnvStepTrainer):
     def streams_metrics(self) -> dict:
         return {} if self.streams is None else self.streams.metrics()
 
-    def apply_signal(self, b, values, next_values, truncated, final_obs, gae, advantages, targets):
-        """The signal's hooks around V-trace (signals/base.py), as PPOTrainer.apply_signal."""
+    def apply_signal(self, b, values, next_values, truncated, final_obs, estimator):
+        """The signal's hooks around V-trace (signals/base.py), as PPOTrainer.apply_signal: the
+        trainer's own estimate is made once, on the rewards with the signal's terms."""
         signal = self.signal
         T, N = b.shape
         features = None
@@ -321,9 +318,11 @@ class IMPALATrainer(EnvStepTrainer):
             for t, i, o in b.ended:
                 next_obs[t, i] = torch.as_tensor(o, dtype=torch.float32)
 
+        def gae(rewards, v, nv, terms, truncs, gamma=self.knobs.gamma):
+            return estimator(rewards, v, nv, terms, truncs, gamma)[:2]
+
         def estimate(rewards):
-            with self._own_estimate:
-                return gae(rewards, values, next_values, b.terminations, b.truncations)
+            return gae(rewards, values, next_values, b.terminations, b.truncations)
 
         batch = Batch(obs=b.obs, actions=b.actions, rewards=b.rewards, terminations=b.terminations,
                       truncations=b.truncations, values=values, next_values=next_values, features=features,
@@ -332,8 +331,8 @@ class IMPALATrainer(EnvStepTrainer):
                       state_keys=b.state_keys, next_state_keys=b.next_state_keys, env_ids=b.env_ids)
         extra = signal.shape_rewards(batch)
         learn_rewards = b.rewards if extra is None else b.rewards + extra
-        if extra is not None:
-            advantages, targets = estimate(learn_rewards)
+        with self._own_estimate:  # the estimate the trainer makes with or without a signal
+            advantages, targets, vstats = estimator(learn_rewards, values, next_values, b.terminations, b.truncations)
         batch.rewards, batch.advantages, batch.returns = learn_rewards, advantages, targets
         out = signal.after_advantages(batch)
         weights = None
@@ -347,13 +346,13 @@ class IMPALATrainer(EnvStepTrainer):
             weights = out.weights
         terms = signal_terms(signal, extra, out)
         if self.streams is not None:
-            self.streams.estimator = lambda r, v, nv, te, tr, g: gae(r, v, nv, te, tr, gamma=g)
+            self.streams.estimator = gae
             rollout = SimpleNamespace(obs=b.obs, last_obs=b.last_obs, terminations=b.terminations,
                                       truncations=b.truncations, trunk=None,
                                       truncated_final=([(t, i) for t, i, _ in truncated], final_obs)
                                       if truncated else None)
             advantages = self.streams.advantages(rollout, {} if out is None else out.streams, advantages)
-        return batch, advantages, targets, weights, terms
+        return batch, advantages, targets, vstats, weights, terms
 
     # ------------------------------------------------------------------ what the shared loop needs
 
@@ -366,7 +365,7 @@ class IMPALATrainer(EnvStepTrainer):
         return self.agent
 
     def total_units(self) -> int:
-        return self.num_iterations * self.knobs.batch_size()
+        return self.num_iterations * self.knobs.batch_size
 
 
     def postfix(self, row: dict) -> str:

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
 from reflectrl.runs.health import RunMonitor
 from reflectrl.runs.rundir import MetricsLogger
 from reflectrl.runs.session import Terminated, stop_requested
@@ -97,8 +99,6 @@ class EnvStepTrainer:
         return crossed(before, self.global_step, self.cfg.checkpoint_every)
 
     def postfix(self, row: dict) -> str:
-        import numpy as np
-
         return f"return={np.mean(self.recent_returns):.3g}" if self.recent_returns else ""
 
     def train(self, progress: bool = True) -> None:
