@@ -39,3 +39,6 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "$want" > "$stamp"
   echo "setup: done ($venv)"
 fi
+if [ "$extras" = "all" ]; then
+  bash scripts/install_verl.sh "$venv"  # the verl adapter's tests (not an extra: see the script)
+fi

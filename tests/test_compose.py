@@ -14,8 +14,9 @@ def test_every_signal_declares_itself():
     assert {"calibration", "shaping", "gear", "rnd", "count"} <= set(table)
     on_ppo = {name for name, spec in table.items() if "env_step" in spec.step_kinds}
     assert {knob.split(".")[0] for knob in NEUTRAL} == on_ppo  # the neutral test below runs them all
-    # the language-model-only ones: their coef=0 runs are GRPO bit for bit in tests/test_llm_reflect.py
-    assert set(table) - on_ppo == {"verdict", "confidence"}
+    # the language-model-only ones: their neutral runs are GRPO bit for bit in tests/test_llm_reflect.py
+    # (verdict, confidence) and tests/test_divergence.py (divergence)
+    assert set(table) - on_ppo == {"verdict", "confidence", "divergence"}
     for name, spec in table.items():
         assert spec.name == name and spec.summary and spec.step_kinds
         assert spec.neutral, f"{name} has no neutral setting to test bit-identity with"

@@ -131,3 +131,52 @@ def test_reflection_reward_functions_train_in_trl(tmp_path):
     logged = {k for row in trainer.state.log_history for k in row}
     assert {"rewards/outcome/mean", "rewards/verdict/mean", "rewards/confidence/mean"} <= logged
     assert any(not torch.equal(a, b) for a, b in zip(start, trainer.model.parameters()))
+
+
+def test_divergence_grpo_trainer_per_token_advantages(tiny_dir, tmp_path):
+    from reflectrl.integrations.trl import DivergenceGRPOTrainer
+    from reflectrl.signals.divergence import DivergenceConfig
+
+    task, rng = make_task("arith"), random.Random(0)
+    problems = [task.sample(rng) for _ in range(16)]
+    rows = [{"prompt": p.prompt, "answer": p.answer, "reference": p.answer} for p in problems]
+    trainer = make_trainer(DivergenceGRPOTrainer, tiny_dir, Dataset.from_list(rows), tmp_path / "div",
+                           divergence_config=DivergenceConfig(floor=0.0))
+    trainer.train()
+    assert all(rec["advantages"].dim() == 2 for rec in trainer.recorded)
+    logs = [row for row in trainer.state.log_history if "loss" in row]
+    assert all(math.isfinite(row["loss"]) for row in logs)
+    assert all(row["divergence/divergence_mean"] > 0 for row in logs)  # the reference changes the teacher
+    assert any(row["divergence/weights_std"] > 0 for row in logs)
+    # strength 0: TRL's own advantages, broadcast
+    neutral = make_trainer(DivergenceGRPOTrainer, tiny_dir, Dataset.from_list(rows), tmp_path / "n",
+                           divergence_config=DivergenceConfig(strength=0), steps=1)
+    neutral.train()
+    rec = neutral.recorded[0]
+    assert torch.equal(rec["advantages"], rec["advantages"][:, :1].expand_as(rec["advantages"]))
+    with pytest.raises(ValueError, match="reference"):
+        bad = make_trainer(DivergenceGRPOTrainer, tiny_dir, Dataset.from_list([{k: v for k, v in r.items()
+                                                                                 if k != "reference"} for r in rows]),
+                           tmp_path / "bad", steps=1)
+        bad.train()
+
+
+def test_bench_llm_gpu_runs_every_entry_on_the_cpu(tiny_dir, tmp_path):
+    """bench/llm_gpu.py (the accelerator recipe) end to end on the tiny model: a smoke run, not a measurement."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "bench" / "llm_gpu.py"
+    out = tmp_path / "gpu.jsonl"
+    subprocess.run([sys.executable, str(script), "--model", str(tiny_dir), "--device", "cpu", "--no-chat",
+                    "--instruction", "", "--task", "rg:chain_sum[min_terms=3;max_terms=3;max_digits=1;worked=true]",
+                    "--steps", "2", "--eval-every", "1", "--eval-problems", "4", "--prompts", "2", "--group", "4",
+                    "--max-new-tokens", "16", "--out", str(tmp_path / "o"), "--json", str(out)],
+                   check=True, capture_output=True, text=True)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["entry"] for r in rows] == ["grpo", "gear", "divergence"]
+    assert rows[0]["vs_trl_grpo"] == 1.0 and all(r["tokens_per_second"] > 0 for r in rows)
+    assert all(len(r["accuracy_curve"]) == 2 for r in rows)
+    assert "divergence/segments_per_completion" in rows[2]

@@ -29,8 +29,9 @@ from reflectrl.errors import UserError
 # transition a replay trainer sampled from its buffer (at learning time, out of trajectory order).
 STEP_KINDS = ("env_step", "token", "turn", "transition")
 # What a signal may ask of its trainer: the policy's features (with gradients), s' of each step,
-# the exploration state keys of each step (Batch.state_keys), value heads on its own reward streams.
-WANTS = ("features", "feature_grad", "next_obs", "state_keys", "value_stream")
+# the exploration state keys of each step (Batch.state_keys), value heads on its own reward streams,
+# the policy's next-token distributions and a ground-truth-conditioned teacher's (Batch.teacher_fn).
+WANTS = ("features", "feature_grad", "next_obs", "state_keys", "value_stream", "teacher")
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,7 @@ TRAINERS: dict[str, TrainerSpec] = {
                           frozenset({"features", "next_obs", "state_keys", "value_stream"}),
                           "IMPALA on Ray: actors step envs in parallel, one learner applies V-trace "
                           "(Espeholt et al. 2018)", "reflectrl.distributed.impala:IMPALATrainer"),
-    "grpo": TrainerSpec("grpo", "llm", ("token", "turn"), frozenset({"features"}),
+    "grpo": TrainerSpec("grpo", "llm", ("token", "turn"), frozenset({"features", "teacher"}),
                         "GRPO on language models (group-normalised advantages, clipped token objective)"),
 }
 FAMILY_COMMANDS = {"control": "reflectrl train", "llm": "reflectrl llm train"}

@@ -44,9 +44,12 @@ INSTRUCTIONS = {
 }
 
 
-def task_dataset(spec: str, n: int, seed: int = 0, instruct: bool = False, chat: bool = False) -> list[dict]:
+def task_dataset(spec: str, n: int, seed: int = 0, instruct: bool = False, chat: bool = False,
+                 reference: str | None = None, instruction: str | None = None) -> list[dict]:
     """`n` problems of the task as rows {"prompt", "problem"} (`problem`: the row's index, which
-    the reward functions read back)."""
+    the reward functions read back); with `reference` ("solution" or "answer"), also the task's
+    reference for each (the column DivergenceGRPOTrainer's teacher reads); `instruction`: a
+    sentence put before each prompt."""
     task = make_task(spec)
     if task.max_turns != 1:
         raise UserError(f"task {spec!r} is multi-turn; TRL's GRPOTrainer generates one completion per prompt: "
@@ -54,10 +57,16 @@ def task_dataset(spec: str, n: int, seed: int = 0, instruct: bool = False, chat:
     rng = random.Random(seed)
     rows = []
     for i in range(n):
-        prompt = task.sample(rng).prompt
+        problem = task.sample(rng)
+        prompt = problem.prompt
         if instruct and task.reflect != "none":
             prompt = f"{INSTRUCTIONS[task.reflect]}\n{prompt}"
-        rows.append({"prompt": [{"role": "user", "content": prompt}] if chat else prompt, "problem": i})
+        if instruction:
+            prompt = f"{instruction}\n{prompt}"
+        row = {"prompt": [{"role": "user", "content": prompt}] if chat else prompt, "problem": i}
+        if reference is not None:
+            row["reference"] = task.reference(problem, reference)
+        rows.append(row)
     return rows
 
 

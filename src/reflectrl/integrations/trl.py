@@ -47,7 +47,9 @@ from trl.trainer.utils import nanstd
 
 from reflectrl.llm.grpo import token_batch
 from reflectrl.llm.model import hidden_size
+from reflectrl.llm.tasks.base import REFERENCE_TEMPLATE
 from reflectrl.signals.base import Batch, SignalContext
+from reflectrl.signals.divergence import DivergenceConfig, divergence_weights, segment_stats, token_divergence
 from reflectrl.signals.reweighting import GEARConfig, GEARReweighting
 
 try:
@@ -56,7 +58,7 @@ except ImportError:  # older TRL: calling the model without it only warns when c
     def disable_gradient_checkpointing(model, kwargs=None):
         return contextlib.nullcontext()
 
-__all__ = ["GEARGRPOTrainer"]
+__all__ = ["DivergenceGRPOTrainer", "GEARGRPOTrainer"]
 
 GEAR_STATE_FILE = "gear_state.pt"
 WEIGHT_METRICS = ("weights_mean", "weights_std", "weights_min", "weights_max", "weights_clipped_frac")
@@ -217,3 +219,105 @@ class GEARGRPOTrainer(GRPOTrainer):
         path = None if checkpoint is None else os.path.join(checkpoint, GEAR_STATE_FILE)
         if path is not None and os.path.exists(path):
             self.signal.load_state_dict(torch.load(path, weights_only=True))
+
+
+# ---------------------------------------------------------------------------- divergence
+
+class DivergenceGRPOTrainer(GRPOTrainer):
+    """TRL's GRPOTrainer with the divergence signal's per-token weights (the GEAR paper's
+    teacher segments; reflectrl/signals/divergence.py).
+
+        trainer = DivergenceGRPOTrainer(model, reward_funcs=reward, args=GRPOConfig(...),
+                                        train_dataset=dataset,  # with a "reference" column
+                                        divergence_config=DivergenceConfig(), reference_column="reference")
+
+    After TRL scores a generation batch, two no-grad forwards of the policy (in chunks of the
+    per-device batch size, on its device, under TRL's autocast): the student on prompt +
+    completion, and the teacher on prompt + "Reference:\n{row's reference}\nSolve:\n" +
+    completion (the layout reflectrl's own trainer and `llm sft --reference-share` use). The
+    per-token divergence is computed there, chunk by chunk (no (B, T, V) tensor is kept); the
+    weights come from `divergence_weights` and multiply TRL's advantages into (B, T) ones.
+    The teacher is the current policy (`teacher_refresh` > 0 is reflectrl-trainer only).
+    Metrics go to TRL's log as `divergence/...`, with the teacher pass's seconds."""
+
+    def __init__(self, *args, divergence_config: DivergenceConfig | None = None,
+                 reference_column: str = "reference", **kwargs):
+        if not _loss_takes_token_advantages():
+            raise RuntimeError("DivergenceGRPOTrainer needs a TRL whose GRPOTrainer loss accepts per-token (B, T) "
+                               "advantages (TRL releases with the MiniLLM trainer or later); upgrade trl")
+        self.divergence_config = DivergenceConfig() if divergence_config is None else divergence_config
+        self.divergence_config.validate()
+        if self.divergence_config.teacher_refresh:
+            raise ValueError("divergence_config.teacher_refresh: DivergenceGRPOTrainer's teacher is the current "
+                             "policy; leave teacher_refresh=0")
+        self.reference_column = reference_column
+        super().__init__(*args, **kwargs)
+
+    def _generate_and_score_completions(self, inputs):
+        import time
+
+        mode = "train" if self.model.training else "eval"
+        missing = [i for i, row in enumerate(inputs) if self.reference_column not in row]
+        if missing:
+            raise ValueError(f"DivergenceGRPOTrainer: dataset rows need a '{self.reference_column}' column (the "
+                             "ground truth the teacher reads); set reference_column=")
+        references = [str(row[self.reference_column]) for row in inputs]
+        output = super()._generate_and_score_completions(inputs)
+        if "pixel_values" in output or "num_images" in output:
+            raise NotImplementedError("DivergenceGRPOTrainer supports text-only models")
+        start = time.perf_counter()
+        mask = output["completion_mask"].bool()
+        if "tool_mask" in output:
+            mask = mask & output["tool_mask"].bool()
+        batch_size = self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
+        div, entropy = self._divergence(output, references, batch_size)
+        weights, departure = divergence_weights(div, mask.cpu(), self.divergence_config, entropy)
+        seconds = time.perf_counter() - start
+        stats = segment_stats(departure, mask.cpu())
+        real = mask.cpu()
+        stats.update(divergence_mean=div[real].mean().item() if real.any() else 0.0,
+                     weights_mean=weights[real].mean().item() if real.any() else 1.0,
+                     weights_std=weights[real].std().item() if real.sum() > 1 else 0.0, teacher_seconds=seconds)
+        for name, value in stats.items():
+            self._metrics[mode][f"divergence/{name}"].append(value)
+        advantages = output["advantages"]
+        output["advantages"] = advantages[:, None] * weights.to(advantages.device, advantages.dtype)
+        return output
+
+    @torch.no_grad()
+    def _divergence(self, output: dict, references: list[str], batch_size: int):
+        """(divergence, student entropy), each (B, C) on the CPU."""
+        tok = self.processing_class
+        prompt_ids, prompt_mask = output["prompt_ids"], output["prompt_mask"]
+        completion_ids, completion_mask = output["completion_ids"], output["completion_mask"]
+        device = prompt_ids.device
+        # the teacher's prompt: the prompt's real tokens, then the reference; left-padded
+        rows = []
+        for i, ref in enumerate(references):
+            hint = tok.encode(REFERENCE_TEMPLATE.format(ref), add_special_tokens=False)
+            rows.append(prompt_ids[i][prompt_mask[i].bool()].tolist() + hint)
+        width = max(len(r) for r in rows)
+        pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+        t_prompt = torch.full((len(rows), width), pad, dtype=torch.long, device=device)
+        t_mask = torch.zeros((len(rows), width), dtype=torch.long, device=device)
+        for i, r in enumerate(rows):
+            t_prompt[i, width - len(r):] = torch.tensor(r, device=device)
+            t_mask[i, width - len(r):] = 1
+        c = completion_ids.shape[1]
+        temperature = self.temperature if hasattr(self, "temperature") else self.args.temperature
+        div, ent = [], []
+        with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+            for s in range(0, completion_ids.shape[0], batch_size):
+                sl = slice(s, s + batch_size)
+                logps = []
+                for ids, attn in ((prompt_ids[sl], prompt_mask[sl]), (t_prompt[sl], t_mask[sl])):
+                    full = torch.cat([ids, completion_ids[sl]], 1)
+                    full_mask = torch.cat([attn, completion_mask[sl]], 1)
+                    with self.accelerator.autocast():
+                        logits = self.model(input_ids=full, attention_mask=full_mask, use_cache=False).logits
+                    p = ids.shape[1]
+                    logps.append(torch.log_softmax(logits[:, p - 1:p - 1 + c].float() / temperature, -1))
+                d, e = token_divergence(logps[0], logps[1], completion_ids[sl], self.divergence_config.measure)
+                div.append(d.cpu())
+                ent.append(e.cpu())
+        return torch.cat(div), torch.cat(ent)

@@ -48,6 +48,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     sft.add_argument("--batch-size", type=int, default=None, help=f"(default {sft_defaults['batch_size']})")
     sft.add_argument("--lr", type=float, default=None, help=f"(default {sft_defaults['learning_rate']})")
     sft.add_argument("--seed", type=int, default=None, help=f"(default {sft_defaults['seed']})")
+    sft.add_argument("--reference-share", type=float, default=None,
+                     help="share of examples that read the task's reference after the prompt (in context, not "
+                          "learned), so the model can serve as the divergence signal's teacher "
+                          f"(default {sft_defaults['reference_share']})")
     sft.add_argument("--no-progress", action="store_true")
 
     train = sub.add_parser("train", help="RL on a task: grpo, grpo+gear (GEAR weights), "
@@ -60,6 +64,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     train.add_argument("--steps", type=int, default=None, help=f"GRPO steps (default {d.steps})")
     train.add_argument("--seed", type=int, default=None, help=f"random seed (default {d.seed})")
     train.add_argument("--out", default=None, help="run directory to create")
+    train.add_argument("--device", default=None, help=f"auto (cuda where available), cpu, cuda or cuda:N "
+                       f"(default {d.device}); precision=bf16 and gradient_checkpointing=true go in --set")
     train.add_argument("--set", action="append", nargs="+", metavar="KEY=VALUE",
                        help="override a knob, e.g. --set group_size=8 loss_type=dapo gear.top_frac=0.5")
     train.add_argument("--resume", metavar="DIR", default=None, help="continue the interrupted run in DIR")
@@ -145,7 +151,8 @@ def _sft(args) -> int:
     _check_out(args.out)
     model, tokenizer = load_model(args.model)
     result = sft(model, tokenizer, task, steps=args.steps, out=args.out, progress=not args.no_progress,
-                 **_given(batch_size=args.batch_size, learning_rate=args.lr, seed=args.seed))
+                 **_given(batch_size=args.batch_size, learning_rate=args.lr, seed=args.seed,
+                          reference_share=args.reference_share))
     print(f"sft on {args.task}: {result['steps']} steps, final loss {result['final_loss']:.4f}, "
           f"{result['seconds']:.0f}s; model: {args.out}")
     return 0
@@ -155,7 +162,8 @@ def _config(args):
     from reflectrl.llm.config import LLMRunConfig, apply_llm_overrides, validate_llm
     from reflectrl.llm.tasks import make_task
 
-    given = dict(algo=args.algo, task=args.task, model=args.model, steps=args.steps, seed=args.seed)
+    given = dict(algo=args.algo, task=args.task, model=args.model, steps=args.steps, seed=args.seed,
+                 device=args.device)
     cfg = LLMRunConfig(**{k: v for k, v in given.items() if v is not None})
     apply_llm_overrides(cfg, [item for group in (args.set or []) for item in group])
     validate_llm(cfg)
@@ -188,7 +196,7 @@ def _train_resume(args) -> int:
         return GRPOTrainer(cfg, model, tokenizer, run)
 
     given = [("--algo", args.algo), ("--task", args.task), ("--model", args.model), ("--steps", args.steps),
-             ("--seed", args.seed), ("--out", args.out), ("--set", args.set)]
+             ("--seed", args.seed), ("--out", args.out), ("--set", args.set), ("--device", args.device)]
     return resume_run(args.resume, given, "llm", build, _finish, progress=not args.no_progress,
                       resume_command="reflectrl llm train")
 

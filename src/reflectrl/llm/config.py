@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,6 +98,12 @@ class LLMRunConfig:
     """GRPO steps between checkpoints"""
     torch_threads: int | None = None
     """torch's intra-op threads (none: torch's default)"""
+    device: str = "auto"
+    """auto (cuda where available), cpu, cuda or cuda:N (--device)"""
+    precision: str = "auto"
+    """auto (bf16 autocast on a CUDA device that supports it, else fp32), fp32 or bf16"""
+    gradient_checkpointing: bool = False
+    """recompute activations in the backward pass (less memory, ~30% more time)"""
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     """the GRPO knobs"""
     sections: dict[str, Any] = field(default_factory=dict)
@@ -116,7 +123,8 @@ class LLMRunConfig:
         return cls(**d, grpo=grpo, sections=sections_from_dict(d.pop("sections", {})))
 
 
-RUN_KNOBS = ("checkpoint_every", "torch_threads")
+RUN_KNOBS = ("checkpoint_every", "torch_threads", "device", "precision", "gradient_checkpointing")
+PRECISIONS = ("auto", "fp32", "bf16")
 
 
 def apply_llm_overrides(cfg: LLMRunConfig, items: list[str]) -> LLMRunConfig:
@@ -140,6 +148,10 @@ def validate_llm(cfg: LLMRunConfig) -> None:
         raise UserError(f"checkpoint_every={cfg.checkpoint_every}: must be a positive number of steps")
     if cfg.torch_threads is not None and cfg.torch_threads < 1:
         raise UserError(f"torch_threads={cfg.torch_threads}: must be >= 1")
+    if cfg.device not in ("auto", "cpu", "cuda") and not re.fullmatch(r"cuda:\d+", cfg.device):
+        raise UserError(f"--device {cfg.device}: use auto, cpu, cuda or cuda:N")
+    if cfg.precision not in PRECISIONS:
+        raise UserError(f"precision={cfg.precision}: use one of {', '.join(PRECISIONS)}")
     for name in ("prompts_per_step", "num_iterations", "minibatches", "eval_problems"):
         if getattr(g, name) < 1:
             raise UserError(f"{name}={getattr(g, name)}: must be a positive integer")

@@ -23,6 +23,7 @@ no-grad pass before the update gives the old log-probabilities and the features.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import random
 import time
@@ -32,13 +33,13 @@ import numpy as np
 import torch
 
 from reflectrl.control.gae import compute_gae
-from reflectrl.errors import NonFiniteError
+from reflectrl.errors import NonFiniteError, UserError
 from reflectrl.llm.calibration import calibration_metrics, relevance_metrics, scalar_metrics
 from reflectrl.llm.config import LLMRunConfig
 from reflectrl.llm.losses import aggregate
 from reflectrl.llm.model import hidden_size
 from reflectrl.llm.tasks import make_task
-from reflectrl.llm.tasks.base import Problem, Task
+from reflectrl.llm.tasks.base import Problem, Task, reference_hint
 from reflectrl.llm.tasks.reflect import Reflection
 from reflectrl.registry import step_kind
 from reflectrl.runs import MetricsLogger, RunDir
@@ -98,7 +99,8 @@ def rollout(model, tokenizer, task: Task, problems: list[Problem], *, max_new_to
     sample = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
     for k in range(task.max_turns):
         ids, attn = _left_pad([seqs[i] for i in active], pad)
-        out = model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=max_new_tokens,
+        out = model.generate(input_ids=ids.to(model.device), attention_mask=attn.to(model.device),
+                             max_new_tokens=max_new_tokens,
                              eos_token_id=eos, pad_token_id=pad, **sample)
         new = out[:, ids.shape[1]:].tolist()
         still = []
@@ -172,15 +174,67 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale_rewards: str 
     return (rewards - baseline) / scale, baseline, scale
 
 
-def token_logprobs(model, ids: torch.Tensor, attention: torch.Tensor, *, temperature: float = 1.0):
-    """(log p(token t | tokens < t) for t >= 1, last hidden state), shapes (N, L-1) and (N, L, H).
+def token_logprobs(model, ids: torch.Tensor, attention: torch.Tensor, *, temperature: float = 1.0,
+                   with_logits: bool = False):
+    """(log p(token t | tokens < t) for t >= 1, last hidden state), shapes (N, L-1) and (N, L, H);
+    with `with_logits`, also the log-softmax distributions (N, L-1, V), detached.
 
     Logits are divided by the sampling temperature, so log-probabilities are those of the
-    distribution the tokens were drawn from."""
+    distribution the tokens were drawn from. Inputs move to the model's device."""
+    ids, attention = ids.to(model.device), attention.to(model.device)
     out = model(input_ids=ids, attention_mask=attention, output_hidden_states=True, use_cache=False)
     logits = out.logits[:, :-1].float() / temperature
-    logp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    full = torch.log_softmax(logits, -1)
+    logp = full.gather(-1, ids[:, 1:, None]).squeeze(-1)
+    if with_logits:
+        return logp, out.hidden_states[-1], full.detach()
     return logp, out.hidden_states[-1]
+
+
+def teacher_inputs(tokenizer, task: Task, episodes: Episodes, kind: str = "solution"):
+    """The episodes with the task's reference (tasks/base.py's `reference_hint`) between each
+    prompt and its completion: (ids, attention) right-padded, and per episode the prompt's
+    length and the hint's, (N,) each. Token t >= prompt length of an episode sits at t + hint
+    length in the teacher's sequence."""
+    n = episodes.ids.shape[0]
+    lengths = episodes.attention.sum(1).tolist()
+    prompt_len = episodes.agent.long().argmax(1)  # the first agent token
+    seqs, hint_len = [], []
+    for i in range(n):
+        hint = tokenizer.encode(reference_hint(task, episodes.problems[i], kind), add_special_tokens=False)
+        p, row = int(prompt_len[i]), episodes.ids[i, :lengths[i]].tolist()
+        seqs.append(row[:p] + hint + row[p:])
+        hint_len.append(len(hint))
+    width = max(len(q) for q in seqs)
+    ids = torch.full((n, width), tokenizer.pad_token_id, dtype=torch.long)
+    attention = torch.zeros((n, width), dtype=torch.long)
+    for i, q in enumerate(seqs):
+        ids[i, :len(q)] = torch.tensor(q)
+        attention[i, :len(q)] = 1
+    return ids, attention, prompt_len, torch.tensor(hint_len)
+
+
+@torch.no_grad()
+def teacher_logprobs(teacher, tokenizer, task: Task, episodes: Episodes, *, steps: int, kind: str = "solution",
+                     temperature: float = 1.0) -> torch.Tensor:
+    """(N, steps, V) log-softmax of the teacher (a model reading the reference) at each token step
+    of the episodes (step t predicts token t+1), aligned with `token_logprobs`'s; at the prompt's
+    steps, where nothing is sampled, the teacher's are those of its own prompt positions.
+    Evaluated in eval mode without touching the global RNG (a no-op for the trainer's stream)."""
+    ids, attention, prompt_len, hint_len = teacher_inputs(tokenizer, task, episodes, kind)
+    was_training = teacher.training
+    teacher.eval()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            logits = teacher(input_ids=ids.to(teacher.device), attention_mask=attention.to(teacher.device),
+                             use_cache=False).logits
+    finally:
+        teacher.train(was_training)
+    t = torch.arange(steps)[None, :]
+    shifted = t >= (prompt_len[:, None] - 1)  # steps that predict a completion (or tool) token
+    pos = torch.where(shifted, t + hint_len[:, None], t).clamp(max=logits.shape[1] - 1).to(logits.device)
+    picked = logits.gather(1, pos[..., None].expand(-1, -1, logits.shape[-1]))
+    return torch.log_softmax(picked.float() / temperature, -1)
 
 
 def clipped_objective(logp, old_logp, advantages, clip_eps: float, clip_eps_high: float):
@@ -264,6 +318,21 @@ def return_to_go_advantages(turns: Batch, scale: torch.Tensor) -> torch.Tensor:
     return adv / scale[None, :] * turns.mask
 
 
+def resolve_device(device: str, precision: str) -> tuple[torch.device, bool]:
+    """(the device to train on, whether to autocast to bf16) for `device` = auto | cpu | cuda[:N]
+    and `precision` = auto (bf16 on a CUDA device that supports it, else fp32) | fp32 | bf16."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {device}: CUDA is not available here (torch {torch.__version__}); "
+                        "use --device cpu, or auto")
+    supported = dev.type == "cuda" and torch.cuda.is_bf16_supported()
+    if precision == "bf16" and not supported:
+        raise UserError(f"precision=bf16: not supported on {dev} here; use precision=fp32 (or auto)")
+    return dev, precision == "bf16" or (precision == "auto" and supported)
+
+
 def make_llm_signal(cfg: LLMRunConfig) -> Signal | None:
     return make_signal(cfg, family="llm")
 
@@ -275,7 +344,15 @@ class GRPOTrainer:
                  signal: Signal | None = None):
         if cfg.torch_threads is not None:
             torch.set_num_threads(cfg.torch_threads)
-        self.cfg, self.run, self.model, self.tokenizer = cfg, run, model, tokenizer
+        self.cfg, self.run, self.tokenizer = cfg, run, tokenizer
+        self.device, self.bf16 = resolve_device(cfg.device, cfg.precision)
+        self.model = model = model.to(self.device)
+        if cfg.gradient_checkpointing:
+            # transformers 5 renamed it activation checkpointing (the old name warns, and goes in v6)
+            if hasattr(model, "activation_checkpointing_enable"):
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         g = cfg.grpo
         self.task = make_task(cfg.task)
         self.max_new_tokens = g.max_new_tokens or self.task.max_new_tokens
@@ -289,6 +366,8 @@ class GRPOTrainer:
         # each signal works on the step kind it declares: agent turns or tokens
         self.members = [] if self.signal is None else list(getattr(self.signal, "members", [self.signal]))
         self.kinds = [step_kind(m.name, "grpo") for m in self.members]
+        self.wants_teacher = self.signal is not None and self.signal.wants_teacher
+        self.frozen_teacher, self.teacher_step, self.teacher_seconds = None, 0, 0.0
         if self.signal is not None:
             width = hidden_size(model)
             self.signal.bind(SignalContext(
@@ -304,9 +383,15 @@ class GRPOTrainer:
     def global_step(self) -> int:
         return self.step
 
+    def precision(self):
+        """bf16 autocast on an accelerator that supports it (precision=bf16, or auto there); fp32 otherwise."""
+        if self.bf16:
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
     # ------------------------------------------------------------------ one step
 
-    def _signal_output(self, episodes: Episodes, scored: Scored, logp_hidden):
+    def _signal_output(self, episodes: Episodes, scored: Scored, logp_hidden, student_logp=None):
         """Per-token advantages (N, L-1) after the signals, and each signal's batch (for after_update).
 
         Turn-level signals (the calibration bonus) act first: their reward terms are credited
@@ -318,7 +403,7 @@ class GRPOTrainer:
         token_adv = advantages[:, None] * episodes.agent[:, 1:]
         if not self.members:
             return token_adv, []
-        hidden = logp_hidden.detach().float()
+        hidden = logp_hidden.detach().float().cpu()
         batches = []
         turns = None
         if "turn" in self.kinds:
@@ -358,6 +443,8 @@ class GRPOTrainer:
         if "token" in self.kinds:
             tokens = token_batch(episodes.agent, rewards, baseline, advantages, hidden, episodes.ids, g.group_size)
             tokens.global_step = self.step
+            if self.wants_teacher:
+                tokens.teacher_fn = self._teacher_fn(episodes, student_logp)
             if turns is not None:
                 tokens.advantages = token_adv.T
             for member, kind in zip(self.members, self.kinds):
@@ -373,6 +460,28 @@ class GRPOTrainer:
                     token_adv = token_adv + out.advantage.T
         batches = [turns if kind == "turn" else tokens for kind in self.kinds]
         return token_adv, batches
+
+    def _teacher_fn(self, episodes: Episodes, student_logp: torch.Tensor):
+        """Batch.teacher_fn for the divergence signal: (student, teacher) log-softmax, time-major."""
+        def teacher_fn(refresh: int, reference: str):
+            start = time.perf_counter()
+            if refresh == 0:
+                teacher = self.model
+            else:  # a copy frozen every `refresh` steps
+                if self.frozen_teacher is None:
+                    self.frozen_teacher = copy.deepcopy(self.model).requires_grad_(False)
+                    self.teacher_step = self.step
+                elif self.step - self.teacher_step >= refresh:
+                    self.frozen_teacher.load_state_dict(self.model.state_dict())
+                    self.teacher_step = self.step
+                teacher = self.frozen_teacher
+            with self.precision():
+                lt = teacher_logprobs(teacher, self.tokenizer, self.task, episodes, steps=student_logp.shape[1],
+                                      kind=reference, temperature=self.cfg.grpo.temperature)
+            self.teacher_seconds += time.perf_counter() - start
+            return student_logp.transpose(0, 1), lt.transpose(0, 1)
+
+        return teacher_fn
 
     def train_step(self) -> dict:
         """One GRPO step in named phases: generate, score, update (the signals' batches are built
@@ -395,8 +504,9 @@ class GRPOTrainer:
         problems = [p for p in problems for _ in range(g.group_size)]
         self.model.eval()
         try:
-            return rollout(self.model, self.tokenizer, self.task, problems, max_new_tokens=self.max_new_tokens,
-                           temperature=g.temperature, top_p=g.top_p)
+            with self.precision():
+                return rollout(self.model, self.tokenizer, self.task, problems, max_new_tokens=self.max_new_tokens,
+                               temperature=g.temperature, top_p=g.top_p)
         except RuntimeError as err:  # torch.multinomial on a NaN distribution: the weights are broken
             if "inf" in str(err) or "nan" in str(err):
                 raise NonFiniteError("sampling probabilities", self.step) from None
@@ -418,20 +528,25 @@ class GRPOTrainer:
         """`num_iterations` passes of `minibatches` clipped-objective steps; the signals act on
         the first forward's features and fit after the update."""
         g = self.cfg.grpo
-        ids, attention, mask = episodes.ids, episodes.attention, episodes.agent[:, 1:]
+        ids, attention = episodes.ids, episodes.attention
+        mask = episodes.agent[:, 1:].to(self.device)
         self.model.train()
+        self.teacher_seconds = 0.0
         n = ids.shape[0]
         ref_logp = None
         if self.reference is not None:
-            with torch.no_grad():
+            with torch.no_grad(), self.precision():
                 ref_logp, _ = token_logprobs(self.reference, ids, attention, temperature=g.temperature)
         prepass = g.num_iterations > 1 or g.minibatches > 1
         old_logp = token_adv = signal_batches = None
+        want_logits = self.wants_teacher
         if prepass:  # old log-probabilities (and the signals' features) before any update
-            with torch.no_grad():
-                old_logp, hidden = token_logprobs(self.model, ids, attention, temperature=g.temperature)
+            with torch.no_grad(), self.precision():
+                old_logp, hidden, *full = token_logprobs(self.model, ids, attention, temperature=g.temperature,
+                                                         with_logits=want_logits)
             with watch:
-                token_adv, signal_batches = self._signal_output(episodes, scored, hidden)
+                token_adv, signal_batches = self._signal_output(episodes, scored, hidden, *full)
+            token_adv = token_adv.to(self.device)
         eps_high = g.clip_eps if g.clip_eps_high is None else g.clip_eps_high
         size = n // g.minibatches
         losses, clipfracs, grad_norms = [], [], []
@@ -439,11 +554,15 @@ class GRPOTrainer:
             order = torch.randperm(n) if g.minibatches > 1 else torch.arange(n)
             for s in range(0, n, size):
                 idx = order[s:s + size]
-                logp, hidden = token_logprobs(self.model, ids[idx], attention[idx], temperature=g.temperature)
+                with self.precision():
+                    logp, hidden, *full = token_logprobs(self.model, ids[idx], attention[idx],
+                                                         temperature=g.temperature,
+                                                         with_logits=want_logits and not prepass)
                 if not prepass:  # the update's own forward is the old policy: features come free
                     old_logp = logp.detach()
                     with watch:
-                        token_adv, signal_batches = self._signal_output(episodes, scored, hidden)
+                        token_adv, signal_batches = self._signal_output(episodes, scored, hidden, *full)
+                    token_adv = token_adv.to(self.device)
                 per_token, was_clipped = clipped_objective(logp, old_logp[idx], token_adv[idx], g.clip_eps, eps_high)
                 if g.beta > 0:
                     delta = ref_logp[idx] - logp
@@ -505,6 +624,8 @@ class GRPOTrainer:
         if self.signal is not None:
             row.update(self.signal.metrics())
             row["signal_time_fraction"] = watch.seconds / seconds
+        if self.wants_teacher:  # the teacher pass's share of the step (inside the signal's)
+            row["teacher_time_fraction"] = self.teacher_seconds / seconds
         row["step_seconds"] = seconds
         row["generation_seconds"] = generation_seconds
         row["tokens_per_second"] = lengths.sum().item() / seconds
@@ -515,8 +636,9 @@ class GRPOTrainer:
         """Greedy accuracy on the held-out problems (the same for every run of the task)."""
         self.model.eval()
         state = torch.get_rng_state()
-        episodes = rollout(self.model, self.tokenizer, self.task, self.eval_set,
-                           max_new_tokens=self.max_new_tokens, greedy=True)
+        with self.precision():
+            episodes = rollout(self.model, self.tokenizer, self.task, self.eval_set,
+                               max_new_tokens=self.max_new_tokens, greedy=True)
         torch.set_rng_state(state)
         rewards = torch.tensor(self.task.score_batch(self.eval_set, episodes.turns))
         out = {"eval_reward": rewards.mean().item(), "eval_accuracy": (rewards >= 1.0).float().mean().item()}
@@ -578,6 +700,9 @@ class GRPOTrainer:
             "torch_rng": torch.get_rng_state(),
             "python_rng": self.rng.getstate(),
             "signal": None if self.signal is None else self.signal.state_dict(),
+            # the divergence signal's frozen teacher (teacher_refresh=K), where there is one
+            "teacher": None if self.frozen_teacher is None else self.frozen_teacher.state_dict(),
+            "teacher_step": self.teacher_step,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -588,6 +713,10 @@ class GRPOTrainer:
         self.rng.setstate(state["python_rng"])
         if self.signal is not None:
             self.signal.load_state_dict(state["signal"])
+        if state.get("teacher") is not None:
+            self.frozen_teacher = copy.deepcopy(self.model).requires_grad_(False)
+            self.frozen_teacher.load_state_dict(state["teacher"])
+            self.teacher_step = state["teacher_step"]
 
     def save_checkpoint(self) -> None:
         assert self.run is not None

@@ -4,6 +4,12 @@ Each example is tokenised piece by piece exactly as an RL episode is laid out (p
 then each agent turn followed by eos, then the tool's reply), and the loss is the
 cross-entropy of the agent's tokens only: the model learns to act, not to predict the
 prompt or the tool.
+
+`reference_share` > 0 puts the task's reference (tasks/base.py's `reference_hint`) between
+the prompt and the demonstration in that share of the examples, in context and not learned:
+the model then learns to use a ground truth it is shown, as a pretrained model can. That is
+what the divergence signal's teacher (the policy reading the reference) needs of a model
+trained from scratch.
 """
 
 from __future__ import annotations
@@ -16,13 +22,16 @@ from pathlib import Path
 import torch
 
 from reflectrl.errors import NonFiniteError, UserError
-from reflectrl.llm.tasks.base import Task, turn_pieces, turn_text
+from reflectrl.llm.tasks.base import Task, reference_hint, turn_pieces, turn_text
 from reflectrl.runs.rundir import atomic_dir
 
 
-def demonstration_tokens(tokenizer, task: Task, problem) -> tuple[list[int], list[bool]]:
-    """(token ids, agent mask) of a correct episode of `problem`."""
+def demonstration_tokens(tokenizer, task: Task, problem, hint: str | None = None) -> tuple[list[int], list[bool]]:
+    """(token ids, agent mask) of a correct episode of `problem` (with `hint`, a reference the
+    model reads after the prompt, in context only)."""
     ids = tokenizer.encode(problem.prompt)
+    if hint is not None:
+        ids += tokenizer.encode(hint, add_special_tokens=False)
     agent = [False] * len(ids)
     turns: list[str] = []
     for turn in task.demonstration(problem):
@@ -42,7 +51,8 @@ def demonstration_tokens(tokenizer, task: Task, problem) -> tuple[list[int], lis
 
 
 def sft(model, tokenizer, task: Task, *, steps: int, out: str | Path, batch_size: int = 32,
-        learning_rate: float = 1e-3, seed: int = 0, progress: bool = True) -> dict:
+        learning_rate: float = 1e-3, seed: int = 0, progress: bool = True, reference_share: float = 0.0,
+        reference: str = "solution") -> dict:
     """Train on freshly sampled demonstrations for `steps` batches; write the model to `out`."""
     from tqdm import tqdm
 
@@ -51,6 +61,9 @@ def sft(model, tokenizer, task: Task, *, steps: int, out: str | Path, batch_size
         raise UserError(f"{out} exists and is not empty; choose a new --out directory")
     if steps < 1 or batch_size < 1:
         raise UserError("--steps and --batch-size must be positive integers")
+    if not 0.0 <= reference_share <= 1.0:
+        raise UserError(f"--reference-share {reference_share}: must be in [0, 1]")
+    hints = random.Random(seed + 1)  # which examples read the reference; the problems' stream is unchanged
     torch.manual_seed(seed)
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate)
@@ -59,7 +72,12 @@ def sft(model, tokenizer, task: Task, *, steps: int, out: str | Path, batch_size
     log, start = [], time.perf_counter()
     bar = tqdm(range(steps), unit="step", disable=not progress, dynamic_ncols=True)
     for step in bar:
-        examples = [demonstration_tokens(tokenizer, task, task.sample(rng)) for _ in range(batch_size)]
+        examples = []
+        for _ in range(batch_size):
+            problem = task.sample(rng)
+            hint = (reference_hint(task, problem, reference)
+                    if reference_share > 0 and hints.random() < reference_share else None)
+            examples.append(demonstration_tokens(tokenizer, task, problem, hint))
         width = max(len(ids) for ids, _ in examples)
         ids = torch.full((batch_size, width), tokenizer.pad_token_id, dtype=torch.long)
         attention = torch.zeros((batch_size, width), dtype=torch.long)

@@ -104,6 +104,12 @@ class Batch:
     # int64 (N,) the env slot each column's steps come from, where columns are not the same envs
     # from one batch to the next (IMPALA's batches mix actors); None: column i is env i throughout
     env_ids: torch.Tensor | None = None
+    # a language-model trainer's teacher pass (a trainer that provides "teacher"):
+    # teacher_fn(refresh, reference) -> (student, teacher), each (T, N, V) log-softmax over the
+    # vocabulary at the token steps: the policy's own distributions, and the distributions of
+    # the policy (refresh=0) or of a copy frozen every `refresh` steps that reads the task's
+    # reference ("solution" or "answer") between the prompt and the completion
+    teacher_fn: Callable[[int, str], tuple[torch.Tensor, torch.Tensor]] | None = None
 
 
 @dataclass(frozen=True)
@@ -184,6 +190,7 @@ class Signal:
     wants_features = False       # the trainer fills Batch.features
     wants_feature_grad = False   # the trainer calls auxiliary_loss with features carrying gradients
     wants_next_obs = False       # the trainer fills Batch.next_obs
+    wants_teacher = False        # the trainer fills Batch.teacher_fn
 
     def bind(self, ctx: SignalContext) -> None:
         self.ctx = ctx

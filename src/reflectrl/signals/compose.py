@@ -47,6 +47,10 @@ class SignalStack(Signal):
     def wants_next_obs(self) -> bool:
         return any(m.wants_next_obs for m in self.members)
 
+    @property
+    def wants_teacher(self) -> bool:
+        return any(m.wants_teacher for m in self.members)
+
     def bind(self, ctx: SignalContext) -> None:
         self.ctx = ctx
         for m in self.members:

@@ -29,7 +29,19 @@ Each iteration:
 4. after the policy update, the value head (linear or MLP on the features) is fit by MSE
    to G_t on the winners' steps (`distill_on="winners"`, the seed's choice) or on every
    step (`"all"`, the SPEC's DECISION to compare), for `epochs` epochs; then the frozen
-   copy is refreshed.
+   copy is refreshed: copied (`target_ema=1`), or moved towards the head by an exponential
+   moving average, frozen <- (1 - target_ema) frozen + target_ema head (seed section 4.2's
+   target network, slowed: section 5.2's remedy for a head that overfits recent winners).
+   `history=K` (section 5.2's other remedy) keeps the winners' (features, target) pairs of
+   the last K distillations and fits on them with the current batch's. Both are measured by
+   `value_head_heldout_loss`: the frozen head's MSE on the current batch's winners before it
+   is fit on them (how well what it learnt generalises to new winners).
+5. `rank_groups` (seed section 3.4; GRPO only): the completions of each prompt's group are
+   re-ranked by their mean reweighted advantage s_i = mean_t(w_t A_i) over their tokens, and
+   A_i is replaced by the group-standardised s_i (s_i - mean_g s) / (std_g s + 1e-4), times
+   w_t per token. DECISION: standardised values, not bare ranks, so that the margins between
+   completions survive; a group whose rewards are all equal keeps advantage 0 (s_i = 0).
+   With binary rewards this orders completions of equal reward by their mean weight.
 """
 
 from __future__ import annotations
@@ -90,10 +102,21 @@ class GEARConfig:
     """upper clip of the weights"""
     renormalize: bool = False
     """rescale the weights to mean 1 per trajectory"""
+    rank_groups: bool = False
+    """GRPO: re-rank each group's completions by their mean reweighted advantage (seed 3.4)"""
+    history: int = 0
+    """past distillations whose winners are fit again with the current ones (seed 5.2; 0: none)"""
+    target_ema: float = 1.0
+    """the frozen head's step towards the fitted one after each distillation (1: a copy)"""
 
     def validate(self) -> None:
         def bad(msg):
             raise UserError(f"gear.{msg}")
+
+        if self.history < 0:
+            bad(f"history={self.history}: must be >= 0 (0: no history)")
+        if not 0 < self.target_ema <= 1:
+            bad(f"target_ema={self.target_ema}: must be in (0, 1] (1: copy the head)")
 
         if not 0 < self.top_frac <= 1:
             bad(f"top_frac={self.top_frac}: must be in (0, 1]")
@@ -195,6 +218,7 @@ class GEARReweighting(Signal):
         self.cfg = cfg
         self.wants_features = cfg.inputs == "features"
         self.distilled = False
+        self.past: list[tuple[torch.Tensor, torch.Tensor]] = []  # (features, targets) of past winners (history)
         self._last: dict = {}
 
     def bind(self, ctx: SignalContext) -> None:
@@ -243,7 +267,27 @@ class GEARReweighting(Signal):
                       "weights_clipped_frac": clipped.float().mean().item()}
         if scheduled:
             self._last["gear_temperature"] = temperature
+        if cfg.rank_groups:
+            return SignalOutput(weights=w, advantage=self._ranked(batch, w, valid))
         return SignalOutput(weights=w)
+
+    def _ranked(self, batch: Batch, w: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """The advantage term that turns w_t A_i into w_t A'_i, A'_i being the group-standardised
+        mean reweighted advantage (one column of a GRPO batch is one completion)."""
+        real = valid.float()
+        s = (w * batch.advantages * real).sum(0) / real.sum(0).clamp(min=1)  # (N,)
+        group = batch.groups[0].long()
+        ranked = torch.zeros_like(s)
+        spread = []
+        for g in group.unique():
+            members = group == g
+            mean, std = s[members].mean(), s[members].std(unbiased=True) if members.sum() > 1 else 0.0
+            ranked[members] = (s[members] - mean) / (std + 1e-4)
+            spread.append(float(std))
+        per_seq = (batch.advantages * real).sum(0) / real.sum(0).clamp(min=1)  # A_i
+        changed = (ranked.sign() != per_seq.sign()) & (per_seq != 0)
+        self._last["rank_sign_flips"] = changed.float().mean().item()
+        return (w * (ranked - per_seq)[None, :] * real)
 
     def after_update(self, batch: Batch) -> None:
         cfg = self.cfg
@@ -274,12 +318,25 @@ class GEARReweighting(Signal):
         if x.shape[0] == 0:  # no real step to learn from (every winner fully masked): keep the head as it is
             self._last.update(winners=int(winners.sum()), trajectories=int((lengths > 0).sum()))
             return
-        fit = self.fitter.fit(x, y, epochs=cfg.epochs, minibatch_size=cfg.minibatch_size, generator=self.generator,
-                              shuffle="always", loss_after=True)
+        if self.distilled:  # what the head learnt so far, on winners it has not seen
+            with torch.no_grad():
+                self._last["value_head_heldout_loss"] = torch.mean((self.frozen(x).squeeze(-1) - y) ** 2).item()
+        fit_x, fit_y = x, y
+        if cfg.history:
+            fit_x = torch.cat([x, *(h[0] for h in self.past)])
+            fit_y = torch.cat([y, *(h[1] for h in self.past)])
+            self.past = (self.past + [(x, y)])[-cfg.history:]
+        fit = self.fitter.fit(fit_x, fit_y, epochs=cfg.epochs, minibatch_size=cfg.minibatch_size,
+                              generator=self.generator, shuffle="always", loss_after=True)
         self._last["value_head_loss"] = fit.loss_after
         self._last["winners"] = int(winners.sum())
         self._last["trajectories"] = int((lengths > 0).sum())
-        self.frozen.load_state_dict(self.head.state_dict())
+        if cfg.target_ema >= 1 or not self.distilled:
+            self.frozen.load_state_dict(self.head.state_dict())
+        else:
+            with torch.no_grad():
+                for target, source in zip(self.frozen.parameters(), self.head.parameters()):
+                    target.lerp_(source, cfg.target_ema)
         self.distilled = True
 
     def metrics(self) -> dict:
@@ -287,13 +344,14 @@ class GEARReweighting(Signal):
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), **self.fitter.state_dict(head_key="head"), "frozen": self.frozen.state_dict(),
-                "distilled": self.distilled}
+                "distilled": self.distilled, "past": list(self.past)}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.fitter.load_state_dict(state, head_key="head")
         self.frozen.load_state_dict(state["frozen"])
         self.distilled = state["distilled"]
+        self.past = list(state.get("past", []))
 
 
 def _check_on_grpo(cfg: GEARConfig) -> None:
@@ -301,11 +359,18 @@ def _check_on_grpo(cfg: GEARConfig) -> None:
         raise UserError("gear.inputs: the LLM value head reads the hidden states; leave inputs=features")
 
 
+def _check_on_env_steps(cfg: GEARConfig) -> None:
+    if cfg.rank_groups:
+        raise UserError("gear.rank_groups=true ranks the completions of a prompt's group against each other: "
+                        "it needs GRPO's groups (llm train --algo grpo+gear); a PPO batch has none")
+
+
 register_signal(SignalSpec(
     name="gear", config=GEARConfig, factory=GEARReweighting, step_kinds=("env_step", "token"),
     summary="GEAR: a value head distilled from the best trajectories reweights each step's advantage",
     wants=lambda cfg: {"features"} if cfg.inputs == "features" else set(),
-    aliases={"ppo": "gear", "grpo": "gear"}, neutral="temperature=inf", trainer_checks={"grpo": _check_on_grpo},
+    aliases={"ppo": "gear", "grpo": "gear"}, neutral="temperature=inf",
+    trainer_checks={"grpo": _check_on_grpo, "ppo": _check_on_env_steps, "impala": _check_on_env_steps},
     refusals={"transition": "GEAR's weights share a trajectory's advantage out among its steps, and a replay "
               "trainer learns from single transitions sampled out of their trajectories, with no trajectory "
               "advantage to share (docs/offpolicy.md); use ppo+gear"},

@@ -16,6 +16,11 @@ episode, and so on for at most `max_turns` agent turns:
         text += turn + <eos> + reply
     reward = task.score(problem, turns)         # in [0, 1]; 1 means solved
 
+`reference(problem, kind)` is the ground truth a teacher may read (the divergence signal):
+`kind="solution"` a worked solution (by default the demonstration's turns, one per line),
+`"answer"` only the answer. `reference_hint` lays it out as the teacher reads it, between
+the prompt and the completion (and as `llm sft --reference-share` teaches it).
+
 `demonstration(problem)` returns the agent turns of a correct episode, used by `llm sft`
 to warm-start a model and by `llm init-tiny` to train the tokenizer. A turn is a string, or
 a list of (text, learned) pieces where some of it is in the context but not learned (a
@@ -63,6 +68,13 @@ class Task:
     def demonstration(self, problem: Problem) -> list:
         raise NotImplementedError
 
+    def reference(self, problem: Problem, kind: str = "solution") -> str:
+        """The ground truth a teacher reads: a worked solution (the demonstration's turns, one per
+        line) or only the answer."""
+        if kind == "answer" and problem.answer is not None:
+            return str(problem.answer)
+        return "\n".join(turn_text(t) for t in self.demonstration(problem))
+
     reflect = "none"
 
     def reflections(self, problem: Problem, turns: list[str]) -> list:
@@ -79,3 +91,11 @@ def turn_text(turn) -> str:
 
 def turn_pieces(turn) -> list[tuple[str, bool]]:
     return [(turn, True)] if isinstance(turn, str) else list(turn)
+
+
+REFERENCE_TEMPLATE = "Reference:\n{}\nSolve:\n"
+
+
+def reference_hint(task: Task, problem: Problem, kind: str = "solution") -> str:
+    """The text a ground-truth-conditioned teacher reads between the prompt and the completion."""
+    return REFERENCE_TEMPLATE.format(task.reference(problem, kind))

@@ -12,11 +12,24 @@ one line) and fixes the entry point to `f`. The families (the parameter k is dra
 problem): add, sub, mul, mod (int x); reverse, upper, count (str s); max, min, sum, len,
 first, sorted (list of ints xs). Options:
 
-    families  comma-separated subset of the families above (default: all)
+    families  comma-separated subset of the families above and the long ones below
+              (default: all the short ones); `short` and `long` name each group, e.g.
+              code[families=long] or code[families=short,long]
     cases     unit tests per problem (default 5)
     timeout   wall-clock seconds per sandbox run (default 5.0)
     isolation "bwrap" (default) or "rlimits-only": the weaker sandbox for machines
               without bubblewrap (see reflectrl.sandbox); only for code you would run anyway
+
+The long families have 3-6 line bodies with a loop and/or a conditional, for tasks where
+per-token credit can matter (the demonstration's lines are joined by "\\n", each indented
+4 spaces and nested blocks 8): sum_pos, count_gt (k), running_max, first_neg, clip (k)
+(list of ints xs); reverse_words (str s of words), remove_vowels (str s). E.g.
+
+    prompt  "# index of the first negative item of xs, or -1\\ndef f(xs):\\n"
+    demonstration ["    i = 0\\n    while i < len(xs):\\n        if xs[i] < 0:\\n            return i\\n"
+                   "        i = i + 1\\n    return -1"]
+
+Use cases >= 5 with them (the default) so that the tests tell a loop from a shortcut.
 
 The code runs in `reflectrl.sandbox`; `score_batch` runs a batch in parallel (one
 process per core). Without bubblewrap, scoring raises `SandboxUnavailable` (a UserError).
@@ -70,8 +83,78 @@ _FAMILIES = {
     "first": ("xs", _list, _first),
     "sorted": ("xs", _list, lambda k: ("xs sorted", "return sorted(xs)", sorted)),
 }
-FAMILIES = tuple(_FAMILIES)
+FAMILIES = tuple(_FAMILIES)  # the short families: the default
+
+
+def _words(rng):
+    return " ".join(_str(rng)[:4] for _ in range(rng.randint(1, 4)))
+
+
+def _sum_pos(k):
+    return ("sum of the positive items of xs",
+            "total = 0\nfor i in range(len(xs)):\n    if xs[i] > 0:\n        total = total + xs[i]\nreturn total",
+            lambda xs: sum(x for x in xs if x > 0))
+
+
+def _count_gt(k):
+    t = k - 5  # -3..4: the lists hold -9..9
+    return (f"number of items of xs greater than {t}",
+            f"count = 0\nfor i in range(len(xs)):\n    if xs[i] > {t}:\n        count = count + 1\nreturn count",
+            lambda xs: sum(x > t for x in xs))
+
+
+def _running_max(k):
+    def ref(xs):
+        out = []
+        for x in xs:
+            out.append(x if not out else max(out[-1], x))
+        return out
+    return ("running maximum of xs, as a list",
+            "out = []\nm = xs[0]\nfor x in xs:\n    m = max(m, x)\n    out.append(m)\nreturn out", ref)
+
+
+def _first_neg(k):
+    return ("index of the first negative item of xs, or -1",
+            "i = 0\nwhile i < len(xs):\n    if xs[i] < 0:\n        return i\n    i = i + 1\nreturn -1",
+            lambda xs: next((i for i, x in enumerate(xs) if x < 0), -1))
+
+
+def _clip(k):
+    return (f"xs with every item above {k} replaced by {k}",
+            f"out = []\nfor x in xs:\n    if x > {k}:\n        x = {k}\n    out.append(x)\nreturn out",
+            lambda xs: [min(x, k) for x in xs])
+
+
+def _reverse_words(k):
+    return ("the words of s in reverse order, joined by single spaces",
+            "words = s.split()\nout = []\nfor i in range(len(words)):\n"
+            "    out.append(words[len(words) - 1 - i])\nreturn ' '.join(out)",
+            lambda s: " ".join(reversed(s.split())))
+
+
+def _remove_vowels(k):
+    return ("s without its vowels",
+            "vowels = 'aeiou'\nout = ''\nfor c in s:\n    if c not in vowels:\n        out = out + c\nreturn out",
+            lambda s: "".join(c for c in s if c not in "aeiou"))
+
+
+_LONG = {
+    "sum_pos": ("xs", _list, _sum_pos),
+    "count_gt": ("xs", _list, _count_gt),
+    "running_max": ("xs", _list, _running_max),
+    "first_neg": ("xs", _list, _first_neg),
+    "clip": ("xs", _list, _clip),
+    "reverse_words": ("s", _words, _reverse_words),
+    "remove_vowels": ("s", _str, _remove_vowels),
+}
+LONG_FAMILIES = tuple(_LONG)
+_FAMILIES.update(_LONG)
+_GROUPS = {"short": FAMILIES, "long": LONG_FAMILIES}
 _INDENT = " " * 4
+
+
+def _indent(body: str) -> str:
+    return "\n".join(_INDENT + line for line in body.split("\n"))
 
 
 class CodeTask(Task):
@@ -81,11 +164,12 @@ class CodeTask(Task):
 
     def __init__(self, families: str = ",".join(FAMILIES), cases: int = 5, timeout: float = 5.0,
                  isolation: str = "bwrap"):
-        chosen = [f.strip() for f in families.split(",") if f.strip()]
+        chosen = [g for f in families.split(",") if f.strip() for g in _GROUPS.get(f.strip(), (f.strip(),))]
         bad = [f for f in chosen if f not in _FAMILIES]
         if bad or not chosen:
             raise UserError(f"task code: unknown family {bad[0] if bad else families!r}; "
-                            f"families is a comma-separated subset of {', '.join(FAMILIES)}")
+                            f"families is a comma-separated subset of {', '.join(FAMILIES)} (short), "
+                            f"{', '.join(LONG_FAMILIES)} (long), or the groups short, long")
         if not 1 <= cases <= 100:
             raise UserError(f"task code: cases must be in 1..100, got {cases}")
         if not timeout > 0:
@@ -93,8 +177,11 @@ class CodeTask(Task):
         if isolation not in sandbox.ISOLATION_MODES:
             raise UserError(f"task code: isolation must be one of {', '.join(sandbox.ISOLATION_MODES)}, "
                             f"got {isolation!r}")
-        self.families = tuple(f for f in FAMILIES if f in chosen)  # canonical order
+        self.families = tuple(f for f in _FAMILIES if f in chosen)  # canonical order
         self.cases, self.timeout, self.isolation = cases, timeout, isolation
+        if any(f in _LONG for f in self.families):  # the longest reference body in bytes, plus slack
+            longest = max(len(_indent(_FAMILIES[f][2](k)[1])) for f in self.families for k in range(2, 10))
+            self.max_new_tokens = max(type(self).max_new_tokens, longest + 16)
 
     def sample(self, rng: random.Random) -> Problem:
         family = rng.choice(self.families)
@@ -104,7 +191,7 @@ class CodeTask(Task):
         args = [gen(rng) for _ in range(self.cases)]
         tests = {"entry_point": "f", "cases": [{"args": [a], "expected": ref(a)} for a in args]}
         header = f"def f({arg}):\n"
-        return Problem(prompt=f"# {comment}\n{header}", answer=_INDENT + body,
+        return Problem(prompt=f"# {comment}\n{header}", answer=_indent(body),
                        meta={"family": family, "header": header, "tests": tests})
 
     def program(self, problem: Problem, turns: list[str]) -> str:
@@ -128,3 +215,4 @@ class CodeTask(Task):
 
     def demonstration(self, problem: Problem) -> list[str]:
         return [problem.answer]
+

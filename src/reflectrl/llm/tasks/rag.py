@@ -323,6 +323,13 @@ class RagTask(Task):
             return [[(f"search {demo['bad_query']}", False)]] + self._chain(problem, True) + [final]
         return turns + [final]
 
+    def reference(self, problem: Problem, kind: str = "solution") -> str:
+        """A correct episode's calls, one per line (the searches, then the answer; with their
+        relevance judgements where the format asks for them), without a reflection."""
+        if kind == "answer":
+            return str(problem.answer)
+        return "\n".join(self._chain(problem) + [self._answer_turn(problem.answer)])
+
     def wrong_turns(self, problem: Problem, rng: random.Random) -> list[str]:
         """The right searches (judged, with reflect on), then a wrong answer, without its reflection."""
         return self._chain(problem) + [self._answer_turn(self._wrong_answer(problem, rng))]

@@ -24,6 +24,22 @@ are 16-19 characters ("Calculate 5 - 33."), answers 1-3. Its default config has 
 6 terms of up to 4 digits (prompts ~35 characters, up to ~75). `chain_sum` spends 60
 characters on a fixed preamble ("State the final answer to the following arithmetic
 problem: "), so its prompts are ~80 characters even with two terms.
+
+`worked=true` (chain_sum and basic_arithmetic only; elsewhere a UserError): the
+demonstration writes the computation out, one binary operation at a time in the order
+it is evaluated, then the answer after the marker `answer`:
+
+    make_task("rg:chain_sum[min_terms=5;max_terms=8;max_digits=2;worked=true]")
+    prompt "State the final answer to the following arithmetic problem: 4 + 1 + 7 - 7 + 7 - 6 =\n"
+    demonstration ["4+1=5 5+7=12 12-7=5 5+7=12 12-6=6 answer 6"]
+
+The score is then `score_answer` of the text after the turn's last `answer` (0 without
+one). basic_arithmetic's steps follow its own semantics: with parentheses allowed (its
+default) Python's precedence, `/` as floor division and `-(...)` written as a step
+"-(23)=-23"; with allow_parentheses=false, strictly left to right, as its generator
+computes. An entry whose steps do not reproduce the dataset's answer (its generator's
+division fallback in the left-to-right mode writes a divisor that is not the one it
+used) is skipped: `sample` draws another index.
 """
 
 from __future__ import annotations
@@ -31,12 +47,89 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import operator
 import random
+import re
 
 from reflectrl.errors import UserError
 from reflectrl.llm.tasks.base import Problem, Task
 
 _DEFAULTS = {"seed": 0, "size": 10_000}
+_OURS = {"worked": False}  # our options, not the dataset's config
+WORKED_DATASETS = ("chain_sum", "basic_arithmetic")
+MARKER = "answer"
+_OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.floordiv}
+_TOKEN = re.compile(r"\s*(\d+|[-+*/()])")
+
+
+def _tokens(expression: str) -> list[str]:
+    out, pos = [], 0
+    expression = expression.strip()
+    while pos < len(expression):
+        m = _TOKEN.match(expression, pos)
+        if m is None:
+            raise ValueError(f"unexpected {expression[pos:]!r}")
+        out.append(m.group(1))
+        pos = m.end()
+    return out
+
+
+def worked_steps(expression: str, left_to_right: bool = False) -> tuple[list[str], int]:
+    """The steps ("3+5=8") that evaluate an arithmetic expression, and its value: Python's
+    precedence with `/` as floor division, or strictly left to right."""
+    toks, steps = _tokens(expression), []
+    pos = 0
+
+    def peek():
+        return toks[pos] if pos < len(toks) else None
+
+    def take():
+        nonlocal pos
+        pos += 1
+        return toks[pos - 1]
+
+    def apply(a, op, b):
+        value = _OPS[op](a, b)
+        steps.append(f"{a}{op}{b}={value}")
+        return value
+
+    def atom():
+        if peek() == "-":  # unary minus: of a number (part of it) or of a group (a step)
+            take()
+            if peek() == "(":
+                value = atom()
+                steps.append(f"-({value})={-value}")
+                return -value
+            return -int(take())
+        if peek() == "(":
+            take()
+            value = expr()
+            if take() != ")":
+                raise ValueError("unbalanced parentheses")
+            return value
+        tok = take()
+        if not tok.isdigit():
+            raise ValueError(f"expected a number, got {tok!r}")
+        return int(tok)
+
+    def term():
+        value = atom()
+        while peek() in ("*", "/") or (left_to_right and peek() in ("+", "-")):
+            op = take()
+            value = apply(value, op, atom())
+        return value
+
+    def expr():
+        value = term()
+        while peek() in ("+", "-"):
+            op = take()
+            value = apply(value, op, term())
+        return value
+
+    value = expr()
+    if pos != len(toks):
+        raise ValueError(f"trailing {toks[pos:]}")
+    return steps, value
 
 
 def _registry() -> dict:
@@ -71,6 +164,7 @@ def dataset_options(name: str) -> dict:
         else:
             options[f.name] = None
     options.update(_DEFAULTS)
+    options.update(_OURS)
     return options
 
 
@@ -81,8 +175,13 @@ class ReasoningGymTask(Task):
         import reasoning_gym
 
         dataset_options(dataset)  # unknown names: UserError with suggestions
+        self.worked = bool(config.pop("worked", False))
         config = {**_DEFAULTS, **config}
         self.name = f"rg:{dataset}"
+        if self.worked and dataset not in WORKED_DATASETS:
+            supported = ", ".join("rg:" + d for d in WORKED_DATASETS)
+            raise UserError(f"task {self.name}: worked=true is only for {supported}; "
+                            "leave worked out for other datasets")
         self.size = config["size"]
         if self.size < 1:
             raise UserError(f"task {self.name}: size must be >= 1, got {self.size}")
@@ -93,18 +192,56 @@ class ReasoningGymTask(Task):
                             "check the option values against the dataset's config class") from None
         # Generation budget: the longest reference answer among a few entries, in bytes
         # (a byte-level tokenizer never needs more tokens than bytes), plus slack.
+        if self.worked:
+            self._left_to_right = dataset == "basic_arithmetic" and not self.dataset.config.allow_parentheses
+            # the worked turn is longer: the longest among a few entries (bounded by the
+            # number of terms), with room for one more step
+            entries = [self.dataset[i] for i in range(min(self.size, 64))]
+            texts = [t for t in (self._worked(e) for e in entries) if t is not None]
+            if not texts:
+                raise UserError(f"task {self.name}: no entry among the first {len(entries)} can be worked "
+                                "step by step; use another config or leave worked out")
+            longest = max(len(t.encode()) for t in texts)
+            self.max_new_tokens = longest + max(len(t.encode()) // max(1, t.count(" ")) for t in texts) + 8
+            return
         longest = max(len(str(self.dataset[i]["answer"]).encode()) for i in range(min(self.size, 16)))
         self.max_new_tokens = max(16, longest + 8)
 
+    def _worked(self, entry: dict) -> str | None:
+        """The worked turn of an entry, or None where its steps do not reproduce its answer."""
+        try:
+            steps, value = worked_steps(entry["metadata"]["expression"], self._left_to_right)
+            if value != int(str(entry["answer"]).strip()):
+                return None
+        except (ValueError, KeyError, ZeroDivisionError, IndexError):
+            return None
+        return " ".join(steps + [f"{MARKER} {entry['answer']}"])
+
     def sample(self, rng: random.Random) -> Problem:
+        if self.worked:  # redraw entries whose steps cannot be written (see the module's doc)
+            for _ in range(1000):
+                entry = self.dataset[rng.randrange(self.size)]
+                worked = self._worked(entry)
+                if worked is not None:
+                    return Problem(prompt=entry["question"].rstrip() + "\n", answer=entry["answer"],
+                                   meta={"entry": entry, "worked": worked})
+            raise UserError(f"task {self.name}: 1000 draws found no entry that can be worked step by step")
         entry = self.dataset[rng.randrange(self.size)]
         return Problem(prompt=entry["question"].rstrip() + "\n", answer=entry["answer"], meta={"entry": entry})
 
+    def final_answer(self, turn: str) -> str | None:
+        """What the verifier reads: the whole turn, or with worked=true the text after its last marker."""
+        if not self.worked:
+            return turn.strip()
+        head, sep, tail = turn.rpartition(MARKER)
+        return tail.strip() if sep else None
+
     def score(self, problem: Problem, turns: list[str]) -> float:
-        if not turns:
+        answer = self.final_answer(turns[-1]) if turns else None
+        if answer is None:
             return 0.0
         try:  # a verifier fed arbitrary model output may raise; that answer is simply wrong
-            reward = float(self.dataset.score_answer(turns[-1].strip(), problem.meta["entry"]))
+            reward = float(self.dataset.score_answer(answer, problem.meta["entry"]))
         except Exception:  # noqa: BLE001
             return 0.0
         return 0.0 if math.isnan(reward) else min(1.0, max(0.0, reward))
@@ -113,6 +250,8 @@ class ReasoningGymTask(Task):
         if problem.answer is None:
             raise UserError(f"task {self.name} has no reference answer for this entry, so it cannot be "
                             "demonstrated (SFT); use an RL-only run or another dataset")
+        if self.worked:
+            return [problem.meta["worked"]]
         return [str(problem.answer)]
 
     def wrong_turns(self, problem: Problem, rng: random.Random) -> list[str] | None:
@@ -121,5 +260,10 @@ class ReasoningGymTask(Task):
             value = int(str(problem.answer).strip())
         except ValueError:
             return None
-        wrong = [str(value + rng.choice((-1, 1)) * rng.randint(1, 10))]
+        wrong_value = str(value + rng.choice((-1, 1)) * rng.randint(1, 10))
+        if self.worked:  # the right steps, then a wrong final answer (a slip at the end)
+            head = problem.meta["worked"].rpartition(MARKER)[0]
+            wrong = [f"{head}{MARKER} {wrong_value}"]
+        else:
+            wrong = [wrong_value]
         return wrong if self.score(problem, wrong) < 1.0 else None

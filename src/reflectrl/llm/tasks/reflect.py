@@ -177,6 +177,9 @@ class Reflective(Task):
     def wrong_turns(self, problem: Problem, rng: random.Random):
         return self.inner.wrong_turns(problem, rng)
 
+    def reference(self, problem: Problem, kind: str = "solution") -> str:
+        return self.inner.reference(problem, kind)  # the task's ground truth, without a reflection
+
 
 def wrap(task: Task, mode: str, negatives: float) -> Task:
     return task if mode == "none" else Reflective(task, mode, negatives)

@@ -30,6 +30,19 @@ Options:
     max_value    values are drawn from 0..max_value (default 50)
     max_operand  the constant is drawn from 1..max_operand; 0 asks for lookups only (default 9)
     ops          the operators for the constant, any of "+-*" (default "+-*")
+    calls        0 (default): the questions above, 2 or 3 calls. 4..12: a long chain of
+                 exactly `calls` tool calls, the answer included: the question combines
+                 calls // 2 distinct keys (and, for an odd `calls`, a constant last),
+                 evaluated left to right, each operator drawn from `ops`:
+
+    calls=6  prompt "What is k3+k1-k4?\n"   (3 keys: 3 lookups + 2 calcs + answer)
+             lookup k3 | lookup k1 | calc 17+5 | lookup k4 | calc 22-9 | answer 13
+    calls=7  prompt "What is k3+k1-k4*6?\n" (left to right: ((k3+k1)-k4)*6; one more calc)
+
+                 The demonstration looks each key up when it is needed and folds it in at
+                 once. The episode may last `calls` + 2 agent turns (slack for a bad call).
+                 `keys` must be >= calls // 2; the largest possible intermediate value must
+                 fit `calc`'s 9 digits (use ops=+- or a smaller max_value otherwise).
 """
 
 from __future__ import annotations
@@ -53,7 +66,8 @@ class ToolsTask(Task):
     max_turns = 3
     max_new_tokens = 12  # set per instance: the longest correct call in bytes, plus slack
 
-    def __init__(self, keys: int = 5, max_value: int = 50, max_operand: int = 9, ops: str = "+-*"):
+    def __init__(self, keys: int = 5, max_value: int = 50, max_operand: int = 9, ops: str = "+-*",
+                 calls: int = 0):
         if not 1 <= keys <= 100:
             raise UserError(f"task tools: keys must be in 1..100, got {keys}")
         if not 0 <= max_value <= 10**6:
@@ -68,8 +82,48 @@ class ToolsTask(Task):
         longest = max(len(f"lookup k{keys - 1}"), len(f"calc {max_value}*{max_operand}"),
                       len(f"answer {max_value * max(1, max_operand)}"), len(f"answer -{max_operand}"))
         self.max_new_tokens = longest + 2
+        self.calls = calls
+        if calls:
+            self._check_chain(calls)
+
+    def _check_chain(self, calls: int) -> None:
+        if not 4 <= calls <= 12:
+            raise UserError(f"task tools: calls must be 0 (the short questions) or in 4..12, got {calls}")
+        n_keys, constant = calls // 2, calls % 2 == 1
+        if n_keys > self.keys:
+            raise UserError(f"task tools: calls={calls} chains {n_keys} distinct keys but keys={self.keys}; "
+                            f"use keys>={n_keys}")
+        if constant and not self.max_operand:
+            raise UserError(f"task tools: an odd calls={calls} ends with a constant, but max_operand=0; "
+                            "use an even calls or max_operand>=1")
+        bound = self.max_value  # the largest |value| any step can reach
+        for i in range(1, n_keys + constant):
+            other = self.max_operand if i == n_keys else self.max_value
+            bound = max(bound * other, bound + other) if "*" in self.ops else bound + other
+        if bound >= 10**9:
+            raise UserError(f"task tools: calls={calls} with ops={self.ops!r} and max_value={self.max_value} can "
+                            f"reach {bound}, more than calc's 9 digits; use ops=+- or a smaller max_value")
+        self.max_turns = calls + 2
+        longest = max(len(f"lookup k{self.keys - 1}"),
+                      len(f"calc -{bound}*{max(self.max_value, self.max_operand)}"), len(f"answer -{bound}"))
+        self.max_new_tokens = longest + 2
+
+    def _sample_chain(self, rng: random.Random) -> Problem:
+        table = {f"k{i}": rng.randint(0, self.max_value) for i in range(self.keys)}
+        keys = rng.sample(list(table), self.calls // 2)
+        constant = rng.randint(1, self.max_operand) if self.calls % 2 else None
+        ops = [rng.choice(self.ops) for _ in range(len(keys) - 1 + (constant is not None))]
+        terms = keys + ([str(constant)] if constant is not None else [])
+        value = table[keys[0]]
+        for op, term in zip(ops, terms[1:]):
+            value = _OPS[op](value, table[term] if term in table else constant)
+        question = terms[0] + "".join(op + term for op, term in zip(ops, terms[1:]))
+        return Problem(prompt=f"What is {question}?\n", answer=value,
+                       meta={"table": table, "chain": keys, "ops": ops, "constant": constant})
 
     def sample(self, rng: random.Random) -> Problem:
+        if self.calls:
+            return self._sample_chain(rng)
         table = {f"k{i}": rng.randint(0, self.max_value) for i in range(self.keys)}
         key = rng.choice(list(table))
         if self.max_operand and rng.random() < 2 / 3:  # most problems need both tools
@@ -100,6 +154,16 @@ class ToolsTask(Task):
 
     def demonstration(self, problem: Problem) -> list[str]:
         meta = problem.meta
+        if "chain" in meta:  # calls=N: look each key up when it is needed, fold it in at once
+            table, keys = meta["table"], meta["chain"]
+            turns, value = [f"lookup {keys[0]}"], table[keys[0]]
+            operands = [table[k] for k in keys[1:]] + ([meta["constant"]] if meta["constant"] is not None else [])
+            for i, (op, operand) in enumerate(zip(meta["ops"], operands)):
+                if i + 1 < len(keys):
+                    turns.append(f"lookup {keys[i + 1]}")
+                turns.append(f"calc {value}{op}{operand}")
+                value = _OPS[op](value, operand)
+            return turns + [f"answer {value}"]
         turns = [f"lookup {meta['key']}"]
         if meta["op"] is not None:
             turns.append(f"calc {meta['table'][meta['key']]}{meta['op']}{meta['constant']}")

@@ -1,0 +1,370 @@
+"""The divergence signal (the GEAR paper's teacher segments), GEAR's rank_groups / history /
+target_ema, and the LLM trainer's device and precision choices."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from reflectrl.errors import UserError
+from reflectrl.signals.base import Batch, SignalContext
+from reflectrl.signals.divergence import (
+    DivergenceConfig,
+    DivergenceReweighting,
+    divergence_weights,
+    find_departures,
+    segment_stats,
+    token_divergence,
+)
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+# ---------------------------------------------------------------------------- per-token math
+
+def _planted(n_tokens=12, at=7, base=0.05, spike=3.0):
+    div = torch.full((1, n_tokens), base)
+    div[0, ::2] += 0.01  # a little noise, so the running std is not zero
+    div[0, at] = spike
+    return div
+
+
+def test_a_planted_departure_yields_one_segment_at_the_right_token():
+    div = _planted()
+    mask = torch.ones_like(div, dtype=torch.bool)
+    mask[0, :2] = False  # the prompt: not part of the completion
+    cfg = DivergenceConfig()
+    w, dep = divergence_weights(div, mask, cfg)
+    assert dep.tolist() == [7]
+    # one weight from the departure on, the divergence at the departure relative to the mean
+    dbar = div[mask].mean()
+    expected_seg = min(cfg.w_max, max(cfg.w_min, (3.0 / dbar).item()))
+    assert torch.allclose(w[0, 7:], torch.full((5,), expected_seg))
+    # token resolution before it: (d_t / dbar) clipped
+    aligned = (div[0, 2:7] / dbar).clamp(cfg.w_min, cfg.w_max)
+    assert torch.allclose(w[0, 2:7], aligned)
+    assert torch.equal(w[0, :2], torch.ones(2))  # outside the completion: 1
+    stats = segment_stats(dep, mask)
+    assert stats["segments_per_completion"] == 1.0 and stats["segment_length"] == 5
+    assert stats["departure_token_share"] == pytest.approx(5 / 10)
+
+
+def test_only_the_first_spike_starts_the_segment_and_history_is_required():
+    div = _planted(at=5)
+    div[0, 9] = 5.0  # a later spike is inside the segment already
+    mask = torch.ones_like(div, dtype=torch.bool)
+    assert find_departures(div, mask, DivergenceConfig()).tolist() == [5]
+    early = torch.full((1, 6), 0.05)
+    early[0, 1] = 3.0  # one token of history: not enough with min_history=2
+    early[0, 0] = 0.06
+    assert find_departures(early, torch.ones_like(early, dtype=torch.bool), DivergenceConfig()).tolist() == [-1]
+    assert find_departures(early, torch.ones_like(early, dtype=torch.bool),
+                           DivergenceConfig(min_history=1)).tolist() == [1]
+
+
+def test_the_floor_and_the_entropy_gate():
+    div = torch.tensor([[0.001, 0.0011, 0.001, 0.05, 0.001]])  # a spike, but below the 0.1-nat floor
+    mask = torch.ones_like(div, dtype=torch.bool)
+    assert find_departures(div, mask, DivergenceConfig()).tolist() == [-1]
+    assert find_departures(div, mask, DivergenceConfig(floor=0.01)).tolist() == [3]
+    div = _planted(at=6)
+    entropy = torch.full_like(div, 0.2)
+    gated = DivergenceConfig(entropy_min=0.5)
+    assert find_departures(div, mask.new_ones(div.shape), gated, entropy).tolist() == [-1]  # a confident slip
+    entropy[0, 6] = 1.0
+    assert find_departures(div, mask.new_ones(div.shape), gated, entropy).tolist() == [6]
+
+
+def test_weights_are_neutral_when_the_teacher_is_the_student_and_at_strength_zero():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 9, 17)
+    student = torch.log_softmax(logits, -1)
+    tokens = torch.randint(0, 17, (3, 9))
+    mask = torch.rand(3, 9) > 0.2
+    for measure in ("kl", "logp_gap"):
+        div, ent = token_divergence(student, student.clone(), tokens, measure)
+        assert torch.equal(div, torch.zeros_like(div))
+        w, dep = divergence_weights(div, mask, DivergenceConfig(measure=measure))
+        assert torch.equal(w, torch.ones_like(w)) and (dep == -1).all()
+    teacher = torch.log_softmax(torch.randn(3, 9, 17), -1)
+    div, _ = token_divergence(student, teacher, tokens)
+    w, _ = divergence_weights(div, mask, DivergenceConfig(strength=0))
+    assert torch.equal(w, torch.ones_like(w))
+
+
+def test_token_divergence_against_hand_computed_values():
+    s = torch.log(torch.tensor([[[0.5, 0.25, 0.25]]]))
+    t = torch.log(torch.tensor([[[0.25, 0.5, 0.25]]]))
+    div, ent = token_divergence(s, t, torch.tensor([[0]]), "kl")
+    kl = 0.5 * math.log(2) + 0.25 * math.log(0.5)
+    assert div.item() == pytest.approx(kl)
+    assert ent.item() == pytest.approx(-(0.5 * math.log(0.5) + 2 * 0.25 * math.log(0.25)))
+    gap, _ = token_divergence(s, t, torch.tensor([[0]]), "logp_gap")
+    assert gap.item() == pytest.approx(math.log(2))  # log 0.5 - log 0.25
+    gap, _ = token_divergence(s, t, torch.tensor([[1]]), "logp_gap")
+    assert gap.item() == 0.0  # the teacher likes the token more: no departure there (clipped at 0)
+    # chunking does not change anything
+    big_s = torch.log_softmax(torch.randn(40, 5, 11), -1)
+    big_t = torch.log_softmax(torch.randn(40, 5, 11), -1)
+    toks = torch.randint(0, 11, (40, 5))
+    a, _ = token_divergence(big_s, big_t, toks, chunk=7)
+    b, _ = token_divergence(big_s, big_t, toks, chunk=64)
+    assert torch.allclose(a, b)
+
+
+def test_bad_knobs_say_what_is_wrong():
+    for knobs, text in ((dict(measure="js"), "measure"), (dict(threshold=-1), "threshold"),
+                        (dict(w_min=2.0), "w_min"), (dict(teacher_refresh=-1), "teacher_refresh")):
+        with pytest.raises(UserError, match=text):
+            DivergenceConfig(**knobs).validate()
+
+
+def test_the_signal_on_a_batch_through_teacher_fn():
+    torch.manual_seed(1)
+    steps, n, v = 6, 2, 7
+    student = torch.log_softmax(torch.randn(steps, n, v), -1)
+    teacher = student.clone()
+    teacher[4, 0] = torch.log_softmax(torch.randn(v) * 5, -1)  # sequence 0 departs at step 4
+    calls = []
+
+    def teacher_fn(refresh, reference):
+        calls.append((refresh, reference))
+        return student, teacher
+
+    mask = torch.ones(steps, n, dtype=torch.bool)
+    batch = Batch(obs=torch.zeros(steps, n, 1), actions=torch.zeros(steps, n, dtype=torch.long),
+                  rewards=torch.zeros(steps, n), terminations=torch.zeros(steps, n, dtype=torch.bool),
+                  truncations=torch.zeros(steps, n, dtype=torch.bool), values=torch.zeros(steps, n),
+                  next_values=torch.zeros(steps, n), mask=mask, teacher_fn=teacher_fn)
+    sig = DivergenceReweighting(DivergenceConfig(min_history=2, floor=0.01, teacher_refresh=3, reference="answer"))
+    sig.bind(SignalContext(obs_dim=1, action_dim=0, discrete=False, feature_dim=1, learning_rate=1e-3, gamma=1.0,
+                           gae_lambda=1.0, seed=0, total_iterations=1))
+    out = sig.after_advantages(batch)
+    assert calls == [(3, "answer")]
+    assert out.weights.shape == (steps, n)
+    assert torch.equal(out.weights[:, 1], torch.ones(steps))  # sequence 1: the teacher agrees everywhere
+    assert len(set(out.weights[4:, 0].tolist())) == 1 and out.weights[4, 0] > 1  # one segment weight
+    assert sig.metrics()["segments_per_completion"] == 0.5
+
+
+def test_divergence_is_refused_off_language_models():
+    from reflectrl.registry import parse_algo
+
+    with pytest.raises(UserError, match="language model"):
+        parse_algo("ppo+divergence", "control")
+    assert parse_algo("grpo+gear+divergence", "llm").signals == ("gear", "divergence")
+
+
+# ---------------------------------------------------------------------------- the teacher pass
+
+def test_teacher_inputs_put_the_reference_between_prompt_and_completion(tiny_model_dir):
+    from reflectrl.llm.grpo import rollout, teacher_inputs, teacher_logprobs, token_logprobs
+    from reflectrl.llm.model import load_model
+    from reflectrl.llm.tasks import make_task
+    from reflectrl.llm.tasks.base import reference_hint
+
+    model, tok = load_model(str(tiny_model_dir))
+    task = make_task("tools")
+    import random
+
+    rng = random.Random(0)
+    problems = [task.sample(rng) for _ in range(3)]
+    torch.manual_seed(0)
+    episodes = rollout(model, tok, task, problems, max_new_tokens=6)
+    ids, attention, prompt_len, hint_len = teacher_inputs(tok, task, episodes)
+    for i, problem in enumerate(problems):
+        hint = tok.encode(reference_hint(task, problem), add_special_tokens=False)
+        p, h = int(prompt_len[i]), int(hint_len[i])
+        assert h == len(hint) and ids[i, p:p + h].tolist() == hint
+        n = int(episodes.attention[i].sum())
+        assert ids[i, p + h:p + h + n - p].tolist() == episodes.ids[i, p:n].tolist()
+    steps = episodes.ids.shape[1] - 1
+    lt = teacher_logprobs(model, tok, task, episodes, steps=steps)
+    with torch.no_grad():
+        direct = torch.log_softmax(model(input_ids=ids, attention_mask=attention).logits.float(), -1)
+    i, p, h = 0, int(prompt_len[0]), int(hint_len[0])
+    assert torch.allclose(lt[i, p - 1], direct[i, p - 1 + h], atol=1e-5)  # the step that samples token p
+    # a teacher reading no reference would equal the student: compare with the student's own pass
+    _, _, student = token_logprobs(model, episodes.ids, episodes.attention, with_logits=True)
+    assert student.shape == lt.shape
+    assert torch.allclose(lt[i, :p - 1], student[i, :p - 1], atol=1e-5)  # prompt steps: the same context
+
+
+def test_reference_hint_uses_the_demonstration_or_the_answer():
+    import random
+
+    from reflectrl.llm.tasks import make_task
+    from reflectrl.llm.tasks.base import reference_hint
+
+    task = make_task("tools[reflect=both]")
+    problem = task.sample(random.Random(2))
+    solution = task.reference(problem)
+    assert solution.splitlines()[-1] == f"answer {problem.answer}"  # no reflection in the ground truth
+    assert task.reference(problem, "answer") == str(problem.answer)
+    assert reference_hint(task, problem).startswith("Reference:\n")
+
+
+def test_sft_reference_share_puts_the_hint_in_context_only(tiny_model_dir):
+    import random
+
+    from reflectrl.llm.model import load_model
+    from reflectrl.llm.sft import demonstration_tokens
+    from reflectrl.llm.tasks import make_task
+    from reflectrl.llm.tasks.base import reference_hint
+
+    _, tok = load_model(str(tiny_model_dir))
+    task = make_task("tools")
+    problem = task.sample(random.Random(0))
+    plain_ids, plain_agent = demonstration_tokens(tok, task, problem)
+    ids, agent = demonstration_tokens(tok, task, problem, reference_hint(task, problem))
+    hint = tok.encode(reference_hint(task, problem), add_special_tokens=False)
+    assert len(ids) == len(plain_ids) + len(hint)
+    assert [t for t, a in zip(ids, agent) if a] == [t for t, a in zip(plain_ids, plain_agent) if a]
+
+
+# ---------------------------------------------------------------------------- the trainer
+
+@pytest.mark.slow
+def test_divergence_at_strength_zero_is_grpo(sft_arith_model_dir):
+    from test_llm import _trained
+
+    start, plain, _ = _trained(sft_arith_model_dir)
+    _, zero, row = _trained(sft_arith_model_dir, algo="grpo+divergence", **{"divergence.strength": 0})
+    _, weighted, wrow = _trained(sft_arith_model_dir, algo="grpo+divergence", **{"divergence.floor": 0.0})
+    assert not torch.equal(start, plain)
+    assert "divergence_mean" in row and row["weights_mean"] == 1.0 and 0 < row["teacher_time_fraction"] < 1
+    assert torch.equal(plain, zero)
+    assert wrow["weights_std"] > 0 and not torch.equal(plain, weighted)
+
+
+def test_divergence_trains_with_a_frozen_teacher_and_resumes(tiny_model_dir):
+    from test_llm import _trainer
+
+    trainer = _trainer(tiny_model_dir, algo="grpo+divergence", task="tools",
+                       **{"divergence.teacher_refresh": 2, "num_iterations": 2})
+    rows = [trainer.train_step() for _ in range(3)]
+    assert all(math.isfinite(r["loss"]) for r in rows) and "segment_length" in rows[-1]
+    state = trainer.state_dict()
+    assert state["teacher"] is not None and state["teacher_step"] == 2
+    again = _trainer(tiny_model_dir, algo="grpo+divergence", task="tools",
+                     **{"divergence.teacher_refresh": 2, "num_iterations": 2})
+    again.load_state_dict(state)
+    for a, b in zip(again.frozen_teacher.parameters(), trainer.frozen_teacher.parameters()):
+        assert torch.equal(a, b)
+
+
+# ---------------------------------------------------------------------------- GEAR's seed items
+
+def _gear(**knobs):
+    from reflectrl.signals.reweighting import GEARConfig, GEARReweighting
+
+    sig = GEARReweighting(GEARConfig(**knobs))
+    sig.bind(SignalContext(obs_dim=3, action_dim=0, discrete=False, feature_dim=3, learning_rate=1e-3, gamma=1.0,
+                           gae_lambda=1.0, seed=0, total_iterations=10))
+    return sig
+
+
+def _group_batch(seed=0, steps=5, n=8, group_size=4):
+    g = torch.Generator().manual_seed(seed)
+    rewards_seq = (torch.rand(n, generator=g) > 0.5).float()
+    rewards_seq[4:] = 1.0  # the second group: every completion solved, advantage 0
+    grouped = rewards_seq.view(-1, group_size)
+    adv = ((grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-4)).reshape(-1)
+    rewards = torch.zeros(steps, n)
+    rewards[-1] = rewards_seq
+    term = torch.zeros(steps, n, dtype=torch.bool)
+    term[-1] = True
+    feats = torch.randn(steps, n, 3, generator=g)
+    return Batch(obs=feats, actions=torch.zeros(steps, n), rewards=rewards, terminations=term,
+                 truncations=torch.zeros_like(term), values=torch.zeros(steps, n), next_values=torch.zeros(steps, n),
+                 advantages=adv[None, :].expand(steps, n).clone(), features=feats,
+                 mask=torch.ones(steps, n, dtype=torch.bool),
+                 groups=(torch.arange(n) // group_size)[None, :].expand(steps, n).contiguous())
+
+
+def test_rank_groups_replaces_each_advantage_by_the_standardised_mean_reweighted_one():
+    sig = _gear(rank_groups=True)
+    batch = _group_batch()
+    w = torch.rand(batch.values.shape, generator=torch.Generator().manual_seed(3)) + 0.5
+    term = sig._ranked(batch, w, batch.mask)
+    final = w * batch.advantages + term  # what the trainer applies: weights, then the advantage term
+    s = (w * batch.advantages).mean(0)
+    expected = torch.zeros(8)
+    for lo in (0, 4):
+        grp = s[lo:lo + 4]
+        expected[lo:lo + 4] = (grp - grp.mean()) / (grp.std() + 1e-4)
+    assert torch.allclose(final, w * expected[None, :], atol=1e-5)
+    assert torch.equal(final[:, 4:], torch.zeros(5, 4))  # the all-solved group keeps advantage 0
+
+
+def test_rank_groups_is_refused_where_there_are_no_groups():
+    from reflectrl.registry import signal_spec
+    from reflectrl.signals.reweighting import GEARConfig
+
+    with pytest.raises(UserError, match="rank_groups"):
+        signal_spec("gear").check(GEARConfig(rank_groups=True), "ppo", "ppo+gear")
+    signal_spec("gear").check(GEARConfig(rank_groups=True), "grpo", "grpo+gear")
+
+
+def test_history_refits_past_winners_and_logs_the_heldout_loss():
+    sig = _gear(history=2, epochs=1)
+    sizes = []
+    for seed in range(4):
+        sig.after_update(_group_batch(seed))
+        sizes.append(len(sig.past))
+    assert sizes == [1, 2, 2, 2]  # the last two distillations are kept
+    assert "value_head_heldout_loss" in sig.metrics()
+    state = sig.state_dict()
+    fresh = _gear(history=2, epochs=1)
+    fresh.load_state_dict(state)
+    assert len(fresh.past) == 2 and torch.equal(fresh.past[0][0], sig.past[0][0])
+
+
+def test_target_ema_moves_the_frozen_head_part_of_the_way():
+    sig = _gear(target_ema=0.25, epochs=1)
+    sig.after_update(_group_batch(0))  # the first distillation copies
+    assert all(torch.equal(a, b) for a, b in zip(sig.frozen.parameters(), sig.head.parameters()))
+    before = [p.detach().clone() for p in sig.frozen.parameters()]
+    sig.after_update(_group_batch(1))
+    for old, new, head in zip(before, sig.frozen.parameters(), sig.head.parameters()):
+        assert torch.allclose(new, old + 0.25 * (head - old), atol=1e-6)
+    with pytest.raises(UserError, match="target_ema"):
+        _gear(target_ema=0.0)
+
+
+# ---------------------------------------------------------------------------- device and precision
+
+def test_device_and_precision_choices():
+    from reflectrl.llm.grpo import resolve_device
+
+    assert resolve_device("cpu", "auto") == (torch.device("cpu"), False)
+    assert resolve_device("cpu", "fp32") == (torch.device("cpu"), False)
+    if not torch.cuda.is_available():
+        assert resolve_device("auto", "auto") == (torch.device("cpu"), False)
+        with pytest.raises(UserError, match="CUDA is not available"):
+            resolve_device("cuda", "auto")
+    with pytest.raises(UserError, match="bf16"):
+        resolve_device("cpu", "bf16")
+
+
+def test_bad_device_is_one_line(tiny_model_dir, tmp_path, capsys):
+    from reflectrl.cli import main
+
+    code = main(["llm", "train", "--model", str(tiny_model_dir), "--out", str(tmp_path / "r"), "--device", "tpu"])
+    assert code != 0 and "--device tpu" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+def test_gradient_checkpointing_trains(tiny_model_dir):
+    from test_llm import _trainer
+
+    trainer = _trainer(tiny_model_dir, algo="grpo+divergence", task="tools", gradient_checkpointing="true",
+                       device="cpu", precision="fp32")
+    model = trainer.model
+    assert getattr(model, "is_activation_checkpointing", None) or model.is_gradient_checkpointing
+    row = trainer.train_step()
+    assert math.isfinite(row["loss"])
