@@ -156,7 +156,9 @@ def test_target_kl_stops_the_epochs_early():
     ref = reference_update(trainer, rollout, state, gen_state)
     assert ref["kls"][0] > 1e-12  # the first epoch's KL already exceeds the target
     assert stats["update_epochs_done"] == ref["epochs"] == 1
-    assert stats["approx_kl"] == pytest.approx(ref["kls"][0], rel=1e-4)
+    # a KL of ~3e-5 is (ratio - 1) - log(ratio) summed in float32: cancellation leaves ~1e-4 relative noise
+    # between two summation orders, so the check is to 1e-3
+    assert stats["approx_kl"] == pytest.approx(ref["kls"][0], rel=1e-3)
     # the weights are those after one epoch, not after four
     assert_same_weights(trainer, ref["state"])
     four = reference_update(trainer, rollout, state, gen_state, target_kl=None)

@@ -52,7 +52,7 @@ def demonstration_tokens(tokenizer, task: Task, problem, hint: str | None = None
 
 def sft(model, tokenizer, task: Task, *, steps: int, out: str | Path, batch_size: int = 32,
         learning_rate: float = 1e-3, seed: int = 0, progress: bool = True, reference_share: float = 0.0,
-        reference: str = "solution") -> dict:
+        reference: str = "solution", device: str = "cpu") -> dict:
     """Train on freshly sampled demonstrations for `steps` batches; write the model to `out`."""
     from tqdm import tqdm
 
@@ -66,6 +66,7 @@ def sft(model, tokenizer, task: Task, *, steps: int, out: str | Path, batch_size
     hints = random.Random(seed + 1)  # which examples read the reference; the problems' stream is unchanged
     torch.manual_seed(seed)
     rng = random.Random(seed)
+    model = model.to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 - s / steps)
     model.train()
@@ -86,7 +87,8 @@ def sft(model, tokenizer, task: Task, *, steps: int, out: str | Path, batch_size
             ids[i, :len(seq)] = torch.tensor(seq)
             attention[i, :len(seq)] = 1
             labels[i, :len(seq)] = torch.where(torch.tensor(agent), torch.tensor(seq), -100)
-        loss = model(input_ids=ids, attention_mask=attention, labels=labels, use_cache=False).loss
+        loss = model(input_ids=ids.to(device), attention_mask=attention.to(device), labels=labels.to(device),
+                     use_cache=False).loss
         if not torch.isfinite(loss):
             raise NonFiniteError("loss", step)
         optimizer.zero_grad(set_to_none=True)

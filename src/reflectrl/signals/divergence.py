@@ -196,7 +196,8 @@ class DivergenceReweighting(Signal):
         student, teacher = batch.teacher_fn(cfg.teacher_refresh, cfg.reference)  # (T, N, V) log-softmax each
         mask = batch.mask.T if batch.mask is not None else torch.ones(batch.actions.T.shape, dtype=torch.bool)
         div, entropy = token_divergence(student.transpose(0, 1), teacher.transpose(0, 1),
-                                        batch.actions.T.long(), cfg.measure)
+                                        batch.actions.T.long().to(student.device), cfg.measure)
+        div, entropy = div.cpu(), entropy.cpu()  # the distributions may live on an accelerator
         w, departure = divergence_weights(div, mask, cfg, entropy)
         real_w, real_d = w[mask], div[mask]
         b = departure.clamp(min=0)[:, None]

@@ -14,6 +14,11 @@ an error. The tasks:
     tools     multi-turn: look a value up and calculate with tools, then answer (tasks/tools.py)
     rag       multi-turn: search a generated corpus (BM25), hop by hop, then answer (tasks/rag.py)
 
+Long completions (32+ tokens, for per-token credit): `tools[calls=4..12]` (a chain of
+lookups and calculations), `rg:chain_sum[...;worked=true]` and `rg:basic_arithmetic[...;worked=true]`
+(the running computation, then `answer N`), `code[families=long]` (3-6 line function bodies).
+Every task gives `reference(problem, kind)`: the ground truth a teacher reads (tasks/base.py).
+
 Every task also takes `reflect=none|verdict|confidence|both` and `reflect_negatives=0.5`:
 the final turn then ends in a stated verdict and/or confidence (tasks/reflect.py).
 
