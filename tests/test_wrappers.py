@@ -156,8 +156,19 @@ def test_parse_wrappers() -> None:
 
 
 @pytest.mark.parametrize("spec", ["foo", "delayed", "delayed:", "delayed:0", "delayed:-2", "delayed:x",
-                                  "delayed:1.5", "sparse:3"])
+                                  "delayed:1.5", "sparse:3", "sparse,", "sparse,foo"])
 def test_parse_errors(spec: str) -> None:
-    expected = r"unknown --wrapper .*use 'sparse' or 'delayed:K' \(K a positive integer\)"
+    expected = r"unknown --wrapper .*use 'sparse', 'delayed:K' \(K a positive integer\) or 'velocity-cost\[:V\]'"
     with pytest.raises(ValueError, match=expected):
         parse_reward_wrapper(spec)
+
+
+def test_wrappers_chain_with_commas_and_velocity_cost_takes_a_limit() -> None:
+    from reflectrl.envs.cost import VelocityCost
+
+    chained = parse_reward_wrapper("velocity-cost:2.5,delayed:3")
+    env = pickle.loads(pickle.dumps(chained))(CountingEnv())
+    assert isinstance(env, DelayedReward) and isinstance(env.env, VelocityCost) and env.env.threshold == 2.5
+    for bad in ("velocity-cost:0", "velocity-cost:x", "velocity-cost:inf"):
+        with pytest.raises(ValueError, match="speed limit must be a positive number"):
+            parse_reward_wrapper(bad)

@@ -21,6 +21,8 @@ import warnings
 from reflectrl.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, UserError
 from reflectrl.report import BOOTSTRAP_REPS
 
+WRAPPER_HELP = "reward wrapper: sparse, delayed:K or velocity-cost[:V] (a cost channel), or several joined by commas"
+
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, no usage dump
@@ -50,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--total-steps", type=int, default=None,
                        help=f"env steps to train for (default {d.total_steps})")
     train.add_argument("--out", default=None, help="run directory to create")
-    train.add_argument("--wrapper", default=None, help="reward wrapper: sparse or delayed:K")
+    train.add_argument("--wrapper", default=None, help=WRAPPER_HELP)
     train.add_argument("--set", action="append", nargs="+", metavar="KEY=VALUE",
                        help="override a knob, e.g. --set num_envs=8 learning_rate=1e-3 env.size=12")
     train.add_argument("--resume", metavar="DIR", default=None, help="continue the interrupted run in DIR")
@@ -69,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="number the seeds from this one (fresh seeds for a confirmation run: --first-seed 11)")
     cmp.add_argument("--total-steps", type=int, default=None, help="env steps per run (required without --preset)")
     cmp.add_argument("--out", required=True, help="experiment directory (re-run to resume)")
-    cmp.add_argument("--wrapper", default=None, help="reward wrapper for every run: sparse or delayed:K")
+    cmp.add_argument("--wrapper", default=None, help=WRAPPER_HELP + ", for every run")
     cmp.add_argument("--set", action="append", nargs="+", metavar="KEY=VALUE",
                      help="override for every run, or ALGO.KEY=VALUE for one algo's entries")
     cmp.add_argument("--backend", default="local", choices=["local", "ray"])
@@ -95,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--baseline", default=None, metavar="DIR",
                     help="a finished ppo sweep with the same --trials: its best knobs join the re-run as 'ppo'")
     sw.add_argument("--no-prune", action="store_true", help="run every trial in full (no median pruning)")
-    sw.add_argument("--wrapper", default=None, help="reward wrapper for every run: sparse or delayed:K")
+    sw.add_argument("--wrapper", default=None, help=WRAPPER_HELP + ", for every run")
     sw.add_argument("--set", action="append", nargs="+", metavar="KEY=VALUE", help="a fixed knob for every run")
     sw.add_argument("--backend", default="local", choices=["local", "ray"])
     sw.add_argument("--workers", type=int, default=None, help="parallel runs (default: the cores)")

@@ -277,7 +277,8 @@ class RunConfig:
     total_steps: int = 100_000
     """env steps to train for (--total-steps)"""
     wrapper: str | None = None
-    """reward wrapper: sparse or delayed:K (--wrapper)"""
+    """reward wrapper: sparse, delayed:K or velocity-cost[:V] (a cost channel), or several joined by commas
+    (--wrapper)"""
     env: dict[str, Any] = field(default_factory=dict)
     """keywords for the env's constructor (--set env.NAME=VALUE)"""
     checkpoint_every: int = 50_000
@@ -290,6 +291,9 @@ class RunConfig:
     """EnvPool's worker threads with backend=envpool (0: EnvPool's default, min(num_envs, cores))"""
     state_map_snapshots: int = 5
     """points of training whose visited states, rewards and signal terms are kept for `plot state-map`"""
+    cost_limit: float = 25.0
+    """the limit on the expected episode cost (info["cost"]) that constrained algos keep to (ppo_lag, shaping's
+    safety term); also what `cost_limit_violations` counts against"""
     ppo: PPOConfig = field(default_factory=PPOConfig)
     """the PPO knobs"""
     dqn: DQNConfig | None = None
@@ -345,7 +349,7 @@ def sections_from_dict(values: dict) -> dict:
 _dataclass_from_dict = overrides_mod.from_dict  # the name other modules used
 
 
-RUN_KNOBS = ("checkpoint_every", "torch_threads", "backend", "envpool_threads", "state_map_snapshots")
+RUN_KNOBS = ("checkpoint_every", "torch_threads", "backend", "envpool_threads", "state_map_snapshots", "cost_limit")
 EVAL_MAX_STEPS = 10_000  # `eval`'s cap on an episode's steps when the env has no time limit
 SEED_MAX = 2**32 - 1     # numpy's and Gymnasium's seeds are unsigned 32-bit integers
 
@@ -635,6 +639,8 @@ def _validate_run_knobs(cfg: RunConfig) -> None:
         raise UserError(f"state_map_snapshots={cfg.state_map_snapshots}: must be >= 0 (0 keeps none)")
     if cfg.envpool_threads < 0:
         raise UserError(f"envpool_threads={cfg.envpool_threads}: must be >= 0 (0: EnvPool's default)")
+    if not (math.isfinite(cfg.cost_limit) and cfg.cost_limit >= 0):
+        raise UserError(f"cost_limit={cfg.cost_limit}: must be a finite number >= 0 (an episode's cost budget)")
     if cfg.backend not in BACKENDS:
         raise UserError(f"backend='{cfg.backend}': use one of {', '.join(BACKENDS)}")
 

@@ -30,8 +30,9 @@ from reflectrl.errors import UserError
 STEP_KINDS = ("env_step", "token", "turn", "transition")
 # What a signal may ask of its trainer: the policy's features (with gradients), s' of each step,
 # the exploration state keys of each step (Batch.state_keys), value heads on its own reward streams,
-# the policy's next-token distributions and a ground-truth-conditioned teacher's (Batch.teacher_fn).
-WANTS = ("features", "feature_grad", "next_obs", "state_keys", "value_stream", "teacher")
+# the policy's next-token distributions and a ground-truth-conditioned teacher's (Batch.teacher_fn),
+# the env's per-step costs (Batch.costs, from info["cost"]: envs/cost.py).
+WANTS = ("features", "feature_grad", "next_obs", "state_keys", "value_stream", "teacher", "costs")
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,7 @@ class TrainerSpec:
 
 TRAINERS: dict[str, TrainerSpec] = {
     "ppo": TrainerSpec("ppo", "control", ("env_step",),
-                       frozenset({"features", "feature_grad", "next_obs", "state_keys", "value_stream"}),
+                       frozenset({"features", "feature_grad", "next_obs", "state_keys", "value_stream", "costs"}),
                        "PPO on Gymnasium envs (CleanRL's details)", "reflectrl.control.ppo:PPOTrainer"),
     "dqn": TrainerSpec("dqn", "control", ("transition",), frozenset({"features", "next_obs"}),
                        "DQN on Gymnasium envs with discrete actions (CleanRL's dqn.py / dqn_atari.py)",
@@ -133,7 +134,7 @@ def _load() -> None:
     import reflectrl.signals as package
 
     for info in pkgutil.iter_modules(package.__path__):
-        if info.name not in ("base", "fit", "compose") and not info.name.startswith("_"):
+        if info.name not in ("base", "fit", "compose", "cost_critic") and not info.name.startswith("_"):
             importlib.import_module(f"{package.__name__}.{info.name}")
     try:
         from importlib.metadata import entry_points
@@ -197,7 +198,8 @@ def algo_names(family: str) -> list[str]:
     """What --algo accepts under a family's command: the trainers, every trainer+signal, the aliases."""
     names = list(aliases(family))
     for trainer in (t for t in TRAINERS.values() if t.family == family and t.runs_signals):
-        names += [f"{trainer.name}+{s}" for s, spec in signals().items() if _step_kind(spec, trainer)]
+        names += [f"{trainer.name}+{s}" for s, spec in signals().items()
+                  if _step_kind(spec, trainer) and (callable(spec.wants) or spec.wants <= trainer.provides)]
     return list(dict.fromkeys(names))
 
 

@@ -56,11 +56,13 @@ from reflectrl.envs import (
     make_vector_env,
     snapshot,
 )
+from reflectrl.envs.cost import CostTracker, has_cost_channel
 from reflectrl.envs.envpool_backend import check_backend
 from reflectrl.envs.statekey import is_montezuma
 from reflectrl.errors import NonFiniteError, UserError
 from reflectrl.exploration import ExplorationTracker, RolloutKeys
 from reflectrl.nets import flatten_parameters
+from reflectrl.registry import parse_algo, signal_spec
 from reflectrl.runs import MetricsLogger, RunDir
 from reflectrl.runs.loop import EnvStepTrainer, Stopwatch
 from reflectrl.runs.state_samples import StateSampler
@@ -79,6 +81,25 @@ def new_run_config(*, algo: str | None = None, env_id: str | None = None, seed: 
     return resolve_config(cfg)
 
 
+def check_cost_channel(cfg: RunConfig, probe: gym.Env) -> None:
+    """An algo whose signals need costs (ppo_lag, shaping's safety term) runs only on an env with a
+    cost channel (info["cost"]): one line naming how to get one otherwise. A cost wrapper is
+    stepped once here so that an env it does not fit fails now, not in training."""
+    algo = parse_algo(cfg.algo, "control")
+    needs = [name for name in algo.signals
+             if "costs" in signal_spec(name).wants_for(cfg.sections.get(name) or signal_spec(name).config())]
+    if not needs and "velocity-cost" not in (cfg.wrapper or ""):
+        return
+    try:
+        found = has_cost_channel(probe, cfg.seed)
+    except ValueError as err:  # velocity-cost on an env without info["x_velocity"]
+        raise UserError(str(err)) from None
+    if needs and not found:
+        raise UserError(f"--algo {cfg.algo}: the {', '.join(needs)} signal needs a cost channel (info['cost']) and "
+                        f"'{cfg.env_id}' has none; add one: --wrapper velocity-cost (MuJoCo locomotion), "
+                        "--set env.hazards=K (the grid world), or an env of your own that reports info['cost']")
+
+
 def resolve_config(cfg: RunConfig) -> RunConfig:
     """Fill per-env defaults (Atari's, or by action type; the encoder by observation) and validate."""
     check_backend(cfg)  # EnvPool installed and shipping the env, before the Gymnasium probe
@@ -87,6 +108,7 @@ def resolve_config(cfg: RunConfig) -> RunConfig:
         continuous = is_continuous(probe.action_space)
         shape = probe.observation_space.shape
         pixels = is_image_space(probe.observation_space) and not is_minigrid(probe) and cnn_fits(shape)
+        check_cost_channel(cfg, probe)
     finally:
         probe.close()
     if cfg.ppo.encoder == "cnn":
@@ -143,6 +165,7 @@ class Rollout:
     signal_terms: dict | None = None           # each signal's per-step terms ("NAME KIND": (T, N)), for state maps
     trunk: torch.Tensor | None = None          # the CNN trunk's outputs of obs, last_obs and the truncated finals,
                                                # in that order (kept for value heads on the trunk: streams.py)
+    costs: torch.Tensor | None = None          # info["cost"] of each step, where the env has a cost channel
 
 
 class PPOTrainer(EnvStepTrainer):
@@ -177,7 +200,7 @@ class PPOTrainer(EnvStepTrainer):
                 obs_dim=self.obs_dim, action_dim=action_dim, discrete=not self.continuous,
                 feature_dim=self.agent.feature_dim, learning_rate=p.learning_rate, gamma=p.gamma,
                 gae_lambda=p.gae_lambda, seed=cfg.seed, total_iterations=self.num_iterations,
-                obs_shape=tuple(self.obs_shape), image_obs=p.encoder == "cnn"))
+                obs_shape=tuple(self.obs_shape), image_obs=p.encoder == "cnn", cost_limit=cfg.cost_limit))
         self.streams = None  # value heads of the signals' own reward streams (control/streams.py)
         if self.signal is not None and self.signal.reward_streams():
             shared = p.stream_heads == "shared" or (p.stream_heads == "auto" and p.encoder == "cnn")
@@ -194,6 +217,7 @@ class PPOTrainer(EnvStepTrainer):
         obs, info = self.envs.reset(seed=cfg.seed)
         self.next_obs = torch.as_tensor(obs, dtype=torch.float32)
         self.keys = RolloutKeys(obs, info)  # exploration state keys, and the metrics counted on them
+        self.cost_tracker = CostTracker(p.num_envs)  # the env's cost channel, where it has one (envs/cost.py)
         self.exploration = ExplorationTracker(rooms=is_montezuma(cfg.env_id))
         self._check_finite(self.next_obs, "observation")
         self.logger: MetricsLogger | None = None
@@ -227,6 +251,7 @@ class PPOTrainer(EnvStepTrainer):
         step_trunk = torch.zeros((T, N, self.agent.head_in_dim)) if keep_trunk else None
         next_obs = self.next_obs.numpy()
         self.keys.start(T)
+        self.cost_tracker.start(T)
         for t in range(T):
             obs[t] = next_obs
             if keep_trunk:
@@ -246,6 +271,7 @@ class PPOTrainer(EnvStepTrainer):
                 raise NonFiniteError("observation" if not np.isfinite(next_obs).all() else "reward", self.global_step)
             rewards[t], terminations[t], truncations[t] = reward, term, trunc
             self.keys.record(t, next_obs, info)
+            self.cost_tracker.record(t, info, term | trunc)
             if "final_obs" in info:
                 for i in np.flatnonzero(info["_final_obs"]):
                     ended_at.append((t, int(i), info["final_obs"][i]))
@@ -293,7 +319,8 @@ class PPOTrainer(EnvStepTrainer):
                           next_obs=next_obs, state_keys=torch.from_numpy(self.keys.state_keys),
                           next_state_keys=torch.from_numpy(self.keys.next_state_keys), last_obs=self.next_obs,
                           truncated_final=([(t, i) for t, i, _ in truncated_at], final_obs) if truncated_at else None,
-                          trunk=trunk)
+                          trunk=trunk,
+                          costs=torch.from_numpy(self.cost_tracker.costs) if self.cost_tracker.seen else None)
         return rollout, episodes
 
     # ------------------------------------------------------------------ estimate
@@ -325,7 +352,8 @@ class PPOTrainer(EnvStepTrainer):
                       next_obs=rollout.next_obs, iteration=self.iteration, global_step=self.global_step,
                       estimate=lambda r: self._gae(rollout, r), value_fn=self.agent.value, gae=self._gae_with,
                       features_fn=self.agent.features,
-                      state_keys=rollout.state_keys, next_state_keys=rollout.next_state_keys)
+                      state_keys=rollout.state_keys, next_state_keys=rollout.next_state_keys,
+                      costs=rollout.costs, episode_costs=list(self.cost_tracker.finished))
         extra = signal.shape_rewards(batch)
         rollout.learn_rewards = rollout.rewards if extra is None else rollout.rewards + extra
         with self._own_estimate:  # the estimate the trainer makes with or without a signal
@@ -487,6 +515,7 @@ class PPOTrainer(EnvStepTrainer):
             "learning_rate": self.optimizer.param_groups[0]["lr"],
             **stats,
             **exploration,
+            **self.cost_tracker.metrics(self.cfg.cost_limit),
             "steps_per_second": p.batch_size / elapsed,
         }
 
@@ -536,6 +565,7 @@ class PPOTrainer(EnvStepTrainer):
             "signal": None if self.signal is None else self.signal.state_dict(),
             "streams": None if self.streams is None else self.streams.state_dict(),
             "exploration": exploration_state(self),
+            "cost_tracker": self.cost_tracker.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -555,6 +585,8 @@ class PPOTrainer(EnvStepTrainer):
                 raise UserError(f"the checkpoint's reward-stream value heads do not match stream_heads="
                                 f"{self.cfg.ppo.stream_heads} of this run's config; was config.json edited?") from None
         restore_exploration(self, state.get("exploration"))
+        if state.get("cost_tracker") is not None:
+            self.cost_tracker.load_state_dict(state["cost_tracker"])
         self.next_obs = state["next_obs"].clone()
         for i, obs in restore_envs(self, state["envs"]):
             self.next_obs[i] = torch.as_tensor(obs, dtype=torch.float32)

@@ -5,7 +5,8 @@ The wrapper order matters and is fixed here, innermost first:
 1. the env (MiniGrid's dict observation is reduced to its image and flattened, see below);
 2. `RecordEpisodeStatistics`: the episode return it reports is the *true* env return, so it
    sits below every reward wrapper; trainers and `eval` log only this number;
-3. the optional reward wrapper (`sparse` or `delayed:K`);
+3. the optional reward wrapper (`sparse` or `delayed:K`), or a cost channel
+   (`velocity-cost`: info["cost"], see cost.py);
 4. for continuous control, CleanRL's observation/reward normalisation and clipping
    (added by `make_vector_env`, not by `make_env`).
 
@@ -295,7 +296,11 @@ def make_env(
     if not is_atari:
         env = gym.wrappers.RecordEpisodeStatistics(env)
     if add_reward_wrapper is not None:
-        env = add_reward_wrapper(env)
+        try:
+            env = add_reward_wrapper(env)
+        except ValueError as err:  # a wrapper that does not fit this env (velocity-cost's speed limit)
+            env.close()
+            raise UserError(str(err)) from None
     return env
 
 

@@ -14,7 +14,15 @@ Layouts:
     "maze"   - a perfect maze carved by depth-first search from a fixed seed,
                so the map depends only on `size`.
     ASCII    - rows separated by newlines or '/', using '#' wall, '.' free,
-               'S' start, 'G' goal; `size` is then inferred from the map.
+               'S' start, 'G' goal, 'H' hazard (free, but costly); `size` is then
+               inferred from the map.
+
+Hazards (a cost channel for constrained RL, envs/cost.py): `hazards=K` marks K free cells
+(a float in (0, 1): that share of them), never the start or the goal, drawn from a fixed seed
+so the map depends only on the layout and K; 'H' cells of an ASCII map are hazards too. With
+any hazard the info of every step has "cost": 1.0 when the step ends on a hazard, else 0.0
+(as Safety-Gymnasium's hazard areas); rewards are unchanged. Without hazards there is no cost
+channel at all (`hazards=0` gives one that is always 0).
 
 Actions are 0 up, 1 right, 2 down, 3 left.  Moving off the grid or into a wall
 leaves the agent where it is.  Episodes are truncated inside the env after
@@ -37,7 +45,7 @@ BUILTIN_LAYOUTS = ("empty", "rooms", "maze")
 OBS_MODES = ("onehot", "coords")
 MAX_SIZE = 64
 MIN_SIZE = {"empty": 3, "rooms": 3, "maze": 5}
-MAP_CHARS = set("#.SG")
+MAP_CHARS = set("#.SGH")
 # Characters allowed in a layout string for it to be treated as an ASCII map.
 _MAP_STRING_CHARS = MAP_CHARS | set("/\n\r\t ")
 # (row, col) deltas indexed by action: up, right, down, left.
@@ -51,6 +59,8 @@ _WALL_RGB = (64, 64, 64)
 _FREE_RGB = (255, 255, 255)
 _GOAL_RGB = (0, 170, 0)
 _AGENT_RGB = (220, 0, 0)
+_HAZARD_RGB = (255, 160, 0)
+_HAZARD_SEED = 1  # hazards=K cells are drawn from this fixed seed: the map depends only on the layout and K
 
 
 def _is_int(x: Any) -> bool:
@@ -114,8 +124,9 @@ def _maze_walls(size: int) -> np.ndarray:
     return walls
 
 
-def parse_ascii_map(text: str) -> tuple[np.ndarray, Cell, Cell]:
-    """Parse an ASCII map into (walls, start, goal); raise ValueError on a bad map."""
+def parse_ascii_map(text: str, with_hazards: bool = False):
+    """Parse an ASCII map into (walls, start, goal) (and its 'H' cells' bool mask with
+    `with_hazards`); raise ValueError on a bad map."""
     rows = [row.strip() for row in text.replace("/", "\n").splitlines()]
     rows = [row for row in rows if row]
     if not rows:
@@ -125,7 +136,7 @@ def parse_ascii_map(text: str) -> tuple[np.ndarray, Cell, Cell]:
         if bad:
             raise ValueError(
                 f"ASCII map has invalid character {sorted(bad)[0]!r}: "
-                "use '#' wall, '.' free, 'S' start, 'G' goal"
+                "use '#' wall, '.' free, 'S' start, 'G' goal, 'H' hazard"
             )
     widths = sorted({len(row) for row in rows})
     if len(widths) != 1 or widths[0] != len(rows):
@@ -145,7 +156,30 @@ def parse_ascii_map(text: str) -> tuple[np.ndarray, Cell, Cell]:
     walls = grid == "#"
     if goal not in _bfs_distances(walls, start):
         raise ValueError(f"ASCII map goal G at {goal} is not reachable from start S at {start}")
-    return walls, start, goal
+    return (walls, start, goal, grid == "H") if with_hazards else (walls, start, goal)
+
+
+def place_hazards(walls: np.ndarray, start: Cell, goal: Cell, hazards) -> np.ndarray:
+    """The bool mask of `hazards` cells (a count, or a share of the free cells in (0, 1)),
+    drawn from a fixed seed among the free cells other than the start and the goal."""
+    candidates = [(int(r), int(c)) for r, c in np.argwhere(~walls) if (r, c) not in (start, goal)]
+    bad = f"hazards={hazards!r}: give a number of cells or a share of them in (0, 1)"
+    if isinstance(hazards, bool) or not isinstance(hazards, (int, float, np.integer, np.floating)):
+        raise ValueError(bad)
+    if float(hazards).is_integer():
+        count = int(hazards)
+    elif 0.0 < hazards < 1.0:
+        count = round(hazards * len(candidates))
+    else:
+        raise ValueError(bad)
+    if not 0 <= count <= len(candidates):
+        raise ValueError(f"hazards={hazards!r}: the layout has {len(candidates)} free cells besides the start "
+                         "and the goal")
+    mask = np.zeros(walls.shape, dtype=bool)
+    picks = np.random.default_rng(_HAZARD_SEED).choice(len(candidates), size=count, replace=False)
+    for k in picks:
+        mask[candidates[int(k)]] = True
+    return mask
 
 
 class GridWorldEnv(gym.Env):
@@ -160,6 +194,7 @@ class GridWorldEnv(gym.Env):
         max_episode_steps: int | None = None,
         obs_mode: str = "onehot",
         render_mode: str | None = None,
+        hazards: int | float | None = None,
     ) -> None:
         if obs_mode not in OBS_MODES:
             raise ValueError(f"unknown obs_mode {obs_mode!r}: use 'onehot' or 'coords'")
@@ -186,13 +221,17 @@ class GridWorldEnv(gym.Env):
             goal = tuple(int(x) for x in free[-1])
             assert goal in _bfs_distances(walls, start), f"built-in layout {layout!r} has unreachable goal"
         elif set(layout) <= _MAP_STRING_CHARS:
-            walls, start, goal = parse_ascii_map(layout)
+            walls, start, goal, marked = parse_ascii_map(layout, with_hazards=True)
             size = walls.shape[0]
         else:
             raise ValueError(
                 f"unknown layout {layout!r}: use 'empty', 'rooms', 'maze' or an ASCII map "
-                "('#' wall, '.' free, 'S' start, 'G' goal; rows separated by '/' or newlines)"
+                "('#' wall, '.' free, 'S' start, 'G' goal, 'H' hazard; rows separated by '/' or newlines)"
             )
+        hazard_mask = None if layout in BUILTIN_LAYOUTS or not marked.any() else marked
+        if hazards is not None:
+            placed = place_hazards(walls, start, goal, hazards)
+            hazard_mask = placed if hazard_mask is None else hazard_mask | placed
 
         if max_episode_steps is None:
             max_episode_steps = 4 * size * size
@@ -209,6 +248,7 @@ class GridWorldEnv(gym.Env):
         self.walls: np.ndarray = walls
         self.start: Cell = start
         self.goal: Cell = goal
+        self.hazards: np.ndarray | None = hazard_mask  # bool (size, size), None: no cost channel
 
         self.action_space = spaces.Discrete(4)
         if obs_mode == "onehot":
@@ -270,7 +310,10 @@ class GridWorldEnv(gym.Env):
         # Reaching the goal on the last allowed step is a termination, not a truncation,
         # so value bootstrapping treats it as a true end.
         truncated = not terminated and self._steps >= self.max_episode_steps
-        return self.obs_for_cell(*self._agent), reward, terminated, truncated, {"cell": self._agent}
+        info = {"cell": self._agent}
+        if self.hazards is not None:
+            info["cost"] = float(self.hazards[self._agent])
+        return self.obs_for_cell(*self._agent), reward, terminated, truncated, info
 
     def render(self) -> np.ndarray | None:
         if self.render_mode is None:
@@ -279,6 +322,8 @@ class GridWorldEnv(gym.Env):
         colors = np.empty((self.size, self.size, 3), dtype=np.uint8)
         colors[:] = _FREE_RGB
         colors[self.walls] = _WALL_RGB
+        if self.hazards is not None:
+            colors[self.hazards] = _HAZARD_RGB
         colors[self.goal] = _GOAL_RGB
         colors[self._agent] = _AGENT_RGB
         return np.repeat(np.repeat(colors, CELL_PIXELS, axis=0), CELL_PIXELS, axis=1)

@@ -8,8 +8,9 @@ Both wrappers preserve the episode return exactly: the sum of paid rewards over
 an episode equals the sum of the wrapped env's rewards, so logged episodic
 returns stay comparable with the unwrapped task.
 
-`parse_reward_wrapper` turns a CLI string ("sparse", "delayed:K") into a
-picklable `env -> wrapped env` callable.
+`parse_reward_wrapper` turns a CLI string ("sparse", "delayed:K", "velocity-cost[:V]", or several
+joined by commas, applied left to right) into a picklable `env -> wrapped env` callable.
+`velocity-cost` adds a cost channel (info["cost"], envs/cost.py) and leaves rewards alone.
 """
 
 from __future__ import annotations
@@ -74,7 +75,14 @@ class SparseReward(gym.Wrapper):
         return obs, paid, terminated, truncated, info
 
 
-_WRAPPER_HELP = "use 'sparse' or 'delayed:K' (K a positive integer)"
+_WRAPPER_HELP = ("use 'sparse', 'delayed:K' (K a positive integer) or 'velocity-cost[:V]' (a cost channel; V a "
+                 "speed limit), or several joined by commas, e.g. velocity-cost,delayed:20")
+
+
+def _chain(env: gym.Env, wrappers: tuple) -> gym.Env:
+    for wrap in wrappers:
+        env = wrap(env)
+    return env
 
 
 def parse_reward_wrapper(spec: str | None) -> Callable[[gym.Env], gym.Env] | None:
@@ -87,9 +95,26 @@ def parse_reward_wrapper(spec: str | None) -> Callable[[gym.Env], gym.Env] | Non
     text = spec.strip().lower()
     if text in ("", "none"):
         return None
+    if "," in text:
+        parts = [parse_reward_wrapper(part) for part in text.split(",")]
+        if any(part is None for part in parts):
+            raise ValueError(f"unknown --wrapper {spec!r}: an empty or 'none' part; {_WRAPPER_HELP}")
+        return functools.partial(_chain, wrappers=tuple(parts))
     if text == "sparse":
         return SparseReward
     name, sep, arg = text.partition(":")
+    if name == "velocity-cost":
+        from reflectrl.envs.cost import VelocityCost
+
+        if not sep:
+            return VelocityCost
+        try:
+            limit = float(arg)
+        except ValueError:
+            limit = float("nan")
+        if limit > 0 and limit != float("inf"):
+            return functools.partial(VelocityCost, threshold=limit)
+        raise ValueError(f"--wrapper {spec!r}: the speed limit must be a positive number, e.g. velocity-cost:3.2")
     if name == "delayed" and sep:
         try:
             k = int(arg)

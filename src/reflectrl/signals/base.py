@@ -61,6 +61,7 @@ class SignalContext:
     total_iterations: int
     obs_shape: tuple[int, ...] = ()  # one observation's shape ((obs_dim,) for a flat vector)
     image_obs: bool = False  # images read by the policy's CNN: heads read `features` by default
+    cost_limit: float = 25.0  # the run's limit on the expected episode cost (RunConfig.cost_limit)
 
 
 @dataclass
@@ -110,6 +111,10 @@ class Batch:
     # the policy (refresh=0) or of a copy frozen every `refresh` steps that reads the task's
     # reference ("solution" or "answer") between the prompt and the completion
     teacher_fn: Callable[[int, str], tuple[torch.Tensor, torch.Tensor]] | None = None
+    # (T, N) the env's cost of each step (info["cost"], envs/cost.py), filled by a trainer that provides
+    # "costs"; `episode_costs`: the costs of the episodes that ended in this rollout
+    costs: torch.Tensor | None = None
+    episode_costs: list | None = None
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,17 @@ TD target (never stored in the buffer), the distillation buffer holds the last
 after the step, r + gamma max_a' Q_target(s', a') - Q(s, a) for DQN (seed 002 section 4.3) and
 the soft TD error for SAC; `update_every` counts gradient steps.
 
+Safety (seed 002 section 6.3: f = f_performance + beta f_safety): with `safety_beta` > 0 (on an
+env with a cost channel, info["cost"]: envs/cost.py) a constraint critic V_c (cost_critic.py)
+learns the cost-to-go after every update (TD(lambda) returns of the rollout's costs, bootstrapped
+with itself), and a second shaper F_safety of the same mode is distilled, on the same cadence and
+buffer as F, from the *negated* cost advantages under V_c (normalised, times `scale`), with its own
+target network; the reward term becomes w (f + safety_beta f_safety). DECISION: the safety term
+has no multiplier of its own that tracks the limit (that is the Lagrangian's job, `ppo_lag`):
+beta is fixed, so the term steers towards low-cost behaviour in proportion to how costly the
+agent's own experience says an action is. Modes direct and potential only (bootstrap and advice
+distil no F to pair it with).
+
 The logged and evaluated return stays the env's true return; the trainer's `rewards` here
 are what it learns from before shaping.
 """
@@ -67,6 +78,7 @@ from reflectrl.errors import UserError
 from reflectrl.nets import ImageEncoder, cnn_fits, relu_mlp
 from reflectrl.registry import SignalSpec, register_signal
 from reflectrl.signals.base import Batch, Signal, SignalContext
+from reflectrl.signals.cost_critic import CostCritic
 from reflectrl.signals.fit import HeadFitter, predict_in_chunks
 
 MODES = ("direct", "potential", "bootstrap", "advice", "off")
@@ -116,6 +128,9 @@ class ShapingConfig:
     """warn when mean |f| exceeds this share of mean |r|"""
     snapshots: int = 10
     """reward-map snapshots kept over training (grid world, MiniGrid)"""
+    safety_beta: float = 0.0
+    """f = f + safety_beta f_safety, F_safety distilled from the constraint critic's negated cost advantages
+    (seed 002 section 6.3); > 0 needs a cost channel (info["cost"]); 0: no safety term"""
 
     def validate(self) -> None:
         def bad(msg):
@@ -148,6 +163,13 @@ class ShapingConfig:
             bad(f"hidden_sizes={self.hidden_sizes}: give positive layer widths, e.g. 64,64")
         if self.prior:
             load_prior(self.prior)
+        if not math.isfinite(self.safety_beta) or self.safety_beta < 0:
+            bad(f"safety_beta={self.safety_beta}: must be a finite number >= 0")
+        if self.safety_beta > 0 and self.mode not in ("direct", "potential"):
+            bad(f"safety_beta={self.safety_beta}: the safety term pairs a distilled F_safety with F; "
+                f"mode={self.mode} distils none: use mode=direct or potential")
+        if self.safety_beta > 0 and self.encoder == "cnn":
+            bad("safety_beta: the constraint critic reads the policy's features of images; use shaping.encoder=policy")
 
 
 def load_prior(spec: str):
@@ -241,6 +263,16 @@ class SelfDistilledShaping(Signal):
             self.advice_fitter = HeadFitter(self.advice, lr=self.cfg.lr_multiplier * ctx.learning_rate)
         self.snapshot_at = self.snapshot_iterations(self.cfg.snapshots)
         self.snapshots: list[dict] = []  # F_target's weights at a few points, for the reward map
+        self.safety = None
+        if self.cfg.safety_beta > 0:  # F_safety and the constraint critic it is distilled from
+            lr = self.cfg.lr_multiplier * ctx.learning_rate
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(self.seed + 1)
+                self.safety = RewardShaper(in_dim, ctx.action_dim, self.cfg.hidden_sizes, self.cfg.mode,
+                                           self.cfg.eta, ctx.gamma, self.cfg.hard_clip)
+                self.cost_critic = CostCritic(in_dim, self.cfg.hidden_sizes, lr)
+            self.safety_fitter = HeadFitter(self.safety, lr=lr, forward=self.safety)
+            self.safety_target = copy.deepcopy(self.safety).requires_grad_(False)
 
     def _transitions(self, batch: Batch) -> dict:
         n = batch.values.numel()
@@ -272,6 +304,10 @@ class SelfDistilledShaping(Signal):
                 else:
                     f = predict_in_chunks(lambda p: self.target(*p),
                                           (obs, tr["actions"], next_obs, tr["terminations"]))
+                if self.safety is not None:
+                    f_safety = predict_in_chunks(lambda p: self.safety_target(*p),
+                                                 (obs, tr["actions"], next_obs, tr["terminations"]))
+                    f = f + self.cfg.safety_beta * f_safety
             f = f.reshape(batch.values.shape)
         shaping = weight * f
         r = batch.rewards
@@ -286,6 +322,8 @@ class SelfDistilledShaping(Signal):
         }
         if prior_loss is not None:
             self._last["prior_loss"] = prior_loss
+        if self.safety is not None:
+            self._last["safety_shaping_mean"] = weight * self.cfg.safety_beta * f_safety.mean().item()
         if self._last["shaping_warning"] and not self.warned:
             self.warned = True
             warnings.warn(f"mean |shaping| is {ratio:.0%} of mean |reward| at step {batch.global_step} (above "
@@ -297,9 +335,18 @@ class SelfDistilledShaping(Signal):
             return
         self.buffer.append({**self._transitions(batch), "rewards": batch.rewards, "shape": batch.values.shape,
                             "truncations": batch.truncations, "raw_terminations": batch.terminations,
-                            "raw_actions": batch.actions.reshape(batch.values.numel(), *batch.actions.shape[2:])})
+                            "raw_actions": batch.actions.reshape(batch.values.numel(), *batch.actions.shape[2:]),
+                            **({"costs": batch.costs} if self.safety is not None else {})})
         self.buffer = self.buffer[-self.cfg.buffer_rollouts:]
         self.updates += 1
+        if self.safety is not None:  # the constraint critic follows the policy after every update
+            item = self.buffer[-1]
+            obs, next_obs = self._encoded(item["obs"], item["next_obs"], batch.features_fn)
+            _, returns = self.cost_critic.estimate(batch.gae, item["costs"], obs, next_obs, item["raw_terminations"],
+                                                   item["truncations"])
+            self._last["cost_value_loss"] = self.cost_critic.fit(obs, returns, epochs=self.cfg.epochs,
+                                                                 minibatch_size=self.cfg.minibatch_size,
+                                                                 generator=self.generator)
         if self.updates % self.cfg.update_every == 0:
             obs, actions, next_obs, terms, labels = self.distillation_set(batch.value_fn, batch.gae, batch.td_error_fn)
             obs, next_obs = self._encoded(obs, next_obs, batch.features_fn)
@@ -308,8 +355,31 @@ class SelfDistilledShaping(Signal):
             # learned nothing yet, seed 002 section 4.2's failure; near 1: F reproduces the advantages).
             self._last.update(label_loss=loss,
                               label_r2=1.0 - loss / labels.var().item() if len(labels) > 1 else None)
+            if self.safety is not None:
+                self._last.update(self._fit_safety(batch.gae, batch.features_fn))
         if self.cfg.mode == "advice":
             self._last["advice_loss"] = self._fit_advice(batch.gae, batch.features_fn)
+
+    def _fit_safety(self, gae, features_fn) -> dict:
+        """Distil F_safety from the negated cost advantages under V_c over the buffer (normalised,
+        times `scale`); its target follows it after every step."""
+        rows, labels = [], []
+        with torch.no_grad():
+            for item in self.buffer:
+                obs, next_obs = self._encoded(item["obs"], item["next_obs"], features_fn)
+                adv, _ = self.cost_critic.estimate(gae, item["costs"], obs, next_obs, item["raw_terminations"],
+                                                   item["truncations"])
+                rows.append((obs, item["actions"], next_obs, item["terminations"]))
+                labels.append(-adv.reshape(-1))
+        x = tuple(torch.cat(parts) for parts in zip(*rows))
+        labels = torch.cat(labels)
+        labels = self.cfg.scale * (labels - labels.mean()) / (labels.std() + 1e-8)
+        follow = lambda: polyak(self.safety_target, self.safety, self.cfg.tau)  # noqa: E731
+        loss = self.safety_fitter.fit(x, labels, epochs=self.cfg.epochs, minibatch_size=self.cfg.minibatch_size,
+                                      generator=self.generator, shuffle="always", after_step=follow,
+                                      loss_after=True).loss_after
+        return {"safety_label_loss": loss,
+                "safety_label_r2": 1.0 - loss / labels.var().item() if len(labels) > 1 else None}
 
     def _phi(self, obs) -> torch.Tensor:
         """The advice potential Phi of each row, flat (in chunks)."""
@@ -394,6 +464,9 @@ class SelfDistilledShaping(Signal):
                  "prior_fitted": self.prior_fitted, "snapshots": self.snapshots}
         if self.advice is not None:
             state["advice"] = self.advice_fitter.state_dict(head_key="net")
+        if self.safety is not None:
+            state["safety"] = {**self.safety_fitter.state_dict(head_key="shaper"),
+                               "target": self.safety_target.state_dict(), "critic": self.cost_critic.state_dict()}
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -404,6 +477,10 @@ class SelfDistilledShaping(Signal):
         self.snapshots = state["snapshots"]
         if self.advice is not None:
             self.advice_fitter.load_state_dict(state["advice"], head_key="net")
+        if self.safety is not None:
+            self.safety_fitter.load_state_dict(state["safety"], head_key="shaper")
+            self.safety_target.load_state_dict(state["safety"]["target"])
+            self.cost_critic.load_state_dict(state["safety"]["critic"])
 
 
 def _check_encoder(cfg: ShapingConfig, run) -> None:
@@ -418,5 +495,6 @@ def _check_encoder(cfg: ShapingConfig, run) -> None:
 register_signal(SignalSpec(
     name="shaping", config=ShapingConfig, factory=SelfDistilledShaping, step_kinds=("env_step", "transition"),
     summary="SDRS: a shaper (or potential) distilled from the agent's own advantages adds a dense reward",
-    wants=frozenset({"next_obs"}), aliases={"ppo": "sdrs"}, neutral="mode=off", run_check=_check_encoder,
+    wants=lambda cfg: {"next_obs"} | ({"costs"} if cfg.safety_beta > 0 else set()), aliases={"ppo": "sdrs"},
+    neutral="mode=off", run_check=_check_encoder,
 ))
