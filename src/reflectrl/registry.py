@@ -31,8 +31,9 @@ STEP_KINDS = ("env_step", "token", "turn", "transition")
 # What a signal may ask of its trainer: the policy's features (with gradients), s' of each step,
 # the exploration state keys of each step (Batch.state_keys), value heads on its own reward streams,
 # the policy's next-token distributions and a ground-truth-conditioned teacher's (Batch.teacher_fn),
-# the env's per-step costs (Batch.costs, from info["cost"]: envs/cost.py).
-WANTS = ("features", "feature_grad", "next_obs", "state_keys", "value_stream", "teacher", "costs")
+# the env's per-step costs (Batch.costs, from info["cost"]: envs/cost.py), the current policy's actions on
+# any observations (Batch.act_fn: imagined rollouts).
+WANTS = ("features", "feature_grad", "next_obs", "state_keys", "value_stream", "teacher", "costs", "policy")
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,8 @@ class TrainerSpec:
 
 TRAINERS: dict[str, TrainerSpec] = {
     "ppo": TrainerSpec("ppo", "control", ("env_step",),
-                       frozenset({"features", "feature_grad", "next_obs", "state_keys", "value_stream", "costs"}),
+                       frozenset({"features", "feature_grad", "next_obs", "state_keys", "value_stream", "costs",
+                                  "policy"}),
                        "PPO on Gymnasium envs (CleanRL's details)", "reflectrl.control.ppo:PPOTrainer"),
     "dqn": TrainerSpec("dqn", "control", ("transition",), frozenset({"features", "next_obs"}),
                        "DQN on Gymnasium envs with discrete actions (CleanRL's dqn.py / dqn_atari.py)",
@@ -134,7 +136,7 @@ def _load() -> None:
     import reflectrl.signals as package
 
     for info in pkgutil.iter_modules(package.__path__):
-        if info.name not in ("base", "fit", "compose", "cost_critic") and not info.name.startswith("_"):
+        if info.name not in ("base", "fit", "compose", "cost_critic", "world_model") and not info.name.startswith("_"):
             importlib.import_module(f"{package.__name__}.{info.name}")
     try:
         from importlib.metadata import entry_points

@@ -353,7 +353,8 @@ class PPOTrainer(EnvStepTrainer):
                       estimate=lambda r: self._gae(rollout, r), value_fn=self.agent.value, gae=self._gae_with,
                       features_fn=self.agent.features,
                       state_keys=rollout.state_keys, next_state_keys=rollout.next_state_keys,
-                      costs=rollout.costs, episode_costs=list(self.cost_tracker.finished))
+                      costs=rollout.costs, episode_costs=list(self.cost_tracker.finished),
+                      act_fn=lambda obs, generator: self.agent.act(obs, generator)[0])
         extra = signal.shape_rewards(batch)
         rollout.learn_rewards = rollout.rewards if extra is None else rollout.rewards + extra
         with self._own_estimate:  # the estimate the trainer makes with or without a signal

@@ -115,6 +115,9 @@ class Batch:
     # "costs"; `episode_costs`: the costs of the episodes that ended in this rollout
     costs: torch.Tensor | None = None
     episode_costs: list | None = None
+    # the current policy's sampled actions for any observations, act_fn(obs, generator) -> actions,
+    # filled by a trainer that provides "policy" (imagined rollouts: shaping's imagined_fraction)
+    act_fn: Callable[[torch.Tensor, torch.Generator], torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,17 @@ beta is fixed, so the term steers towards low-cost behaviour in proportion to ho
 agent's own experience says an action is. Modes direct and potential only (bootstrap and advice
 distil no F to pair it with).
 
+Imagination (seed 002 section 6.2): with `imagined_fraction` > 0 (vector observations), a world
+model (world_model.py: an ensemble of MLPs predicting s' - s, r and termination) is fit on the
+run's real transitions before each distillation, `imagined_horizon`-step rollouts branched from
+real states of the buffer under the current policy are valued by the critic, and their GAE
+advantages join the real ones as soft labels (normalised together), so that a share
+`imagined_fraction` of the distillation set is imagined. Logged: `model_error` and
+`model_reward_error` (the ensemble's error on each new rollout before it is fit on it),
+`imagined_share` (of the rows, after rollouts that ended early are cut) and, for every
+shaping run, `label_r2_heldout`: F's R^2 on the newest rollout's labels before F is fit on
+them (compare it between runs with and without imagination).
+
 The logged and evaluated return stays the env's true return; the trainer's `rewards` here
 are what it learns from before shaping.
 """
@@ -80,6 +91,7 @@ from reflectrl.registry import SignalSpec, register_signal
 from reflectrl.signals.base import Batch, Signal, SignalContext
 from reflectrl.signals.cost_critic import CostCritic
 from reflectrl.signals.fit import HeadFitter, predict_in_chunks
+from reflectrl.signals.world_model import WorldModel, imagined_advantages
 
 MODES = ("direct", "potential", "bootstrap", "advice", "off")
 ENCODERS = ("policy", "cnn")
@@ -128,6 +140,21 @@ class ShapingConfig:
     """warn when mean |f| exceeds this share of mean |r|"""
     snapshots: int = 10
     """reward-map snapshots kept over training (grid world, MiniGrid)"""
+    imagined_fraction: float = 0.0
+    """share of the distillation set imagined by a learned world model from real states (seed 002 section 6.2;
+    0: none; vector observations only)"""
+    imagined_horizon: int = 3
+    """steps of each imagined rollout"""
+    model_ensemble: int = 5
+    """world-model ensemble members"""
+    model_hidden_sizes: tuple[int, ...] = (128, 128)
+    """widths of each world-model member"""
+    model_steps: int = 100
+    """Adam steps of the world model's fit before each distillation"""
+    model_buffer: int = 50_000
+    """real transitions the world model is fit on (the most recent)"""
+    model_lr: float = 1e-3
+    """the world model's learning rate"""
     safety_beta: float = 0.0
     """f = f + safety_beta f_safety, F_safety distilled from the constraint critic's negated cost advantages
     (seed 002 section 6.3); > 0 needs a cost channel (info["cost"]); 0: no safety term"""
@@ -163,6 +190,20 @@ class ShapingConfig:
             bad(f"hidden_sizes={self.hidden_sizes}: give positive layer widths, e.g. 64,64")
         if self.prior:
             load_prior(self.prior)
+        if not (math.isfinite(self.imagined_fraction) and 0 <= self.imagined_fraction < 1):
+            bad(f"imagined_fraction={self.imagined_fraction}: must be in [0, 1) (0: no imagination)")
+        if self.imagined_fraction > 0 and self.mode not in ("direct", "potential"):
+            bad(f"imagined_fraction={self.imagined_fraction}: imagined labels train the distilled F; "
+                f"mode={self.mode} distils none: use mode=direct or potential")
+        if self.imagined_fraction > 0 and self.encoder == "cnn":
+            bad("imagined_fraction: the world model reads vector observations; use shaping.encoder=policy")
+        for name in ("imagined_horizon", "model_ensemble", "model_steps", "model_buffer"):
+            if getattr(self, name) < 1:
+                bad(f"{name}={getattr(self, name)}: must be a positive integer")
+        if not math.isfinite(self.model_lr) or self.model_lr <= 0:
+            bad(f"model_lr={self.model_lr}: must be a finite number > 0")
+        if not self.model_hidden_sizes or any(h < 1 for h in self.model_hidden_sizes):
+            bad(f"model_hidden_sizes={self.model_hidden_sizes}: give positive layer widths, e.g. 128,128")
         if not math.isfinite(self.safety_beta) or self.safety_beta < 0:
             bad(f"safety_beta={self.safety_beta}: must be a finite number >= 0")
         if self.safety_beta > 0 and self.mode not in ("direct", "potential"):
@@ -263,6 +304,16 @@ class SelfDistilledShaping(Signal):
             self.advice_fitter = HeadFitter(self.advice, lr=self.cfg.lr_multiplier * ctx.learning_rate)
         self.snapshot_at = self.snapshot_iterations(self.cfg.snapshots)
         self.snapshots: list[dict] = []  # F_target's weights at a few points, for the reward map
+        self.model = None
+        if self.cfg.imagined_fraction > 0:
+            if ctx.image_obs or len(ctx.obs_shape) > 1:
+                raise UserError(f"shaping.imagined_fraction: the world model reads vector observations; this run's "
+                                f"are of shape {ctx.obs_shape}; use shaping.imagined_fraction=0")
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(self.seed + 2)
+                self.model = WorldModel(ctx.obs_dim, self.encode_actions(torch.zeros(1)).shape[1],
+                                        ensemble=self.cfg.model_ensemble, hidden_sizes=self.cfg.model_hidden_sizes,
+                                        lr=self.cfg.model_lr, buffer=self.cfg.model_buffer)
         self.safety = None
         if self.cfg.safety_beta > 0:  # F_safety and the constraint critic it is distilled from
             lr = self.cfg.lr_multiplier * ctx.learning_rate
@@ -339,6 +390,12 @@ class SelfDistilledShaping(Signal):
                             **({"costs": batch.costs} if self.safety is not None else {})})
         self.buffer = self.buffer[-self.cfg.buffer_rollouts:]
         self.updates += 1
+        if self.model is not None:  # its error on the new rollout, then the rollout joins its data
+            item = self.buffer[-1]
+            err, reward_err = self.model.heldout_error(item["obs"], item["actions"], item["next_obs"],
+                                                       item["rewards"])
+            self._last.update(model_error=err, model_reward_error=reward_err)
+            self.model.add(item["obs"], item["actions"], item["next_obs"], item["rewards"], item["terminations"])
         if self.safety is not None:  # the constraint critic follows the policy after every update
             item = self.buffer[-1]
             obs, next_obs = self._encoded(item["obs"], item["next_obs"], batch.features_fn)
@@ -348,8 +405,19 @@ class SelfDistilledShaping(Signal):
                                                                  minibatch_size=self.cfg.minibatch_size,
                                                                  generator=self.generator)
         if self.updates % self.cfg.update_every == 0:
-            obs, actions, next_obs, terms, labels = self.distillation_set(batch.value_fn, batch.gae, batch.td_error_fn)
+            extra = self._imagine(batch) if self.model is not None else None
+            obs, actions, next_obs, terms, labels = self.distillation_set(batch.value_fn, batch.gae, batch.td_error_fn,
+                                                                          extra=extra)
             obs, next_obs = self._encoded(obs, next_obs, batch.features_fn)
+            # F's R^2 on the newest real rollout's labels, which it has not been fit on yet
+            n_real = len(labels) - (0 if extra is None else len(extra[-1]))
+            rows = slice(n_real - batch.values.numel(), n_real)
+            if n_real - batch.values.numel() >= 0 and batch.values.numel() > 1:
+                held = labels[rows]
+                pred = predict_in_chunks(lambda p: self.shaper(*p), (obs[rows], actions[rows], next_obs[rows],
+                                                                     terms[rows]))
+                heldout_mse = float((pred - held).square().mean())
+                self._last["label_r2_heldout"] = 1.0 - heldout_mse / (held.var().item() + 1e-12)
             loss = self._fit(obs, actions, next_obs, terms, labels, self.cfg.epochs, track_target=True)
             # The labels have variance scale^2, so this is the share of it F explains (0: F has
             # learned nothing yet, seed 002 section 4.2's failure; near 1: F reproduces the advantages).
@@ -359,6 +427,24 @@ class SelfDistilledShaping(Signal):
                 self._last.update(self._fit_safety(batch.gae, batch.features_fn))
         if self.cfg.mode == "advice":
             self._last["advice_loss"] = self._fit_advice(batch.gae, batch.features_fn)
+
+    def _imagine(self, batch: Batch):
+        """Fit the world model, then imagine from real states of the buffer: (obs, actions, next_obs,
+        terminations, advantages) of the imagined steps before each rollout's predicted end."""
+        self._last["model_loss"] = self.model.fit(self.cfg.model_steps, self.cfg.minibatch_size, self.generator)
+        real = sum(item["obs"].shape[0] for item in self.buffer)
+        wanted = round(real * self.cfg.imagined_fraction / (1 - self.cfg.imagined_fraction))
+        starts = max(1, -(-wanted // self.cfg.imagined_horizon))
+        pool = torch.cat([item["obs"] for item in self.buffer])
+        start = pool[torch.randint(len(pool), (starts,), generator=self.generator)]
+        rollout = self.model.imagine(start, batch.act_fn, self.encode_actions, self.cfg.imagined_horizon,
+                                     self.generator)
+        adv, alive = imagined_advantages(rollout, batch.value_fn, batch.gae)
+        keep = alive.reshape(-1)
+        flat = lambda key: rollout[key].reshape(keep.numel(), -1)[keep]  # noqa: E731
+        self._last["imagined_share"] = int(keep.sum()) / (int(keep.sum()) + real)
+        return (flat("obs"), flat("actions"), flat("next_obs"), rollout["terminations"].reshape(-1)[keep].float(),
+                adv.reshape(-1)[keep])
 
     def _fit_safety(self, gae, features_fn) -> dict:
         """Distil F_safety from the negated cost advantages under V_c over the buffer (normalised,
@@ -407,10 +493,11 @@ class SelfDistilledShaping(Signal):
                                       minibatch_size=self.cfg.minibatch_size, generator=self.generator,
                                       shuffle="always", loss_after=True).loss_after
 
-    def distillation_set(self, value_fn, gae, td_error_fn=None):
+    def distillation_set(self, value_fn, gae, td_error_fn=None, extra=None):
         """The buffer's transitions and their soft labels: GAE under the critic `value_fn`, or
         on a replay trainer its TD errors (`td_error_fn`: seed 002 section 4.3's labels for
-        DQN), normalised to mean 0 / std 1, times `scale`."""
+        DQN), normalised to mean 0 / std 1, times `scale`. `extra`: (obs, actions, next_obs,
+        terminations, advantages) rows appended before the normalisation (imagined ones)."""
         obs, actions, next_obs, terms, labels = [], [], [], [], []
         with torch.no_grad():
             for item in self.buffer:
@@ -424,6 +511,9 @@ class SelfDistilledShaping(Signal):
                     adv, _ = gae(item["rewards"], values, next_values, item["raw_terminations"], item["truncations"])
                 obs.append(item["obs"]), actions.append(item["actions"]), next_obs.append(item["next_obs"])
                 terms.append(item["terminations"]), labels.append(adv.reshape(-1))
+        if extra is not None:
+            for parts, rows in zip((obs, actions, next_obs, terms, labels), extra):
+                parts.append(rows.to(parts[0].dtype))
         obs, actions, next_obs, terms, labels = map(torch.cat, (obs, actions, next_obs, terms, labels))
         labels = self.cfg.scale * (labels - labels.mean()) / (labels.std() + 1e-8)
         return obs, actions, next_obs, terms, labels
@@ -467,6 +557,8 @@ class SelfDistilledShaping(Signal):
         if self.safety is not None:
             state["safety"] = {**self.safety_fitter.state_dict(head_key="shaper"),
                                "target": self.safety_target.state_dict(), "critic": self.cost_critic.state_dict()}
+        if self.model is not None:
+            state["model"] = self.model.state_dict()
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -481,6 +573,8 @@ class SelfDistilledShaping(Signal):
             self.safety_fitter.load_state_dict(state["safety"], head_key="shaper")
             self.safety_target.load_state_dict(state["safety"]["target"])
             self.cost_critic.load_state_dict(state["safety"]["critic"])
+        if self.model is not None:
+            self.model.load_state_dict(state["model"])
 
 
 def _check_encoder(cfg: ShapingConfig, run) -> None:
@@ -495,6 +589,7 @@ def _check_encoder(cfg: ShapingConfig, run) -> None:
 register_signal(SignalSpec(
     name="shaping", config=ShapingConfig, factory=SelfDistilledShaping, step_kinds=("env_step", "transition"),
     summary="SDRS: a shaper (or potential) distilled from the agent's own advantages adds a dense reward",
-    wants=lambda cfg: {"next_obs"} | ({"costs"} if cfg.safety_beta > 0 else set()), aliases={"ppo": "sdrs"},
+    wants=lambda cfg: ({"next_obs"} | ({"costs"} if cfg.safety_beta > 0 else set())
+                       | ({"policy"} if cfg.imagined_fraction > 0 else set())), aliases={"ppo": "sdrs"},
     neutral="mode=off", run_check=_check_encoder,
 ))
