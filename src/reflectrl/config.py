@@ -19,6 +19,7 @@ from typing import Any
 
 from reflectrl import overrides as overrides_mod
 from reflectrl.errors import UserError
+from reflectrl.multiagent.config import MAPPOConfig
 from reflectrl.registry import aliases, check_sections, parse_algo, section_types, signal_spec
 
 
@@ -257,7 +258,7 @@ class IMPALAConfig:
 ACTOR_KINDS = ("ray", "inline")
 
 # the trainers with a knob section of their own: RunConfig.NAME is set for --algo NAME runs only
-TRAINER_SECTIONS = {"dqn": DQNConfig, "sac": SACConfig, "impala": IMPALAConfig}
+TRAINER_SECTIONS = {"dqn": DQNConfig, "sac": SACConfig, "impala": IMPALAConfig, "mappo": MAPPOConfig}
 # the replay trainers among them
 OFF_POLICY = {"dqn": DQNConfig, "sac": SACConfig}
 
@@ -302,6 +303,8 @@ class RunConfig:
     """the SAC knobs (--algo sac runs only)"""
     impala: IMPALAConfig | None = None
     """the IMPALA knobs (--algo impala runs only)"""
+    mappo: MAPPOConfig | None = None
+    """the MAPPO knobs (--algo mappo runs only: multiagent/config.py)"""
     # Signal sections (calibration, shaping, gear) are added by the signal modules.
     sections: dict[str, Any] = field(default_factory=dict)
     """the signals' knobs, by section"""
@@ -467,6 +470,8 @@ def validate(cfg: RunConfig) -> None:
         validate_sac(cfg.sac, cfg.total_steps)
     elif algo.trainer == "impala":
         validate_impala(cfg.impala, cfg.total_steps)
+    elif algo.trainer == "mappo":
+        cfg.mappo.validate(cfg.total_steps)
     else:
         _validate_ppo(cfg)
     validate_sections(cfg.algo, algo, cfg.sections, run=cfg)

@@ -92,6 +92,7 @@ def sections() -> dict[str, dict]:
         SECTION_TYPES,
         DQNConfig,
         IMPALAConfig,
+        MAPPOConfig,
         PPOConfig,
         RunConfig,
         SACConfig,
@@ -110,6 +111,8 @@ def sections() -> dict[str, dict]:
         "sac": {"rows": _rows(SACConfig, ""), "for": "reflectrl train --algo sac: bare names, or sac.NAME"},
         "impala": {"rows": _rows(IMPALAConfig, ""),
                    "for": "reflectrl train --algo impala: bare names, or impala.NAME"},
+        "mappo": {"rows": _rows(MAPPOConfig, ""),
+                  "for": "reflectrl train --algo mappo: bare names, or mappo.NAME"},
         "env": {"rows": [{"key": "env.NAME", "default": "", "help": "a keyword for the env's constructor "
                           "(e.g. env.size=12 for reflectrl/GridWorld-v0, env.max_episode_steps=500)"}],
                 "for": "reflectrl train"},
@@ -161,7 +164,7 @@ def print_knobs(section: str | None = None, algo: str | None = None, as_json: bo
 def markdown_table(section: str) -> str:
     """The README's table of a section's knobs (tests/test_readme.py keeps the README in step)."""
     rows = sections()[section]["rows"]
-    prefix = f"{section}." if section not in ("run", "ppo", "dqn", "sac", "impala", "env", "grpo") else ""
+    prefix = f"{section}." if section not in ("run", "ppo", "dqn", "sac", "impala", "mappo", "env", "grpo") else ""
     lines = ["| knob | default | meaning |", "|---|---|---|"]
     for r in rows:
         key = r["key"][len(prefix):] if prefix and r["key"].startswith(prefix) else r["key"]
@@ -179,7 +182,8 @@ def algos_table() -> str:
         lines.append(f"| `{trainer.name}` | {command} | {trainer.summary} |")
     for name, spec in signals().items():
         names = [f"`{t}+{name}`" for t in TRAINERS
-                 if TRAINERS[t].runs_signals and any(k in TRAINERS[t].step_kinds for k in spec.step_kinds)]
+                 if TRAINERS[t].runs_signals and any(k in TRAINERS[t].step_kinds for k in spec.step_kinds)
+                 and (callable(spec.wants) or spec.wants <= TRAINERS[t].provides)]
         legacy = sorted({a for fam in ("control", "llm") for a, comp in aliases(fam).items()
                          if comp.split("+")[1:] == [name]})
         alias = f" (alias: {', '.join(f'`{a}`' for a in legacy)})" if legacy else ""

@@ -32,8 +32,9 @@ STEP_KINDS = ("env_step", "token", "turn", "transition")
 # the exploration state keys of each step (Batch.state_keys), value heads on its own reward streams,
 # the policy's next-token distributions and a ground-truth-conditioned teacher's (Batch.teacher_fn),
 # the env's per-step costs (Batch.costs, from info["cost"]: envs/cost.py), the current policy's actions on
-# any observations (Batch.act_fn: imagined rollouts).
-WANTS = ("features", "feature_grad", "next_obs", "state_keys", "value_stream", "teacher", "costs", "policy")
+# any observations (Batch.act_fn: imagined rollouts), a multi-agent team's rewards and value (Batch.team_rewards,
+# Batch.team_value_fn: per-agent signals distilled from the team).
+WANTS = ("features", "feature_grad", "next_obs", "state_keys", "value_stream", "teacher", "costs", "policy", "team")
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,9 @@ TRAINERS: dict[str, TrainerSpec] = {
                           frozenset({"features", "next_obs", "state_keys", "value_stream"}),
                           "IMPALA on Ray: actors step envs in parallel, one learner applies V-trace "
                           "(Espeholt et al. 2018)", "reflectrl.distributed.impala:IMPALATrainer"),
+    "mappo": TrainerSpec("mappo", "control", ("env_step",), frozenset({"next_obs", "team"}),
+                         "MAPPO on PettingZoo parallel envs (--env pettingzoo:MODULE): PPO per agent, shared weights, "
+                         "a centralised critic (Yu et al. 2022)", "reflectrl.multiagent.mappo:MAPPOTrainer"),
     "grpo": TrainerSpec("grpo", "llm", ("token", "turn"), frozenset({"features", "teacher"}),
                         "GRPO on language models (group-normalised advantages, clipped token objective)"),
 }

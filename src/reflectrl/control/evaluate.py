@@ -27,6 +27,9 @@ from reflectrl.runs import RunDir
 
 def load_policy(run: RunDir) -> tuple[RunConfig, ActorCritic | QNetwork | Actor, dict]:
     cfg = RunConfig.from_dict(run.config())
+    if trainer_name(cfg) == "mappo":
+        raise UserError(f"{run.path} is a multi-agent (mappo) run, which `reflectrl eval` does not evaluate yet; "
+                        "its metrics.jsonl holds the team's and each agent's returns over training")
     state = run.load_checkpoint()
     env = make_env(cfg.env_id, env_kwargs=cfg.env, keep_image=cnn_encoder(cfg))
     continuous = is_continuous(env.action_space)

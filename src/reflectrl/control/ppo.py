@@ -102,6 +102,10 @@ def check_cost_channel(cfg: RunConfig, probe: gym.Env) -> None:
 
 def resolve_config(cfg: RunConfig) -> RunConfig:
     """Fill per-env defaults (Atari's, or by action type; the encoder by observation) and validate."""
+    if cfg.env_id.startswith("pettingzoo:") or trainer_name(cfg) == "mappo":
+        from reflectrl.multiagent.envs import resolve_multiagent
+
+        return resolve_multiagent(cfg)  # a PettingZoo parallel env: no Gymnasium probe
     check_backend(cfg)  # EnvPool installed and shipping the env, before the Gymnasium probe
     probe = make_env(cfg.env_id, wrapper=cfg.wrapper, env_kwargs=cfg.env, keep_image=True)
     try:

@@ -118,6 +118,10 @@ class Batch:
     # the current policy's sampled actions for any observations, act_fn(obs, generator) -> actions,
     # filled by a trainer that provides "policy" (imagined rollouts: shaping's imagined_fraction)
     act_fn: Callable[[torch.Tensor, torch.Generator], torch.Tensor] | None = None
+    # a multi-agent trainer's team (a trainer that provides "team"; columns are agents): the team's reward
+    # (every agent's summed) in each agent's column, (T, N), and the team's value of any column observations
+    team_rewards: torch.Tensor | None = None
+    team_value_fn: Callable[[torch.Tensor], torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)

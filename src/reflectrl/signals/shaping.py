@@ -158,6 +158,9 @@ class ShapingConfig:
     safety_beta: float = 0.0
     """f = f + safety_beta f_safety, F_safety distilled from the constraint critic's negated cost advantages
     (seed 002 section 6.3); > 0 needs a cost channel (info["cost"]); 0: no safety term"""
+    labels: str = "auto"
+    """whose advantage F is distilled from: own (the batch's rewards and critic), team (a multi-agent trainer's team
+    reward and value: seed 002 section 4.3, --algo mappo+shaping) or auto (team where the trainer has one, else own)"""
 
     def validate(self) -> None:
         def bad(msg):
@@ -211,6 +214,8 @@ class ShapingConfig:
                 f"mode={self.mode} distils none: use mode=direct or potential")
         if self.safety_beta > 0 and self.encoder == "cnn":
             bad("safety_beta: the constraint critic reads the policy's features of images; use shaping.encoder=policy")
+        if self.labels not in ("auto", "own", "team"):
+            bad(f"labels='{self.labels}': use one of auto, own, team (team: --algo mappo+shaping)")
 
 
 def load_prior(spec: str):
@@ -384,7 +389,9 @@ class SelfDistilledShaping(Signal):
     def after_update(self, batch: Batch) -> None:
         if self.cfg.mode in ("off", "bootstrap"):
             return
-        self.buffer.append({**self._transitions(batch), "rewards": batch.rewards, "shape": batch.values.shape,
+        team = self.cfg.labels == "team" or (self.cfg.labels == "auto" and batch.team_rewards is not None)
+        self.buffer.append({**self._transitions(batch), "rewards": batch.team_rewards if team else batch.rewards,
+                            "shape": batch.values.shape,
                             "truncations": batch.truncations, "raw_terminations": batch.terminations,
                             "raw_actions": batch.actions.reshape(batch.values.numel(), *batch.actions.shape[2:]),
                             **({"costs": batch.costs} if self.safety is not None else {})})
@@ -406,7 +413,8 @@ class SelfDistilledShaping(Signal):
                                                                  generator=self.generator)
         if self.updates % self.cfg.update_every == 0:
             extra = self._imagine(batch) if self.model is not None else None
-            obs, actions, next_obs, terms, labels = self.distillation_set(batch.value_fn, batch.gae, batch.td_error_fn,
+            value_fn = batch.team_value_fn if team else batch.value_fn
+            obs, actions, next_obs, terms, labels = self.distillation_set(value_fn, batch.gae, batch.td_error_fn,
                                                                           extra=extra)
             obs, next_obs = self._encoded(obs, next_obs, batch.features_fn)
             # F's R^2 on the newest real rollout's labels, which it has not been fit on yet
@@ -414,8 +422,9 @@ class SelfDistilledShaping(Signal):
             rows = slice(n_real - batch.values.numel(), n_real)
             if n_real - batch.values.numel() >= 0 and batch.values.numel() > 1:
                 held = labels[rows]
-                pred = predict_in_chunks(lambda p: self.shaper(*p), (obs[rows], actions[rows], next_obs[rows],
-                                                                     terms[rows]))
+                with torch.no_grad():
+                    pred = predict_in_chunks(lambda p: self.shaper(*p), (obs[rows], actions[rows], next_obs[rows],
+                                                                         terms[rows]))
                 heldout_mse = float((pred - held).square().mean())
                 self._last["label_r2_heldout"] = 1.0 - heldout_mse / (held.var().item() + 1e-12)
             loss = self._fit(obs, actions, next_obs, terms, labels, self.cfg.epochs, track_target=True)
@@ -590,6 +599,7 @@ register_signal(SignalSpec(
     name="shaping", config=ShapingConfig, factory=SelfDistilledShaping, step_kinds=("env_step", "transition"),
     summary="SDRS: a shaper (or potential) distilled from the agent's own advantages adds a dense reward",
     wants=lambda cfg: ({"next_obs"} | ({"costs"} if cfg.safety_beta > 0 else set())
-                       | ({"policy"} if cfg.imagined_fraction > 0 else set())), aliases={"ppo": "sdrs"},
+                       | ({"policy"} if cfg.imagined_fraction > 0 else set())
+                       | ({"team"} if cfg.labels == "team" else set())), aliases={"ppo": "sdrs"},
     neutral="mode=off", run_check=_check_encoder,
 ))
