@@ -44,3 +44,28 @@ def test_sdrs_with_imagination_logs_the_model_and_held_out_r2(cli, tmp_path):
     rows = [r for r in rows if "imagined_share" in r]
     assert rows and all(0.3 < r["imagined_share"] < 0.6 and "label_r2_heldout" in r for r in rows)
     assert rows[-1]["model_error"] >= 0
+
+
+def test_imagined_labels_are_normalised_on_their_own_so_they_cannot_shift_the_real_ones():
+    from reflectrl.control.dqn import DQNTrainer
+    from reflectrl.control.ppo import new_run_config
+
+    cfg = new_run_config(algo="dqn+shaping", env_id="CartPole-v1", total_steps=1000,
+                         overrides=["learning_starts=200", "log_every=100", "train_frequency=2", "batch_size=32",
+                                    "buffer_size=2000", "target_network_frequency=100",
+                                    "shaping.minibatch_size=32", "shaping.update_every=1"])
+    trainer = DQNTrainer(cfg)
+    for _ in range(3):
+        trainer.run_iteration()
+    shaping = trainer.signal
+    real = lambda obs, actions, rewards, next_obs, terms: obs[:, 0] * 3.0 + 1.0  # noqa: E731
+    g = torch.Generator().manual_seed(0)
+    item = shaping.buffer[-1]
+    n = len(item["obs"])
+    extra = (item["obs"][:n], item["actions"][:n], item["next_obs"][:n], torch.zeros(n),
+             torch.randn(n, generator=g) - 100.0)  # imagined advantages with a large bias
+    obs, _, _, _, target = shaping.distillation_set(None, None, real, extra=extra)
+    x = obs[:-n, 0] * 3.0 + 1.0
+    assert torch.allclose(target[:-n], shaping.cfg.scale * (x - x.mean()) / (x.std() + 1e-8))  # as without extra
+    assert abs(target[-n:].mean().item()) < 1e-5 and abs(target[-n:].std().item() - shaping.cfg.scale) < 1e-4
+    trainer.close()

@@ -506,7 +506,11 @@ class SelfDistilledShaping(Signal):
         """The buffer's transitions and their soft labels: GAE under the critic `value_fn`, or
         on a replay trainer its TD errors (`td_error_fn`: seed 002 section 4.3's labels for
         DQN), normalised to mean 0 / std 1, times `scale`. `extra`: (obs, actions, next_obs,
-        terminations, advantages) rows appended before the normalisation (imagined ones)."""
+        terminations, advantages) rows appended (imagined ones), their labels normalised on their own:
+        DECISION: each source is centred and scaled by itself, so a bias of the imagined advantages
+        (a model's reward error, the critic off its states) cannot shift the real labels' mean (a
+        shared normalisation did: F turned positive on real steps and the agent learnt to prolong
+        episodes, docs/imagination.md)."""
         obs, actions, next_obs, terms, labels = [], [], [], [], []
         with torch.no_grad():
             for item in self.buffer:
@@ -520,11 +524,16 @@ class SelfDistilledShaping(Signal):
                     adv, _ = gae(item["rewards"], values, next_values, item["raw_terminations"], item["truncations"])
                 obs.append(item["obs"]), actions.append(item["actions"]), next_obs.append(item["next_obs"])
                 terms.append(item["terminations"]), labels.append(adv.reshape(-1))
+        norm = lambda x: self.cfg.scale * (x - x.mean()) / (x.std() + 1e-8)  # noqa: E731
+        labels = [norm(torch.cat(labels))]
         if extra is not None:
-            for parts, rows in zip((obs, actions, next_obs, terms, labels), extra):
+            for parts, rows in zip((obs, actions, next_obs, terms), extra[:4]):
                 parts.append(rows.to(parts[0].dtype))
+            if len(extra[4]) > 1:
+                labels.append(norm(extra[4].to(labels[0].dtype)))
+            else:
+                labels.append(torch.zeros_like(extra[4], dtype=labels[0].dtype))
         obs, actions, next_obs, terms, labels = map(torch.cat, (obs, actions, next_obs, terms, labels))
-        labels = self.cfg.scale * (labels - labels.mean()) / (labels.std() + 1e-8)
         return obs, actions, next_obs, terms, labels
 
     def _encoded(self, obs, next_obs, features_fn, chunk: int = 1024):
