@@ -401,7 +401,8 @@ class SelfDistilledShaping(Signal):
             item = self.buffer[-1]
             err, reward_err = self.model.heldout_error(item["obs"], item["actions"], item["next_obs"],
                                                        item["rewards"])
-            self._last.update(model_error=err, model_reward_error=reward_err)
+            if math.isfinite(err):  # not before the model's first fit
+                self._last.update(model_error=err, model_reward_error=reward_err)
             self.model.add(item["obs"], item["actions"], item["next_obs"], item["rewards"], item["terminations"])
         if self.safety is not None:  # the constraint critic follows the policy after every update
             item = self.buffer[-1]
