@@ -69,3 +69,13 @@ def test_imagined_labels_are_normalised_on_their_own_so_they_cannot_shift_the_re
     assert torch.allclose(target[:-n], shaping.cfg.scale * (x - x.mean()) / (x.std() + 1e-8))  # as without extra
     assert abs(target[-n:].mean().item()) < 1e-5 and abs(target[-n:].std().item() - shaping.cfg.scale) < 1e-4
     trainer.close()
+
+
+def test_imagination_runs_on_continuous_actions(cli, tmp_path):
+    code, _, err = cli("train", "--algo", "sdrs", "--env", "Pendulum-v1", "--total-steps", 1024, "--no-progress",
+                       "--out", tmp_path / "r", "--set", "num_envs=2", "num_steps=128", "shaping.imagined_fraction=0.5",
+                       "shaping.update_every=1", "shaping.model_steps=5")
+    assert code == 0, err
+    rows = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "imagined_share" in r]
+    assert rows and rows[-1]["model_error"] >= 0 and 0.3 < rows[-1]["imagined_share"] < 0.6

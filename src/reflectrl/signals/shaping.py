@@ -316,7 +316,7 @@ class SelfDistilledShaping(Signal):
                                 f"are of shape {ctx.obs_shape}; use shaping.imagined_fraction=0")
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(self.seed + 2)
-                self.model = WorldModel(ctx.obs_dim, self.encode_actions(torch.zeros(1)).shape[1],
+                self.model = WorldModel(ctx.obs_dim, ctx.action_dim,  # the width of encode_actions: one-hot or raw
                                         ensemble=self.cfg.model_ensemble, hidden_sizes=self.cfg.model_hidden_sizes,
                                         lr=self.cfg.model_lr, buffer=self.cfg.model_buffer)
         self.safety = None

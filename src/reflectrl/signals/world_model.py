@@ -14,7 +14,8 @@ buffer's running statistics) plus a binary cross-entropy on termination, with Ad
 turns them into GAE advantages with the trainer's estimator: a predicted termination drops
 the bootstrap and ends the rollout (later steps are masked out), and the last imagined
 state is bootstrapped from V. The shaper (shaping.py, `imagined_fraction`) then fits its
-soft labels on real and imagined transitions together.
+soft labels on real and imagined transitions together, each source's labels normalised on
+its own (shaping.py, distillation_set).
 
 DECISIONs. Imagined states are clipped to the range of the observations seen (a model that
 extrapolates does not feed the critic states it has never valued); a coordinate that never
