@@ -19,6 +19,7 @@ from typing import Any
 
 from reflectrl import overrides as overrides_mod
 from reflectrl.errors import UserError
+from reflectrl.hierarchy.config import HPPOConfig
 from reflectrl.multiagent.config import MAPPOConfig
 from reflectrl.registry import aliases, check_sections, parse_algo, section_types, signal_spec
 
@@ -258,7 +259,8 @@ class IMPALAConfig:
 ACTOR_KINDS = ("ray", "inline")
 
 # the trainers with a knob section of their own: RunConfig.NAME is set for --algo NAME runs only
-TRAINER_SECTIONS = {"dqn": DQNConfig, "sac": SACConfig, "impala": IMPALAConfig, "mappo": MAPPOConfig}
+TRAINER_SECTIONS = {"dqn": DQNConfig, "sac": SACConfig, "impala": IMPALAConfig, "mappo": MAPPOConfig,
+                    "hppo": HPPOConfig}
 # the replay trainers among them
 OFF_POLICY = {"dqn": DQNConfig, "sac": SACConfig}
 
@@ -305,6 +307,8 @@ class RunConfig:
     """the IMPALA knobs (--algo impala runs only)"""
     mappo: MAPPOConfig | None = None
     """the MAPPO knobs (--algo mappo runs only: multiagent/config.py)"""
+    hppo: HPPOConfig | None = None
+    """the HPPO knobs (--algo hppo runs only: hierarchy/config.py)"""
     # Signal sections (calibration, shaping, gear) are added by the signal modules.
     sections: dict[str, Any] = field(default_factory=dict)
     """the signals' knobs, by section"""
@@ -437,6 +441,9 @@ def env_settings(cfg: RunConfig) -> EnvSettings:
     if name == "impala" and cfg.impala is not None:
         d = cfg.impala  # no normalising wrappers: each actor's running statistics would differ
         return EnvSettings(d.envs_per_actor, False, False, 10.0, 10.0, d.gamma, d.encoder)
+    if name == "hppo" and cfg.hppo is not None:  # both levels read the env's own observations and rewards
+        d = cfg.hppo
+        return EnvSettings(d.num_envs, False, False, 10.0, 10.0, d.gamma, "mlp")
     if name in OFF_POLICY and getattr(cfg, name) is not None:
         d = getattr(cfg, name)  # a replay trainer learns from the env's own observations and rewards
         return EnvSettings(d.num_envs, False, False, 10.0, 10.0, d.gamma, getattr(d, "encoder", "mlp"))
@@ -472,6 +479,8 @@ def validate(cfg: RunConfig) -> None:
         validate_impala(cfg.impala, cfg.total_steps)
     elif algo.trainer == "mappo":
         cfg.mappo.validate(cfg.total_steps)
+    elif algo.trainer == "hppo":
+        cfg.hppo.validate(cfg.total_steps)
     else:
         _validate_ppo(cfg)
     validate_sections(cfg.algo, algo, cfg.sections, run=cfg)

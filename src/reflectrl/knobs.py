@@ -92,6 +92,7 @@ def sections() -> dict[str, dict]:
         SECTION_TYPES,
         DQNConfig,
         IMPALAConfig,
+        HPPOConfig,
         MAPPOConfig,
         PPOConfig,
         RunConfig,
@@ -113,6 +114,8 @@ def sections() -> dict[str, dict]:
                    "for": "reflectrl train --algo impala: bare names, or impala.NAME"},
         "mappo": {"rows": _rows(MAPPOConfig, ""),
                   "for": "reflectrl train --algo mappo: bare names, or mappo.NAME"},
+        "hppo": {"rows": _rows(HPPOConfig, ""),
+                 "for": "reflectrl train --algo hppo: bare names, or hppo.NAME"},
         "env": {"rows": [{"key": "env.NAME", "default": "", "help": "a keyword for the env's constructor "
                           "(e.g. env.size=12 for reflectrl/GridWorld-v0, env.max_episode_steps=500)"}],
                 "for": "reflectrl train"},
@@ -164,7 +167,7 @@ def print_knobs(section: str | None = None, algo: str | None = None, as_json: bo
 def markdown_table(section: str) -> str:
     """The README's table of a section's knobs (tests/test_readme.py keeps the README in step)."""
     rows = sections()[section]["rows"]
-    prefix = f"{section}." if section not in ("run", "ppo", "dqn", "sac", "impala", "mappo", "env", "grpo") else ""
+    prefix = f"{section}." if section not in ("run", "ppo", "dqn", "sac", "impala", "mappo", "hppo", "env", "grpo") else ""
     lines = ["| knob | default | meaning |", "|---|---|---|"]
     for r in rows:
         key = r["key"][len(prefix):] if prefix and r["key"].startswith(prefix) else r["key"]

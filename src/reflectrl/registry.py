@@ -102,6 +102,10 @@ TRAINERS: dict[str, TrainerSpec] = {
     "mappo": TrainerSpec("mappo", "control", ("env_step",), frozenset({"next_obs", "team"}),
                          "MAPPO on PettingZoo parallel envs (--env pettingzoo:MODULE): PPO per agent, shared weights, "
                          "a centralised critic (Yu et al. 2022)", "reflectrl.multiagent.mappo:MAPPOTrainer"),
+    "hppo": TrainerSpec("hppo", "control", ("env_step",), frozenset({"features", "next_obs", "state_keys"}),
+                        "two-level PPO on grids (the grid world, MiniGrid): a sub-goal policy over regions and a "
+                        "goal-conditioned one that reaches them; a signal runs at each level (seed 002 section 6.1)",
+                        "reflectrl.hierarchy.hppo:HPPOTrainer"),
     "grpo": TrainerSpec("grpo", "llm", ("token", "turn"), frozenset({"features", "teacher"}),
                         "GRPO on language models (group-normalised advantages, clipped token objective)"),
 }

@@ -30,6 +30,9 @@ def load_policy(run: RunDir) -> tuple[RunConfig, ActorCritic | QNetwork | Actor,
     if trainer_name(cfg) == "mappo":
         raise UserError(f"{run.path} is a multi-agent (mappo) run, which `reflectrl eval` does not evaluate yet; "
                         "its metrics.jsonl holds the team's and each agent's returns over training")
+    if trainer_name(cfg) == "hppo":
+        raise UserError(f"{run.path} is a two-level (hppo) run, which `reflectrl eval` does not evaluate yet; "
+                        "its metrics.jsonl holds the episodes' returns over training")
     state = run.load_checkpoint()
     env = make_env(cfg.env_id, env_kwargs=cfg.env, keep_image=cnn_encoder(cfg))
     continuous = is_continuous(env.action_space)

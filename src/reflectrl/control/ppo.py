@@ -25,6 +25,7 @@ import torch
 
 from reflectrl.config import (
     DQNConfig,
+    HPPOConfig,
     IMPALAConfig,
     RunConfig,
     SACConfig,
@@ -134,6 +135,21 @@ def resolve_config(cfg: RunConfig) -> RunConfig:
             raise UserError(f"--algo sac reads flat vector observations; '{cfg.env_id}' gives {shape}: "
                             "use --algo ppo on it")
         cfg.sac = cfg.sac or SACConfig()
+    elif trainer_name(cfg) == "hppo":
+        from reflectrl.hierarchy.goals import goal_space_for
+
+        if continuous:
+            raise UserError(f"--algo hppo needs discrete actions; '{cfg.env_id}' has continuous (Box) actions")
+        if cfg.backend != "gymnasium":
+            raise UserError(f"--algo hppo reads the agent's cell from each env: it runs on backend=gymnasium, "
+                            f"not {cfg.backend}")
+        cfg.hppo = cfg.hppo or HPPOConfig()
+        cfg.hppo.validate(cfg.total_steps)  # before its goal space is built from them
+        probe = make_env(cfg.env_id, wrapper=cfg.wrapper, env_kwargs=cfg.env)
+        try:
+            goal_space_for(probe, cfg.hppo.goal_region, cfg.hppo.goals, cfg.hppo.goal_reach, cfg.env_id)
+        finally:
+            probe.close()
     elif trainer_name(cfg) == "impala":
         cfg.impala = cfg.impala or IMPALAConfig()
         if cfg.impala.encoder == "cnn":

@@ -305,8 +305,10 @@ def make_env(
 
 
 def _make_training_env(env_id, wrapper, env_kwargs, norm_obs, norm_reward, clip_obs, clip_reward, gamma,
-                       keep_image=False):
+                       keep_image=False, wrap=None):
     env = make_env(env_id, wrapper=wrapper, env_kwargs=env_kwargs, keep_image=keep_image)
+    if wrap is not None:  # what a trainer adds to each env (hppo's agent cell)
+        env = wrap(env)
     env = StateKey(env, env_id)  # info["state_key"] for the exploration metrics, from the raw observation
     if norm_obs:
         env = NormalizeObservation(env)
@@ -317,13 +319,14 @@ def _make_training_env(env_id, wrapper, env_kwargs, norm_obs, norm_reward, clip_
     return env
 
 
-def make_vector_env(cfg, seed_offset: int = 0) -> gym.vector.SyncVectorEnv:
+def make_vector_env(cfg, seed_offset: int = 0, wrap=None) -> gym.vector.SyncVectorEnv:
     """The training envs of a resolved RunConfig, autoresetting in the same step.
 
     Same-step autoreset returns the next episode's first observation at once and the
     finished episode's last one in `info["final_obs"]`, which is what bootstrapping from the
     value at truncation needs. `backend=envpool`: EnvPool's vector env behind the same
-    interface (envpool_backend.py).
+    interface (envpool_backend.py). `wrap`: a wrapper class applied to each env under the
+    normalising wrappers (Gymnasium backend only).
     """
     if cfg.backend == "envpool":
         from reflectrl.envs import envpool_backend
@@ -334,7 +337,7 @@ def make_vector_env(cfg, seed_offset: int = 0) -> gym.vector.SyncVectorEnv:
     p = env_settings(cfg)
     fn = functools.partial(
         _make_training_env, cfg.env_id, cfg.wrapper, dict(cfg.env), p.norm_obs, p.norm_reward,
-        p.clip_obs, p.clip_reward, p.gamma, keep_image=p.encoder == "cnn",
+        p.clip_obs, p.clip_reward, p.gamma, keep_image=p.encoder == "cnn", wrap=wrap,
     )
     envs = gym.vector.SyncVectorEnv(
         [fn] * p.num_envs, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
