@@ -63,8 +63,9 @@ class HPPOConfig:
     """goals=relative: how many regions away a sub-goal may be ((2 reach + 1)^2 - 1 choices)"""
     goal_reward: float = 1.0
     """the low level's reward on reaching its sub-goal (which ends its episode)"""
-    low_env_reward: float = 0.0
-    """the env's reward in the low level's, times this (0: the low level works for its sub-goals alone)"""
+    low_env_reward: float = 1.0
+    """the env's reward in the low level's, times this (FeUdal's worker: the env's reward and the sub-goal's; 0: the
+    low level works for its sub-goals alone, and nothing pays the last steps from a goal region onto the env's goal)"""
     high_num_steps: int = 32
     """sub-goal decisions per env per high-level update"""
     high_num_minibatches: int = 4

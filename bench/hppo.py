@@ -1,0 +1,125 @@
+"""Hierarchical vs flat (seed 002 section 6.1): hppo and hppo+shaping against flat ppo and flat SDRS
+(ppo+shaping) on the hardest grid layouts, 5 seeds, one `reflectrl compare` per task:
+
+    python bench/hppo.py --out bench/results/hppo               # every task
+    python bench/hppo.py --out bench/results/hppo --tasks maze15
+
+Tasks (the grid world; the only reward is 1 at the goal):
+  maze15   the 15x15 maze of `make demo`, episodes of 900 steps, 200k env steps: flat PPO never
+           finds the goal in 100k (docs/exploration.md)
+  rooms16  16x16 four rooms with 300-step episodes (a quarter of the default limit), 150k env steps
+  rooms9   9x9 four rooms with 100-step episodes, 50k env steps
+
+Each runs (resumable: re-run the same command after a stop)
+
+    reflectrl compare --env reflectrl/GridWorld-v0 --algos 'ppo,ppo+shaping,hppo,hppo+shaping' \
+        --seeds 5 --total-steps STEPS --workers 1 --set env.size=... env.layout=... env.max_episode_steps=...
+
+(sized for 2 shared CPU cores), then prints a table per task: the IQM over seeds of the final return
+(the mean over the last 10% of training) and of the AUC (the mean return over training), with 95%
+stratified-bootstrap CIs, the seeds that solve the task (final return >= 0.8), and three contrasts,
+each as the IQM difference of the final return with its CI, P(a > b) and the TOST p-value of "equal
+within 5% of the observed return range": hppo - ppo (the hierarchy), hppo+shaping - hppo (the
+distilled shapers inside it) and hppo+shaping - ppo+shaping (hierarchical vs flat SDRS). Per-run
+scores go to OUT/TASK/scores.json, the tables to OUT/table.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ENV = "reflectrl/GridWorld-v0"
+ALGOS = ["ppo", "ppo+shaping", "hppo", "hppo+shaping"]
+TASKS = {
+    "maze15": (["env.size=15", "env.layout=maze"], 200_000),
+    "rooms16": (["env.size=16", "env.layout=rooms", "env.max_episode_steps=300"], 150_000),
+    "rooms9": (["env.size=9", "env.layout=rooms", "env.max_episode_steps=100"], 50_000),
+}
+CONTRASTS = [("hppo", "ppo"), ("hppo+shaping", "hppo"), ("hppo+shaping", "ppo+shaping")]
+SOLVED = 0.8
+
+
+def _fmt(ci) -> str:
+    point, lo, hi = ci
+    return f"{point:.3g} [{lo:.3g}, {hi:.3g}]"
+
+
+def table(task: str, root: Path, reps: int = 5000) -> tuple[str, list[dict]]:
+    from reflectrl.report import stats
+    from reflectrl.report.analysis import load_experiment, margin_of, per_run_scores
+
+    exp = load_experiment(root)
+    scores = per_run_scores(exp)
+    unfinished = [f"{s['algo']} seed {s['seed']}" for s in scores if s["status"] != "finished"]
+    scores = [s for s in scores if s["status"] == "finished"]
+    labels = [label for label in exp.spec.algos if any(s["algo"] == label for s in scores)]
+    col = {label: {k: np.array([[s[k]] for s in scores if s["algo"] == label]) for k in ("final", "auc")}
+           for label in labels}
+    margin = margin_of(exp, ENV) if scores else float("nan")
+    env_set = " ".join(TASKS[task][0])
+    lines = [f"### {task}: {env_set}, {exp.spec.total_steps:,} env steps",
+             "",
+             f"IQM over seeds, 95% stratified-bootstrap CI ({reps} resamples); equivalence margin {margin:.3g}"
+             + (f"; unfinished, excluded: {', '.join(unfinished)}" if unfinished else ""),
+             "",
+             f"| entry | seeds | solved (final >= {SOLVED}) | final return | AUC | per-seed final |",
+             "|---|---|---|---|---|---|"]
+    for label in labels:
+        final, auc = col[label]["final"], col[label]["auc"]
+        per_seed = ", ".join(f"{s['final']:.2f}" for s in sorted((s for s in scores if s["algo"] == label),
+                                                                   key=lambda s: s["seed"]))
+        lines.append(f"| `{label}` | {len(final)} | {int((final >= SOLVED).sum())}/{len(final)} | "
+                     f"{_fmt(stats.interval([final], stats.iqm, reps))} | {_fmt(stats.interval([auc], stats.iqm, reps))} "
+                     f"| {per_seed} |")
+    lines += ["", "| contrast (final return) | IQM difference | P(a > b) | TOST p (equal) |", "|---|---|---|---|"]
+    for a, b in CONTRASTS:
+        if a in col and b in col:
+            fa, fb = col[a]["final"], col[b]["final"]
+            samples = stats.stratified_bootstrap([fa, fb], stats.iqm_difference, reps)
+            lines.append(f"| `{a}` - `{b}` | {_fmt(stats.interval([fa, fb], stats.iqm_difference, reps))} | "
+                         f"{stats.probability_of_improvement(fa, fb):.2f} | {stats.tost_p_value(samples, margin):.3f} |")
+    return "\n".join(lines), scores
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="bench/results/hppo")
+    parser.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated, of {', '.join(TASKS)}")
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--report-only", action="store_true", help="print the tables of what has finished")
+    args = parser.parse_args()
+    tasks = args.tasks.split(",")
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown:
+        parser.error(f"unknown task {unknown[0]}; tasks: {', '.join(TASKS)}")
+    out = Path(args.out)
+    texts = []
+    for task in tasks:
+        env_set, steps = TASKS[task]
+        root = out / task
+        if not args.report_only:
+            cmd = [sys.executable, "-m", "reflectrl", "compare", "--env", ENV, "--algos", ",".join(ALGOS), "--seeds",
+                   str(args.seeds), "--total-steps", str(steps), "--workers", str(args.workers), "--no-progress",
+                   "--out", str(root), "--set", *env_set]
+            print("$", " ".join(cmd), flush=True)
+            code = subprocess.call(cmd)
+            if code != 0:
+                print(f"compare exited {code}; the table below holds the runs that finished", flush=True)
+        if not (root / "experiment.json").exists() and not any(root.glob("*")):
+            continue
+        text, scores = table(task, root)
+        print(text, flush=True)
+        texts.append(text)
+        (root / "scores.json").write_text(json.dumps(scores, indent=1) + "\n")
+    (out / "table.md").write_text("\n\n".join(texts) + "\n")
+
+
+if __name__ == "__main__":
+    main()
