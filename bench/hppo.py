@@ -74,16 +74,17 @@ def table(task: str, root: Path, reps: int = 5000) -> tuple[str, list[dict]]:
         final, auc = col[label]["final"], col[label]["auc"]
         per_seed = ", ".join(f"{s['final']:.2f}" for s in sorted((s for s in scores if s["algo"] == label),
                                                                    key=lambda s: s["seed"]))
-        lines.append(f"| `{label}` | {len(final)} | {int((final >= SOLVED).sum())}/{len(final)} | "
-                     f"{_fmt(stats.interval([final], stats.iqm, reps))} | {_fmt(stats.interval([auc], stats.iqm, reps))} "
+        cis = [_fmt(stats.interval([x], stats.iqm, reps)) for x in (final, auc)]
+        lines.append(f"| `{label}` | {len(final)} | {int((final >= SOLVED).sum())}/{len(final)} | {cis[0]} | {cis[1]} "
                      f"| {per_seed} |")
     lines += ["", "| contrast (final return) | IQM difference | P(a > b) | TOST p (equal) |", "|---|---|---|---|"]
     for a, b in CONTRASTS:
         if a in col and b in col:
             fa, fb = col[a]["final"], col[b]["final"]
             samples = stats.stratified_bootstrap([fa, fb], stats.iqm_difference, reps)
-            lines.append(f"| `{a}` - `{b}` | {_fmt(stats.interval([fa, fb], stats.iqm_difference, reps))} | "
-                         f"{stats.probability_of_improvement(fa, fb):.2f} | {stats.tost_p_value(samples, margin):.3f} |")
+            diff = _fmt(stats.interval([fa, fb], stats.iqm_difference, reps))
+            lines.append(f"| `{a}` - `{b}` | {diff} | {stats.probability_of_improvement(fa, fb):.2f} | "
+                         f"{stats.tost_p_value(samples, margin):.3f} |")
     return "\n".join(lines), scores
 
 

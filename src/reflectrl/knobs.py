@@ -91,8 +91,8 @@ def sections() -> dict[str, dict]:
         RUN_KNOBS,
         SECTION_TYPES,
         DQNConfig,
-        IMPALAConfig,
         HPPOConfig,
+        IMPALAConfig,
         MAPPOConfig,
         PPOConfig,
         RunConfig,
@@ -167,7 +167,8 @@ def print_knobs(section: str | None = None, algo: str | None = None, as_json: bo
 def markdown_table(section: str) -> str:
     """The README's table of a section's knobs (tests/test_readme.py keeps the README in step)."""
     rows = sections()[section]["rows"]
-    prefix = f"{section}." if section not in ("run", "ppo", "dqn", "sac", "impala", "mappo", "hppo", "env", "grpo") else ""
+    bare = ("run", "ppo", "dqn", "sac", "impala", "mappo", "hppo", "env", "grpo")
+    prefix = f"{section}." if section not in bare else ""
     lines = ["| knob | default | meaning |", "|---|---|---|"]
     for r in rows:
         key = r["key"][len(prefix):] if prefix and r["key"].startswith(prefix) else r["key"]

@@ -107,6 +107,11 @@ class HPPOConfig:
         if self.high_batch_size % self.high_num_minibatches:
             bad(f"high_num_minibatches={self.high_num_minibatches} does not divide a high-level batch's "
                 f"num_envs*high_num_steps={self.high_batch_size} decisions; pick one that divides it")
+        for name, rows, parts in (("num_minibatches", self.batch_size, self.num_minibatches),
+                                  ("high_num_minibatches", self.high_batch_size, self.high_num_minibatches)):
+            if rows // parts < 2:
+                bad(f"{name}={parts}: a minibatch of {rows // parts} row cannot normalise advantages; "
+                    "use fewer minibatches or more steps")
         if self.batch_size > total_steps:
             raise UserError(f"--total-steps {total_steps} is smaller than one rollout (hppo.num_envs*num_steps="
                             f"{self.batch_size}); raise --total-steps or lower num_steps")

@@ -60,6 +60,7 @@ from reflectrl.control.checkpoint import (
 )
 from reflectrl.control.gae import compute_gae
 from reflectrl.control.policies import ActorCritic, _forward, _hidden, mlp, params_sha256
+from reflectrl.control.ppo_update import ClipKnobs, clipped_update
 from reflectrl.envs import make_vector_env, snapshot
 from reflectrl.errors import NonFiniteError
 from reflectrl.exploration import ExplorationTracker, RolloutKeys
@@ -118,68 +119,6 @@ class Level:
     optimizer: torch.optim.Optimizer
     signal: Signal | None
     gamma: float
-
-
-def clipped_update(level: Level, evaluate, b: dict, *, epochs: int, minibatches: int, generator: torch.Generator,
-                   clip_coef: float, clip_vloss: bool, norm_adv: bool, ent_coef: float, vf_coef: float,
-                   max_grad_norm: float, target_kl: float | None) -> dict:
-    """PPO's update over one batch (CleanRL's ppo.py): `evaluate(idx)` gives (logprob, entropy, value)
-    of rows idx with gradients; `b` holds the flat batch's logprobs, advantages, returns, values and
-    (optionally) weights. Returns the update's metrics (PPO's names)."""
-    n = len(b["advantages"])
-    mb_size = n // minibatches
-    grad = level.flat.grad
-    logratios = torch.empty(n)
-    clipfracs = []
-    for epoch in range(epochs):
-        order = torch.randperm(n, generator=generator)
-        for start in range(0, n, mb_size):
-            idx = order[start:start + mb_size]
-            newlogprob, entropy, newvalue = evaluate(idx)
-            logratio = newlogprob - b["logprobs"][idx]
-            ratio = logratio.exp()
-            logratios[start:start + mb_size] = logratio.detach()
-            mb_adv = b["advantages"][idx]
-            if norm_adv and len(idx) > 1:
-                mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
-            if b.get("weights") is not None:
-                mb_adv = mb_adv * b["weights"][idx]
-            pg_loss = torch.max(-mb_adv * ratio, -mb_adv * torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef)).mean()
-            returns, values = b["returns"][idx], b["values"][idx]
-            if clip_vloss:
-                v_clipped = values + torch.clamp(newvalue - values, -clip_coef, clip_coef)
-                v_loss = 0.5 * torch.max((newvalue - returns).square(), (v_clipped - returns).square()).mean()
-            else:
-                v_loss = 0.5 * (newvalue - returns).square().mean()
-            entropy_loss = entropy.mean()
-            loss = pg_loss - ent_coef * entropy_loss + vf_coef * v_loss
-            if not torch.isfinite(loss):
-                raise NonFiniteError("loss", b["global_step"])
-            grad.zero_()
-            loss.backward()
-            grad_norm = torch.linalg.vector_norm(grad)
-            if not torch.isfinite(grad_norm):
-                raise NonFiniteError("gradient", b["global_step"])
-            grad.mul_(torch.clamp(max_grad_norm / (grad_norm + 1e-6), max=1.0))
-            level.optimizer.step()
-        ratios = logratios.exp()
-        old_approx_kl = (-logratios).mean()
-        approx_kl = ((ratios - 1) - logratios).mean()
-        clipfracs.append(((ratios - 1.0).abs() > clip_coef).float().mean())
-        if target_kl is not None and approx_kl > target_kl:
-            break
-    y_pred, y_true = b["values"].numpy(), b["returns"].numpy()
-    var_y = np.var(y_true)
-    return {
-        "policy_loss": pg_loss.item(),
-        "value_loss": v_loss.item(),
-        "entropy": entropy_loss.item(),
-        "old_approx_kl": old_approx_kl.item(),
-        "approx_kl": approx_kl.item(),
-        "clipfrac": torch.stack(clipfracs).mean().item(),
-        "explained_variance": float("nan") if var_y == 0 else float(1 - np.var(y_true - y_pred) / var_y),
-        "update_epochs_done": epoch + 1,
-    }
 
 
 def apply_level_signal(signal: Signal, batch: Batch, estimate) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
@@ -386,11 +325,9 @@ class HPPOTrainer(EnvStepTrainer):
             signal_time.seconds -= own.seconds
         b = {"logprobs": extra["logprobs"].reshape(-1), "advantages": advantages.reshape(-1),
              "returns": returns.reshape(-1), "values": batch.values.reshape(-1),
-             "weights": None if weights is None else weights.reshape(-1), "global_step": self.global_step}
-        stats = clipped_update(level, evaluate, b, epochs=epochs, minibatches=minibatches, generator=self.generator,
-                               clip_coef=h.clip_coef, clip_vloss=h.clip_vloss, norm_adv=h.norm_adv,
-                               ent_coef=ent_coef, vf_coef=h.vf_coef, max_grad_norm=h.max_grad_norm,
-                               target_kl=h.target_kl)
+             "weights": None if weights is None else weights.reshape(-1)}
+        knobs = ClipKnobs.of(h, update_epochs=epochs, num_minibatches=minibatches, ent_coef=ent_coef)
+        stats = clipped_update(level.flat, level.optimizer, evaluate, b, knobs, self.generator, self.global_step)
         if level.signal is not None:
             with signal_time:
                 level.signal.after_update(batch)
@@ -438,7 +375,8 @@ class HPPOTrainer(EnvStepTrainer):
         if self.high.signal is not None and self.high.signal.wants_features:
             with torch.no_grad():
                 batch.features = policy.features(obs)
-        b_obs, b_masks, b_choices = obs.reshape(-1, self.high_in), masks.reshape(-1, masks.shape[-1]), choices.reshape(-1)
+        b_obs, b_choices = obs.reshape(-1, self.high_in), choices.reshape(-1)
+        b_masks = masks.reshape(-1, masks.shape[-1])
         stats = self._learn(self.high, batch, lambda idx: policy.evaluate(b_obs[idx], b_masks[idx], b_choices[idx]),
                             h.high_update_epochs, h.high_num_minibatches, h.high_ent_coef, {"logprobs": logprobs})
         self.high_updates += 1

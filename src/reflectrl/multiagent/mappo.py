@@ -47,6 +47,7 @@ from reflectrl.config import RunConfig
 from reflectrl.control.checkpoint import global_rngs, restore_global_rngs
 from reflectrl.control.gae import compute_gae
 from reflectrl.control.policies import _forward, mlp, params_sha256
+from reflectrl.control.ppo_update import ClipKnobs, clipped_update
 from reflectrl.errors import NonFiniteError
 from reflectrl.multiagent import envs as envs_snapshot
 from reflectrl.multiagent.envs import ParallelVecEnv
@@ -290,65 +291,12 @@ class MAPPOTrainer(EnvStepTrainer):
         b_policy_in = self.policy.policy_inputs(rollout.obs.reshape(B, n, self.obs_dim))
         b_critic_in = self.policy.critic_inputs(rollout.obs.reshape(B, n, self.obs_dim))
         b_actions = rollout.actions.reshape(B, n)
-        b_logprobs = rollout.logprobs.reshape(B, n)
-        b_advantages = rollout.advantages.reshape(B, n)
-        b_returns = rollout.returns.reshape(B, n)
-        b_values = rollout.values.reshape(B, n)
-        b_weights = None if rollout.weights is None else rollout.weights.reshape(B, n)
-        mb_size = B // m.num_minibatches
-        grad = self.flat_params.grad
-        logratios = torch.empty(B, n)
-        kls, clipfracs = [], []
-        for epoch in range(m.update_epochs):
-            order = torch.randperm(B, generator=self.generator)
-            for start in range(0, B, mb_size):
-                idx = order[start:start + mb_size]
-                newlogprob, entropy, newvalue = self.policy.evaluate(b_policy_in[idx], b_critic_in[idx],
-                                                                     b_actions[idx])
-                logratio = newlogprob - b_logprobs[idx]
-                ratio = logratio.exp()
-                logratios[start:start + mb_size] = logratio.detach()
-                mb_adv = b_advantages[idx]
-                if m.norm_adv:
-                    mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
-                if b_weights is not None:
-                    mb_adv = mb_adv * b_weights[idx]
-                pg_loss = torch.max(-mb_adv * ratio,
-                                    -mb_adv * torch.clamp(ratio, 1 - m.clip_coef, 1 + m.clip_coef)).mean()
-                if m.clip_vloss:
-                    v_unclipped = (newvalue - b_returns[idx]).square()
-                    v_clipped = b_values[idx] + torch.clamp(newvalue - b_values[idx], -m.clip_coef, m.clip_coef)
-                    v_loss = 0.5 * torch.max(v_unclipped, (v_clipped - b_returns[idx]).square()).mean()
-                else:
-                    v_loss = 0.5 * (newvalue - b_returns[idx]).square().mean()
-                entropy_loss = entropy.mean()
-                loss = pg_loss - m.ent_coef * entropy_loss + m.vf_coef * v_loss
-                self._check_finite(loss, "loss")
-                grad.zero_()
-                loss.backward()
-                grad_norm = torch.linalg.vector_norm(grad)
-                self._check_finite(grad_norm, "gradient")
-                grad.mul_(torch.clamp(m.max_grad_norm / (grad_norm + 1e-6), max=1.0))
-                self.optimizer.step()
-            ratios = logratios.exp()
-            old_approx_kl = (-logratios).mean()
-            approx_kl = ((ratios - 1) - logratios).mean()
-            kls.append(approx_kl)
-            clipfracs.append(((ratios - 1.0).abs() > m.clip_coef).float().mean())
-            if m.target_kl is not None and approx_kl > m.target_kl:
-                break
-        y_pred, y_true = b_values.numpy(), b_returns.numpy()
-        var_y = np.var(y_true)
-        return {
-            "policy_loss": pg_loss.item(),
-            "value_loss": v_loss.item(),
-            "entropy": entropy_loss.item(),
-            "old_approx_kl": old_approx_kl.item(),
-            "approx_kl": approx_kl.item(),
-            "clipfrac": torch.stack(clipfracs).mean().item(),
-            "explained_variance": float("nan") if var_y == 0 else float(1 - np.var(y_true - y_pred) / var_y),
-            "update_epochs_done": epoch + 1,
-        }
+        b = {"logprobs": rollout.logprobs.reshape(B, n), "advantages": rollout.advantages.reshape(B, n),
+             "returns": rollout.returns.reshape(B, n), "values": rollout.values.reshape(B, n),
+             "weights": None if rollout.weights is None else rollout.weights.reshape(B, n)}
+        evaluate = lambda idx: self.policy.evaluate(b_policy_in[idx], b_critic_in[idx], b_actions[idx])  # noqa: E731
+        return clipped_update(self.flat_params, self.optimizer, evaluate, b, ClipKnobs.of(m), self.generator,
+                              self.global_step)
 
     # ------------------------------------------------------------------ loop
 
