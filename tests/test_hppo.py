@@ -194,8 +194,36 @@ def test_hppo_run_via_the_cli_logs_both_levels(cli, tmp_path):
     assert last["high_updates"] >= 2
     saved = json.loads((out / "config.json").read_text())
     assert saved["hppo"]["horizon"] == 6 and saved["env"]["size"] == 9
-    code, _, err = cli("eval", out)
-    _assert_one_line(code, err, "two-level (hppo) run")
+    # eval acts with both levels, keeping each episode's sub-goal
+    code, stdout, err = cli("eval", out, "--episodes", 3, "--json")
+    assert code == 0, err
+    result = json.loads(stdout)
+    assert result["episodes"] == 3
+    assert result["params_sha256"] == torch.load(out / "checkpoint.pt", weights_only=False)["params_sha256"]
+
+
+def test_eval_agent_keeps_and_renews_its_sub_goal():
+    from reflectrl.hierarchy.hppo import HierarchicalAgent
+
+    trainer = _trainer()
+    agent = HierarchicalAgent(trainer.low.policy, trainer.high.policy, trainer.goals, horizon=3)
+    x = torch.zeros(1, trainer.obs_dim)
+    x[0, 0] = 1.0  # the one-hot cell (0, 0)
+    agent.observe({"agent_cell": np.array([0, 0])}, reset=True)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        agent.act(x, generator)
+        first = agent.goal.copy()
+        assert first[0] in (1, 3, 4) and not agent.need_goal  # a neighbour of region 0
+        agent.observe({"agent_cell": np.array([0, 1])})
+        assert not agent.need_goal and agent.steps == 1
+        agent.observe({"agent_cell": np.array([0, 1])})
+        agent.observe({"agent_cell": np.array([0, 1])})
+        assert agent.need_goal  # the horizon ran out
+        agent.deterministic_action(x)
+        agent.observe({"agent_cell": np.array([4, 4])})  # an arrival elsewhere than the goal
+        cells = trainer.goals.region_of(np.array([[4, 4]]))
+        assert agent.need_goal == bool(agent.goal[0] == cells[0])
 
 
 def test_both_levels_learn():

@@ -30,10 +30,15 @@ def load_policy(run: RunDir) -> tuple[RunConfig, ActorCritic | QNetwork | Actor,
     if trainer_name(cfg) == "mappo":
         raise UserError(f"{run.path} is a multi-agent (mappo) run, which `reflectrl eval` does not evaluate yet; "
                         "its metrics.jsonl holds the team's and each agent's returns over training")
-    if trainer_name(cfg) == "hppo":
-        raise UserError(f"{run.path} is a two-level (hppo) run, which `reflectrl eval` does not evaluate yet; "
-                        "its metrics.jsonl holds the episodes' returns over training")
     state = run.load_checkpoint()
+    mismatch = f"checkpoint in {run.path} does not match its config.json (network shapes differ)"
+    if trainer_name(cfg) == "hppo":  # both levels, acting as one agent that keeps its sub-goal
+        from reflectrl.hierarchy.hppo import load_agent
+
+        try:
+            return cfg, load_agent(cfg, state), state
+        except (KeyError, RuntimeError):
+            raise UserError(mismatch) from None
     env = make_env(cfg.env_id, env_kwargs=cfg.env, keep_image=cnn_encoder(cfg))
     continuous = is_continuous(env.action_space)
     obs_shape = env.observation_space.shape
@@ -50,7 +55,7 @@ def load_policy(run: RunDir) -> tuple[RunConfig, ActorCritic | QNetwork | Actor,
     try:
         agent.load_state_dict(state["agent"])
     except (KeyError, RuntimeError):
-        raise UserError(f"checkpoint in {run.path} does not match its config.json (network shapes differ)") from None
+        raise UserError(mismatch) from None
     return cfg, agent, state
 
 
@@ -83,6 +88,11 @@ def evaluate(
     cfg, agent, state = load_policy(run)
     env = make_env(cfg.env_id, env_kwargs=cfg.env, render_mode="rgb_array" if video else None,
                    keep_image=cnn_encoder(cfg), learning=False)
+    observe = getattr(agent, "observe", None)  # an agent with a state of its own (hppo's sub-goal) sees each info
+    if observe is not None:
+        from reflectrl.hierarchy.goals import AgentCell
+
+        env = AgentCell(env)
     if max_steps is None:
         max_steps = episode_step_limit(env) or EVAL_MAX_STEPS
     normalizer = state.get("obs_normalizer")
@@ -100,7 +110,9 @@ def evaluate(
     returns, lengths, frames = [], [], []
     capped = 0
     for ep in range(episodes):
-        obs, _ = env.reset(seed=base_seed + ep)
+        obs, info = env.reset(seed=base_seed + ep)
+        if observe is not None:
+            observe(info, reset=True)
         done = False
         episode_return, steps = 0.0, 0
         while not done:
@@ -118,6 +130,8 @@ def evaluate(
             else:
                 a = int(a)
             obs, reward, terminated, truncated, info = env.step(a)
+            if observe is not None:
+                observe(info)
             episode_return += float(reward)  # eval adds no reward wrapper: this is the env's true return
             steps += 1
             done = terminated or truncated

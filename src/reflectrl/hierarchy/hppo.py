@@ -505,3 +505,61 @@ class HPPOTrainer(EnvStepTrainer):
 
 _PPO_METRICS = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac",
                 "explained_variance", "update_epochs_done")
+
+
+class HierarchicalAgent(nn.Module):
+    """Both levels of a trained run as one acting agent, for `reflectrl eval`: it keeps the sub-goal of
+    the episode it is in. The caller passes every reset's and step's info (`observe`), from an env
+    wrapped in goals.AgentCell; `act` and `deterministic_action` then read one observation at a time."""
+
+    def __init__(self, low: ActorCritic, high: SubgoalPolicy, goals, horizon: int):
+        super().__init__()
+        self.low, self.high, self.goals, self.horizon = low, high, goals, horizon
+        self.cell = np.zeros((1, 2), dtype=np.int64)
+        self.goal = np.zeros(1, dtype=np.int64)
+        self.steps, self.need_goal = 0, True
+
+    def observe(self, info: dict, reset: bool = False) -> None:
+        self.cell = np.asarray(info["agent_cell"], dtype=np.int64).reshape(1, 2)
+        if reset:
+            self.steps, self.need_goal = 0, True
+            return
+        self.steps += 1
+        if self.goals.reached(self.goal, self.cell)[0] or self.steps >= self.horizon:
+            self.steps, self.need_goal = 0, True
+
+    def _inputs(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x.reshape(1, -1), self.goals.positions(self.cell)], -1)
+
+    def _low_inputs(self, x: torch.Tensor, choose) -> torch.Tensor:
+        high_in = self._inputs(x)
+        if self.need_goal:
+            self.goal = self.goals.goal_of(choose(high_in, self.goals.masks(self.cell)).numpy(), self.cell)
+            self.need_goal = False
+        return torch.cat([high_in, self.goals.features(self.goal, self.cell)], -1)
+
+    def act(self, x: torch.Tensor, generator: torch.Generator | None = None):
+        low_in = self._low_inputs(x, lambda h, mask: self.high.act(h, mask, generator)[0])
+        return self.low.act(low_in, generator)
+
+    def deterministic_action(self, x: torch.Tensor) -> torch.Tensor:
+        low_in = self._low_inputs(x, lambda h, mask: self.high._logp(h, mask).argmax(-1))
+        return self.low.deterministic_action(low_in)
+
+
+def load_agent(cfg: RunConfig, state: dict) -> HierarchicalAgent:
+    """The acting agent of a run's checkpoint (both levels, built as the trainer builds them)."""
+    from reflectrl.envs import make_env
+
+    h = cfg.hppo
+    env = make_env(cfg.env_id, wrapper=cfg.wrapper, env_kwargs=cfg.env)
+    try:
+        goals = goal_space_for(env, h.goal_region, h.goals, h.goal_reach, cfg.env_id)
+        obs_dim, n_actions = int(np.prod(env.observation_space.shape)), int(env.action_space.n)
+    finally:
+        env.close()
+    low = ActorCritic(obs_dim + goals.position_dim + goals.feature_dim, n_actions, False, h.hidden_sizes)
+    high = SubgoalPolicy(obs_dim + goals.position_dim, goals.n_choices, h.hidden_sizes)
+    low.load_state_dict(state["levels"]["low"]["policy"])
+    high.load_state_dict(state["levels"]["high"]["policy"])
+    return HierarchicalAgent(low, high, goals, h.horizon)
