@@ -56,8 +56,8 @@ def test_parse_algo_errors(text, family, needle):
 
 def test_aliases_and_names_come_from_the_registry():
     assert aliases("control") == {"ppo": "ppo", "dqn": "dqn", "sac": "sac", "impala": "impala", "mappo": "mappo",
-                                  "refgrpo": "ppo+calibration", "gear": "ppo+gear", "sdrs": "ppo+shaping",
-                                  "ppo_lag": "ppo+lagrangian"}
+                                  "hppo": "hppo", "refgrpo": "ppo+calibration", "gear": "ppo+gear",
+                                  "sdrs": "ppo+shaping", "ppo_lag": "ppo+lagrangian"}
     assert {"dqn+shaping", "dqn+calibration", "sac+shaping", "sac+calibration"} <= set(algo_names("control"))
     # the replay trainers learn from transitions out of trajectory order: no gear, rnd or count
     assert not {"dqn+gear", "dqn+rnd", "dqn+count", "sac+gear"} & set(algo_names("control"))

@@ -277,7 +277,7 @@ def test_shaping_changes_both_levels_rewards():
     assert high.buffer[-1]["actions"].shape[-1] == trainer.goals.n_choices
 
 
-@pytest.mark.parametrize("algo", ["hppo+count", "hppo+gear", "hppo+shaping+count"])
+@pytest.mark.parametrize("algo", ["hppo+count", "hppo+gear", "hppo+calibration", "hppo+shaping+count"])
 def test_other_signals_compose(algo):
     trainer = _trainer(algo, total_steps=256, extra=SHAPING if "shaping" in algo else ())
     trainer.train(progress=False)
