@@ -13,15 +13,21 @@ Tasks (the grid world; the only reward is 1 at the goal):
 Each runs (resumable: re-run the same command after a stop)
 
     reflectrl compare --env reflectrl/GridWorld-v0 --algos 'ppo,ppo+shaping,hppo,hppo+shaping' \
-        --seeds 5 --total-steps STEPS --workers 1 --set env.size=... env.layout=... env.max_episode_steps=...
+        --seeds 5 --total-steps STEPS --workers 2 --set env.size=... env.layout=... env.max_episode_steps=...
 
 (sized for 2 shared CPU cores), then prints a table per task: the IQM over seeds of the final return
 (the mean over the last 10% of training) and of the AUC (the mean return over training), with 95%
 stratified-bootstrap CIs, the seeds that solve the task (final return >= 0.8), and three contrasts,
 each as the IQM difference of the final return with its CI, P(a > b) and the TOST p-value of "equal
-within 5% of the observed return range": hppo - ppo (the hierarchy), hppo+shaping - hppo (the
-distilled shapers inside it) and hppo+shaping - ppo+shaping (hierarchical vs flat SDRS). Per-run
-scores go to OUT/TASK/scores.json, the tables to OUT/table.md.
+within 5% of the observed return range", and the same difference and P(a > b) of the AUC:
+hppo - ppo (the hierarchy), hppo+shaping - hppo (the distilled shapers inside it) and
+hppo+shaping - ppo+shaping (hierarchical vs flat SDRS). Per-run scores go to OUT/TASK/scores.json,
+the tables to OUT/table.md.
+
+    python bench/hppo.py --overhead
+
+trains each entry for 40k steps on the 15x15 maze in this process, one after another (one torch
+thread), and prints its env steps per second, its ratio to ppo's and its mean signal_time_fraction.
 """
 
 from __future__ import annotations
@@ -77,15 +83,44 @@ def table(task: str, root: Path, reps: int = 5000) -> tuple[str, list[dict]]:
         cis = [_fmt(stats.interval([x], stats.iqm, reps)) for x in (final, auc)]
         lines.append(f"| `{label}` | {len(final)} | {int((final >= SOLVED).sum())}/{len(final)} | {cis[0]} | {cis[1]} "
                      f"| {per_seed} |")
-    lines += ["", "| contrast (final return) | IQM difference | P(a > b) | TOST p (equal) |", "|---|---|---|---|"]
+    lines += ["", "| contrast | final: IQM difference | P(a > b) | TOST p (equal) | AUC: IQM difference | P(a > b) |",
+              "|---|---|---|---|---|---|"]
     for a, b in CONTRASTS:
         if a in col and b in col:
             fa, fb = col[a]["final"], col[b]["final"]
-            samples = stats.stratified_bootstrap([fa, fb], stats.iqm_difference, reps)
-            diff = _fmt(stats.interval([fa, fb], stats.iqm_difference, reps))
-            lines.append(f"| `{a}` - `{b}` | {diff} | {stats.probability_of_improvement(fa, fb):.2f} | "
-                         f"{stats.tost_p_value(samples, margin):.3f} |")
+            aa, ab = col[a]["auc"], col[b]["auc"]
+            tost = stats.tost_p_value(stats.stratified_bootstrap([fa, fb], stats.iqm_difference, reps), margin)
+            lines.append(f"| `{a}` - `{b}` | {_fmt(stats.interval([fa, fb], stats.iqm_difference, reps))} | "
+                         f"{stats.probability_of_improvement(fa, fb):.2f} | {tost:.3f} | "
+                         f"{_fmt(stats.interval([aa, ab], stats.iqm_difference, reps))} | "
+                         f"{stats.probability_of_improvement(aa, ab):.2f} |")
     return "\n".join(lines), scores
+
+
+def overhead(steps: int = 40_000) -> str:
+    import time
+
+    from reflectrl.config import trainer_name
+    from reflectrl.control.ppo import new_run_config
+    from reflectrl.registry import trainer_class
+
+    lines = [f"15x15 maze, {steps:,} env steps each, one process, one torch thread", "",
+             "| entry | steps/s | / ppo | signal_time_fraction |", "|---|---|---|---|"]
+    base = None
+    for algo in ALGOS:
+        cfg = new_run_config(algo=algo, env_id=ENV, total_steps=steps, overrides=TASKS["maze15"][0])
+        trainer = trainer_class(trainer_name(cfg))(cfg)
+        start, fractions = time.perf_counter(), []
+        while not trainer.finished():
+            row = trainer.run_iteration()
+            if row.get("signal_time_fraction") is not None:
+                fractions.append(row["signal_time_fraction"])
+        rate = trainer.global_step / (time.perf_counter() - start)
+        base = base or rate
+        frac = f"{np.mean(fractions):.3f}" if fractions else ""
+        lines.append(f"| `{algo}` | {rate:,.0f} | {rate / base:.2f} | {frac} |")
+        print(lines[-1], flush=True)
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -93,9 +128,13 @@ def main() -> None:
     parser.add_argument("--out", default="bench/results/hppo")
     parser.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated, of {', '.join(TASKS)}")
     parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--report-only", action="store_true", help="print the tables of what has finished")
+    parser.add_argument("--overhead", action="store_true", help="measure each entry's env steps per second")
     args = parser.parse_args()
+    if args.overhead:
+        print(overhead())
+        return
     tasks = args.tasks.split(",")
     unknown = [t for t in tasks if t not in TASKS]
     if unknown:
