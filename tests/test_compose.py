@@ -207,6 +207,10 @@ def test_compare_entries_with_per_signal_brackets():
     assert entries[1].algo == "refgrpo" and entries[1].canonical == "ppo+calibration"
     assert entries[1].overrides == ("calibration.alpha=0",)
     assert entries[2].overrides == ("ent_coef=0",)
+    # a bare key in a signal's brackets that is its trainer's own knob goes to the trainer (hppo's, mappo's)
+    hppo, mappo = parse_algos("hppo+shaping[shaped_levels=low;mode=potential],mappo+shaping[critic=local]")
+    assert hppo.overrides == ("shaped_levels=low", "shaping.mode=potential")
+    assert mappo.overrides == ("critic=local",)
 
     spec = ExperimentSpec(envs=["CartPole-v1"], algos=[e.label for e in entries], seeds=1, total_steps=512,
                           sets=["gear.w_max=3", "refgrpo.clip_k=2", "num_envs=2"])

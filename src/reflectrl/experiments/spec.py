@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from reflectrl.config import RUN_KNOBS, PPOConfig
+from reflectrl.config import RUN_KNOBS, TRAINER_SECTIONS, PPOConfig
 from reflectrl.errors import UserError
 from reflectrl.registry import aliases, parse_algo, signal_spec, signals
 
@@ -76,13 +76,19 @@ class RunSpec:
         return tuple(argv)
 
 
-def _knob_of(section: str | None, item: str, signal_first: bool) -> str:
-    """A bare key in brackets: a knob of `section` (a signal) or a PPO / run knob."""
+def _trainer_knobs(trainer: str) -> set[str]:
+    """The bare knob names of a trainer: its own section's (hppo, mappo, dqn, ...) or PPO's."""
+    own = TRAINER_SECTIONS.get(trainer)
+    return _PPO_KNOBS if own is None else {f.name for f in dataclasses.fields(own)}
+
+
+def _knob_of(section: str | None, item: str, signal_first: bool, trainer: str = "ppo") -> str:
+    """A bare key in brackets: a knob of `section` (a signal) or a knob of the trainer / the run."""
     key = item.split("=", 1)[0].strip()
     if "." in key or section is None:
         return item.strip()
     own = {f.name for f in dataclasses.fields(signal_spec(section).config)}
-    general = key in _PPO_KNOBS or key in RUN_KNOBS
+    general = key in _trainer_knobs(trainer) or key in RUN_KNOBS
     if (signal_first and key in own) or not general:
         return f"{section}.{item.strip()}"
     return item.strip()
@@ -137,9 +143,10 @@ def parse_entry(item: str) -> AlgoEntry:
                                 f"of: {', '.join(aliases('control'))}")
             algo = parse_algo(m.group(1))  # an alias's bare keys go to its one signal
             section = algo.signals[0] if len(algo.signals) == 1 and len(parts) == 1 else None
-            overrides += [_knob_of(section, kv, signal_first=False) for kv in items]
+            trainer = algo.trainer
+            overrides += [_knob_of(section, kv, signal_first=False, trainer=trainer) for kv in items]
         else:
-            overrides += [_knob_of(m.group(1), kv, signal_first=True) for kv in items]
+            overrides += [_knob_of(m.group(1), kv, signal_first=True, trainer=trainer) for kv in items]
     algo = "+".join(names)
     parse_algo(algo)  # unknown names, signals a trainer cannot run: one line, before anything starts
     return AlgoEntry(label=item, algo=algo, overrides=tuple(overrides))
