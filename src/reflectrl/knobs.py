@@ -23,7 +23,16 @@ from reflectrl.errors import UserError
 
 @functools.cache
 def field_docs(cls: type) -> dict[str, str]:
-    """{field: the string literal written under it in the class body}."""
+    """{field: the string literal written under it in the class body}, a subclass's over its bases'
+    (a trainer's knobs on onpolicy.OnPolicyConfig)."""
+    docs = {}
+    for klass in reversed(cls.__mro__):
+        if klass is not object and dataclasses.is_dataclass(klass):
+            docs.update(_own_field_docs(klass))
+    return docs
+
+
+def _own_field_docs(cls: type) -> dict[str, str]:
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     except (OSError, TypeError):  # no source (a frozen build): the names and defaults still list
