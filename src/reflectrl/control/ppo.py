@@ -46,6 +46,7 @@ from reflectrl.control.checkpoint import (
 from reflectrl.control.cnn import cnn_fits, image_layout, make_policy
 from reflectrl.control.gae import compute_gae
 from reflectrl.control.policies import params_sha256
+from reflectrl.control.ppo_update import update_metrics
 from reflectrl.control.streams import ValueStreams
 from reflectrl.envs import (
     find_wrapper,
@@ -478,19 +479,9 @@ class PPOTrainer(EnvStepTrainer):
             if p.target_kl is not None and approx_kl > p.target_kl:
                 break
 
-        y_pred, y_true = b_values.numpy(), b_returns.numpy()
-        var_y = np.var(y_true)
-        return {
-            **({} if streams is None else streams.metrics()),
-            "policy_loss": pg_loss.item(),
-            "value_loss": v_loss.item(),
-            "entropy": entropy_loss.item(),
-            "old_approx_kl": old_approx_kl.item(),
-            "approx_kl": approx_kl.item(),
-            "clipfrac": torch.stack(clipfracs).mean().item(),
-            "explained_variance": float("nan") if var_y == 0 else float(1 - np.var(y_true - y_pred) / var_y),
-            "update_epochs_done": epoch + 1,
-        }
+        return {**({} if streams is None else streams.metrics()),
+                **update_metrics(pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfracs, b_values,
+                                 b_returns, epoch + 1)}
 
     # ------------------------------------------------------------------ loop
 

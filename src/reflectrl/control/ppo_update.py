@@ -86,7 +86,15 @@ def clipped_update(flat: torch.Tensor, optimizer: torch.optim.Optimizer, evaluat
         clipfracs.append(((ratios - 1.0).abs() > k.clip_coef).float().mean())
         if k.target_kl is not None and approx_kl > k.target_kl:
             break
-    y_pred, y_true = b["values"].numpy(), b["returns"].numpy()
+    return update_metrics(pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfracs, b["values"],
+                          b["returns"], epoch + 1)
+
+
+def update_metrics(pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfracs, values, returns,
+                   epochs_done: int) -> dict:
+    """PPO's metrics of an update (CleanRL's names): its last minibatch's losses, the last epoch's KL
+    estimates, the mean clip fraction, and how much of the returns' variance the old values explain."""
+    y_pred, y_true = values.numpy(), returns.numpy()
     var_y = np.var(y_true)
     return {
         "policy_loss": pg_loss.item(),
@@ -96,5 +104,5 @@ def clipped_update(flat: torch.Tensor, optimizer: torch.optim.Optimizer, evaluat
         "approx_kl": approx_kl.item(),
         "clipfrac": torch.stack(clipfracs).mean().item(),
         "explained_variance": float("nan") if var_y == 0 else float(1 - np.var(y_true - y_pred) / var_y),
-        "update_epochs_done": epoch + 1,
+        "update_epochs_done": epochs_done,
     }
