@@ -9,6 +9,8 @@ Tasks (the grid world; the only reward is 1 at the goal):
            finds the goal in 100k (docs/exploration.md)
   rooms16  16x16 four rooms with 300-step episodes (a quarter of the default limit), 150k env steps
   rooms9   9x9 four rooms with 100-step episodes, 50k env steps
+  maze15-ablations  the maze with ppo+count (the exploration baseline), potential-mode shaping flat and
+           in the hierarchy, and hppo's shaping at one level only (not in the default --tasks)
 
 Each runs (resumable: re-run the same command after a stop)
 
@@ -42,10 +44,15 @@ import numpy as np
 
 ENV = "reflectrl/GridWorld-v0"
 ALGOS = ["ppo", "ppo+shaping", "hppo", "hppo+shaping"]
-TASKS = {
-    "maze15": (["env.size=15", "env.layout=maze"], 200_000),
-    "rooms16": (["env.size=16", "env.layout=rooms", "env.max_episode_steps=300"], 150_000),
-    "rooms9": (["env.size=9", "env.layout=rooms", "env.max_episode_steps=100"], 50_000),
+# the ablations on the maze: which level's shaper does what, the loop-proof mode, and the exploration baseline
+ABLATIONS = ["ppo+count", "ppo+shaping[mode=potential]", "hppo+shaping[mode=potential]",
+             "hppo+shaping[shaped_levels=low]", "hppo+shaping[shaped_levels=high]"]
+MAZE15 = ["env.size=15", "env.layout=maze"]
+TASKS = {  # name: (--set of the env, env steps, algo entries)
+    "maze15": (MAZE15, 200_000, ALGOS),
+    "rooms16": (["env.size=16", "env.layout=rooms", "env.max_episode_steps=300"], 150_000, ALGOS),
+    "rooms9": (["env.size=9", "env.layout=rooms", "env.max_episode_steps=100"], 50_000, ALGOS),
+    "maze15-ablations": (MAZE15, 200_000, ABLATIONS),
 }
 CONTRASTS = [("hppo", "ppo"), ("hppo+shaping", "hppo"), ("hppo+shaping", "ppo+shaping")]
 SOLVED = 0.8
@@ -108,7 +115,7 @@ def overhead(steps: int = 40_000) -> str:
              "| entry | steps/s | / ppo | signal_time_fraction |", "|---|---|---|---|"]
     base = None
     for algo in ALGOS:
-        cfg = new_run_config(algo=algo, env_id=ENV, total_steps=steps, overrides=TASKS["maze15"][0])
+        cfg = new_run_config(algo=algo, env_id=ENV, total_steps=steps, overrides=MAZE15)
         trainer = trainer_class(trainer_name(cfg))(cfg)
         start, fractions = time.perf_counter(), []
         while not trainer.finished():
@@ -126,7 +133,7 @@ def overhead(steps: int = 40_000) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="bench/results/hppo")
-    parser.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated, of {', '.join(TASKS)}")
+    parser.add_argument("--tasks", default="maze15,rooms16,rooms9", help=f"comma-separated, of {', '.join(TASKS)}")
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--report-only", action="store_true", help="print the tables of what has finished")
@@ -142,22 +149,23 @@ def main() -> None:
     out = Path(args.out)
     texts = []
     for task in tasks:
-        env_set, steps = TASKS[task]
+        env_set, steps, algos = TASKS[task]
         root = out / task
         if not args.report_only:
-            cmd = [sys.executable, "-m", "reflectrl", "compare", "--env", ENV, "--algos", ",".join(ALGOS), "--seeds",
+            cmd = [sys.executable, "-m", "reflectrl", "compare", "--env", ENV, "--algos", ",".join(algos), "--seeds",
                    str(args.seeds), "--total-steps", str(steps), "--workers", str(args.workers), "--no-progress",
                    "--out", str(root), "--set", *env_set]
             print("$", " ".join(cmd), flush=True)
             code = subprocess.call(cmd)
             if code != 0:
                 print(f"compare exited {code}; the table below holds the runs that finished", flush=True)
-        if not (root / "experiment.json").exists() and not any(root.glob("*")):
+        if not (root / "experiment.json").exists():
             continue
         text, scores = table(task, root)
         print(text, flush=True)
         texts.append(text)
         (root / "scores.json").write_text(json.dumps(scores, indent=1) + "\n")
+    out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text("\n\n".join(texts) + "\n")
 
 
