@@ -55,6 +55,8 @@ TASKS = {  # name: (--set of the env, env steps, algo entries)
     "maze15-ablations": (MAZE15, 200_000, ABLATIONS),
 }
 CONTRASTS = [("hppo", "ppo"), ("hppo+shaping", "hppo"), ("hppo+shaping", "ppo+shaping")]
+# the ablations are contrasted with an entry of another task's experiment (the same env, settings and seeds 1..N)
+REFERENCE = {"maze15-ablations": ("maze15", "hppo")}
 SOLVED = 0.8
 
 
@@ -92,7 +94,15 @@ def table(task: str, root: Path, reps: int = 5000) -> tuple[str, list[dict]]:
                      f"| {per_seed} |")
     lines += ["", "| contrast | final: IQM difference | P(a > b) | TOST p (equal) | AUC: IQM difference | P(a > b) |",
               "|---|---|---|---|---|---|"]
-    for a, b in CONTRASTS:
+    pairs = CONTRASTS
+    if task in REFERENCE and (root.parent / REFERENCE[task][0] / "experiment.json").exists():
+        other, ref = REFERENCE[task]
+        ref_scores = [x for x in per_run_scores(load_experiment(root.parent / other))
+                      if x["status"] == "finished" and x["algo"] == ref]
+        col[ref] = {k: np.array([[x[k]] for x in ref_scores]) for k in ("final", "auc")}
+        pairs = [(label, ref) for label in labels]
+        lines[-2:-2] = [f"Contrasts with `{ref}` of the `{other}` experiment ({len(ref_scores)} seeds).", ""]
+    for a, b in pairs:
         if a in col and b in col:
             fa, fb = col[a]["final"], col[b]["final"]
             aa, ab = col[a]["auc"], col[b]["auc"]
