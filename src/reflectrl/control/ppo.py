@@ -102,6 +102,20 @@ def check_cost_channel(cfg: RunConfig, probe: gym.Env) -> None:
                         "--set env.hazards=K (the grid world), or an env of your own that reports info['cost']")
 
 
+def _resolve_hppo(cfg: RunConfig, probe: gym.Env, continuous: bool) -> None:
+    """hppo's knobs, checked, and its goal space built once from the probe (one line if the env has none)."""
+    from reflectrl.hierarchy.goals import goal_space_for
+
+    if continuous:
+        raise UserError(f"--algo hppo needs discrete actions; '{cfg.env_id}' has continuous (Box) actions")
+    if cfg.backend != "gymnasium":
+        raise UserError(f"--algo hppo reads the agent's cell from each env: it runs on backend=gymnasium, "
+                        f"not {cfg.backend}")
+    cfg.hppo = cfg.hppo or HPPOConfig()
+    cfg.hppo.validate(cfg.total_steps)  # before its goal space is built from them
+    goal_space_for(probe, cfg.hppo.goal_region, cfg.hppo.goals, cfg.hppo.goal_reach, cfg.env_id)
+
+
 def resolve_config(cfg: RunConfig) -> RunConfig:
     """Fill per-env defaults (Atari's, or by action type; the encoder by observation) and validate."""
     if cfg.env_id.startswith("pettingzoo:") or trainer_name(cfg) == "mappo":
@@ -115,6 +129,8 @@ def resolve_config(cfg: RunConfig) -> RunConfig:
         shape = probe.observation_space.shape
         pixels = is_image_space(probe.observation_space) and not is_minigrid(probe) and cnn_fits(shape)
         check_cost_channel(cfg, probe)
+        if trainer_name(cfg) == "hppo":
+            _resolve_hppo(cfg, probe, continuous)
     finally:
         probe.close()
     if cfg.ppo.encoder == "cnn":
@@ -136,21 +152,6 @@ def resolve_config(cfg: RunConfig) -> RunConfig:
             raise UserError(f"--algo sac reads flat vector observations; '{cfg.env_id}' gives {shape}: "
                             "use --algo ppo on it")
         cfg.sac = cfg.sac or SACConfig()
-    elif trainer_name(cfg) == "hppo":
-        from reflectrl.hierarchy.goals import goal_space_for
-
-        if continuous:
-            raise UserError(f"--algo hppo needs discrete actions; '{cfg.env_id}' has continuous (Box) actions")
-        if cfg.backend != "gymnasium":
-            raise UserError(f"--algo hppo reads the agent's cell from each env: it runs on backend=gymnasium, "
-                            f"not {cfg.backend}")
-        cfg.hppo = cfg.hppo or HPPOConfig()
-        cfg.hppo.validate(cfg.total_steps)  # before its goal space is built from them
-        probe = make_env(cfg.env_id, wrapper=cfg.wrapper, env_kwargs=cfg.env)
-        try:
-            goal_space_for(probe, cfg.hppo.goal_region, cfg.hppo.goals, cfg.hppo.goal_reach, cfg.env_id)
-        finally:
-            probe.close()
     elif trainer_name(cfg) == "impala":
         cfg.impala = cfg.impala or IMPALAConfig()
         if cfg.impala.encoder == "cnn":

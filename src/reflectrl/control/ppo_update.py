@@ -90,6 +90,11 @@ def clipped_update(flat: torch.Tensor, optimizer: torch.optim.Optimizer, evaluat
                           b["returns"], epoch + 1)
 
 
+# the names update_metrics gives
+UPDATE_METRICS = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac",
+                  "explained_variance", "update_epochs_done")
+
+
 def update_metrics(pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfracs, values, returns,
                    epochs_done: int) -> dict:
     """PPO's metrics of an update (CleanRL's names): its last minibatch's losses, the last epoch's KL

@@ -60,7 +60,7 @@ from reflectrl.control.checkpoint import (
 )
 from reflectrl.control.gae import compute_gae
 from reflectrl.control.policies import ActorCritic, _forward, _hidden, mlp, params_sha256
-from reflectrl.control.ppo_update import ClipKnobs, clipped_update
+from reflectrl.control.ppo_update import UPDATE_METRICS, ClipKnobs, clipped_update
 from reflectrl.envs import make_vector_env, snapshot
 from reflectrl.errors import NonFiniteError
 from reflectrl.exploration import ExplorationTracker, RolloutKeys
@@ -248,8 +248,9 @@ class HPPOTrainer(EnvStepTrainer):
         low_truncs = np.zeros((T, N), dtype=bool)
         episodes, pursuits = [], []
         self.keys.start(T)
+        low_in = self._low_inputs(self.next_obs, self.cells, self.goal)
         for t in range(T):
-            low_obs[t] = self._low_inputs(self.next_obs, self.cells, self.goal)
+            low_obs[t] = low_in
             actions[t], logprobs[t] = self.low.policy.act(low_obs[t], self.generator)
             obs, reward, term, trunc, info = self.envs.step(actions[t].numpy())
             self.global_step += N
@@ -290,6 +291,10 @@ class HPPOTrainer(EnvStepTrainer):
             self.next_obs = obs
             self.cells = np.asarray(info["agent_cell"], dtype=np.int64).copy()
             self._choose(finished)
+            # where the pursuit goes on (the episode too), the next step's inputs are this step's s'
+            low_in = low_next_obs[t].clone()
+            if len(finished):
+                low_in[finished] = self._low_inputs(obs[finished], self.cells[finished], self.goal[finished])
         values = self.low.policy.value(low_obs)
         next_values = self.low.policy.value(low_next_obs)
         rollout = {"obs": low_obs, "next_obs": low_next_obs, "actions": actions, "logprobs": logprobs,
@@ -313,7 +318,6 @@ class HPPOTrainer(EnvStepTrainer):
         h = self.cfg.hppo
         gae = self._gae(level)
         estimate = lambda r: gae(r, batch.values, batch.next_values, batch.terminations, batch.truncations)  # noqa: E731
-        start = time.perf_counter()
         signal_time = Stopwatch()
         weights = None
         if level.signal is None:
@@ -333,7 +337,6 @@ class HPPOTrainer(EnvStepTrainer):
                 level.signal.after_update(batch)
             stats.update(level.signal.metrics())
         stats["_signal_seconds"] = signal_time.seconds
-        stats["_seconds"] = time.perf_counter() - start
         return stats
 
     def learn_low(self, ro: dict) -> dict:
@@ -397,14 +400,12 @@ class HPPOTrainer(EnvStepTrainer):
         exploration = self.exploration.update(self.keys.state_keys, rollout["env_rewards"].numpy(), step_before)
         stats = self.learn_low(rollout)
         signal_seconds = stats.pop("_signal_seconds")
-        stats.pop("_seconds")
-        low_signal = {f"low/{k}": v for k, v in stats.items() if k not in _PPO_METRICS}
-        stats = {k: v for k, v in stats.items() if k in _PPO_METRICS}
+        low_signal = {f"low/{k}": v for k, v in stats.items() if k not in UPDATE_METRICS}
+        stats = {k: v for k, v in stats.items() if k in UPDATE_METRICS}
         while min(len(q) for q in self.pending) >= h.high_num_steps:
             high = self.learn_high()
             signal_seconds += high.pop("_signal_seconds")
-            high.pop("_seconds")
-            self.high_stats = {(f"high_{k}" if k in _PPO_METRICS else f"high/{k}"): v for k, v in high.items()}
+            self.high_stats = {(f"high_{k}" if k in UPDATE_METRICS else f"high/{k}"): v for k, v in high.items()}
         elapsed = time.perf_counter() - start
         returns = [r for r, _ in episodes]
         self.recent_returns.extend(returns)
@@ -502,9 +503,6 @@ class HPPOTrainer(EnvStepTrainer):
     def close(self) -> None:
         self.envs.close()
 
-
-_PPO_METRICS = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac",
-                "explained_variance", "update_epochs_done")
 
 
 class HierarchicalAgent(nn.Module):
