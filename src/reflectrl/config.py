@@ -325,6 +325,7 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> RunConfig:
+        check_saved_config(d, cls, REQUIRED_KEYS, "reflectrl train")
         d = dict(d)
         ppo_values = dict(d.pop("ppo", {}))
         if ppo_values and "stream_heads" not in ppo_values:  # written before the knob: its heads were separate
@@ -340,6 +341,27 @@ class RunConfig:
         if unknown:
             raise UserError(f"config has unknown keys {sorted(unknown)}; was it written by a newer reflectrl?")
         return cls(**d, ppo=ppo, **trainers, sections=sections)
+
+
+# what every saved config of `reflectrl train` holds (to_dict writes them all): a file without them
+# was not written by it, and filling them with defaults would rebuild some other run's network
+REQUIRED_KEYS = ("algo", "env_id", "seed", "total_steps", "ppo")
+
+
+def check_saved_config(d, cls, required: tuple[str, ...], command: str) -> None:
+    """One line, not a traceback, for a saved config of the wrong shape: not an object, keys
+    its writer always writes missing, or a section that is not an object."""
+    if not isinstance(d, dict):
+        raise UserError(f"the saved config is a JSON {type(d).__name__}, not the object '{command}' writes")
+    missing = [k for k in required if k not in d]
+    if missing:
+        raise UserError(f"the saved config lacks {', '.join(missing)}: it was not written by '{command}' "
+                        "(train the run again)")
+    nested = {f.name for f in dataclasses.fields(cls) if f.default_factory is not dataclasses.MISSING}
+    for key in sorted((nested | set(TRAINER_SECTIONS)) & set(d)):
+        if d[key] is not None and not isinstance(d[key], dict):
+            raise UserError(f"the saved config's '{key}' is a JSON {type(d[key]).__name__}, not an object: it was "
+                            f"not written by '{command}' (train the run again)")
 
 
 def sections_from_dict(values: dict) -> dict:

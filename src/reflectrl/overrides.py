@@ -169,6 +169,9 @@ def apply(items: list[str], *, bare: list[tuple[str, Any, tuple[str, ...] | None
 
 def from_dict(cls, values: dict, what: str = "config"):
     """A dataclass from a saved config's dict: lists back to tuples, renamed knobs mapped."""
+    if not isinstance(values, dict):
+        raise UserError(f"{what}'s {cls.__name__} is a JSON {type(values).__name__}, not an object; "
+                        "was it written by reflectrl?")
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     kwargs = {}

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from reflectrl.config import RUN_KNOBS, TRAINER_SECTIONS, PPOConfig
 from reflectrl.errors import UserError
+from reflectrl.runs.jsonfile import read_json_object
 from reflectrl.registry import aliases, parse_algo, signal_spec, signals
 
 _PPO_KNOBS = {f.name for f in dataclasses.fields(PPOConfig)}
@@ -270,10 +271,7 @@ def load_or_create(root: Path, spec: ExperimentSpec) -> list[str]:
     path = root / SPEC_FILE
     added: list[str] = []
     if path.exists():
-        try:
-            old = json.loads(path.read_text())
-        except json.JSONDecodeError:
-            raise UserError(f"{path} is corrupt; use another --out") from None
+        old = read_json_object(path, "use another --out")
         new = spec.to_dict()
         # a key left out when at its default (first_seed) compares as that default
         old, new = {"first_seed": 1, **old}, {"first_seed": 1, **new}
@@ -310,7 +308,8 @@ def read_spec(root: Path) -> ExperimentSpec:
     if not path.is_file():
         raise UserError(f"{root} is not an experiment directory (no {SPEC_FILE}); "
                         "pass the --out of 'reflectrl compare'")
+    data = read_json_object(path, "the experiment cannot be read (run 'reflectrl compare' again)")
     try:
-        return ExperimentSpec(**json.loads(path.read_text()))
-    except (json.JSONDecodeError, TypeError):
-        raise UserError(f"{path} is corrupt") from None
+        return ExperimentSpec(**data)
+    except TypeError:
+        raise UserError(f"{path} is corrupt: not the spec 'reflectrl compare' writes") from None

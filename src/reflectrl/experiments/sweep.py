@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from reflectrl.errors import UserError
+from reflectrl.runs.jsonfile import read_json_object
 from reflectrl.experiments.runner import validate_runs
 from reflectrl.experiments.spec import ExperimentSpec, parse_algos
 from reflectrl.registry import parse_algo, signals
@@ -237,10 +238,7 @@ def load_or_create_sweep(root: Path, sweep: SweepSpec) -> bool:
 
     path = root / SWEEP_FILE
     if path.exists():
-        try:
-            old = json.loads(path.read_text())
-        except json.JSONDecodeError:
-            raise UserError(f"{path} is corrupt; use another --out") from None
+        old = read_json_object(path, "use another --out")
         diff = [k for k, v in asdict(sweep).items() if old.get(k) != v]
         if diff:
             raise UserError(f"--out {root} holds a different sweep (differs in: {', '.join(diff)}); repeat its "
@@ -258,6 +256,8 @@ def read_sweep(root: Path) -> tuple[SweepSpec, dict]:
     try:
         spec = SweepSpec(**json.loads((root / SWEEP_FILE).read_text()))
         best = json.loads((root / BEST_FILE).read_text())
+        if not isinstance(best, dict):
+            raise TypeError(BEST_FILE)
     except (OSError, ValueError, TypeError):
         raise UserError(f"--baseline {root} is not a finished sweep (no readable {SWEEP_FILE} and {BEST_FILE}); "
                         "run 'reflectrl sweep' for the baseline first") from None
@@ -581,7 +581,9 @@ def prepare_rerun(out: Path, spec: ExperimentSpec, echo=print) -> None:
         return
     try:
         old = json.loads(path.read_text())
-    except json.JSONDecodeError:
+    except ValueError:
+        old = {}
+    if not isinstance(old, dict):
         old = {}
     new = spec.to_dict()
     if any(old.get(k) != new[k] for k in new if k != "seeds"):

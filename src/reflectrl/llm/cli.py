@@ -255,7 +255,8 @@ def _eval(args) -> int:
     rewards = task.score_batch(problems, episodes.turns)
     correct = [r >= 1.0 for r in rewards]
     finals = episodes.final_reflections(task)
-    result = {"task": args.task, "model": args.model, "problems": len(problems), "temperature": args.temperature,
+    result = {"task": args.task, "model": args.model, "checkpoint_step": getattr(model, "checkpoint_step", None),
+              "problems": len(problems), "temperature": args.temperature,
               "reward": sum(rewards) / len(rewards), **calibration_metrics(correct, finals),
               **relevance_metrics(task, problems, episodes.turns, episodes.reflections), "reliability_png": None}
     if args.reliability:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reflectrl import overrides
-from reflectrl.config import check_seed, sections_from_dict, validate_sections
+from reflectrl.config import check_saved_config, check_seed, sections_from_dict, validate_sections
 from reflectrl.errors import UserError
 from reflectrl.llm.losses import LOSS_AGGREGATIONS
 from reflectrl.llm.tasks.reflect import require_reflect
@@ -114,13 +114,15 @@ class LLMRunConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> LLMRunConfig:
+        check_saved_config(d, cls, ("algo", "task", "model", "steps", "grpo"), "reflectrl llm train")
         d = dict(d)
         unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             raise UserError(f"config has unknown keys {sorted(unknown)}; is it a language-model run written by "
                             "this reflectrl?")
         grpo = overrides.from_dict(GRPOConfig, d.pop("grpo", {}))
-        return cls(**d, grpo=grpo, sections=sections_from_dict(d.pop("sections", {})))
+        sections = sections_from_dict(d.pop("sections", {}))  # popped before `**d` is unpacked
+        return cls(**d, grpo=grpo, sections=sections)
 
 
 RUN_KNOBS = ("checkpoint_every", "torch_threads", "device", "precision", "gradient_checkpointing")

@@ -108,11 +108,10 @@ def load_model(name_or_path: str, *, dtype: torch.dtype = torch.float32, device:
         # a run directory (`llm train --out`): its policy is saved in DIR/model when the run finishes
         from reflectrl.runs.rundir import RunDir
 
-        RunDir.open(local, kind="llm")  # an env run: one line naming the commands that take it
+        run = RunDir.open(local, kind="llm")  # an env run: one line naming the commands that take it
         if not (local / "model" / "config.json").is_file():
-            raise UserError(f"--model {name_or_path} is a run directory without a saved policy ({local / 'model'} "
-                            "is written when the run finishes); finish it with 'reflectrl llm train --resume "
-                            f"{name_or_path}' or pass a model directory")
+            # an unfinished run: its policy is the last checkpoint's weights on its starting model
+            return _load_checkpoint_policy(run, name_or_path, dtype=dtype, device=device)
         local = local / "model"
         name_or_path = str(local)
     if not local.exists() and (name_or_path.startswith((".", "/")) or os.sep in name_or_path.strip("/")
@@ -143,6 +142,32 @@ def load_model(name_or_path: str, *, dtype: torch.dtype = torch.float32, device:
     if tokenizer.eos_token_id is None:
         raise UserError(f"--model {name_or_path}: its tokenizer has no eos token, which ends every agent turn")
     model.to(device)
+    return model, tokenizer
+
+
+def _load_checkpoint_policy(run, name: str, *, dtype, device):
+    """(model, tokenizer) of an unfinished run: the model it started from, with the weights of
+    its last checkpoint; says so on stderr (DIR/model appears only once a run finishes)."""
+    import sys
+
+    from reflectrl.llm.config import LLMRunConfig
+
+    cfg = LLMRunConfig.from_dict(run.config())
+    if not run.has_checkpoint():
+        raise UserError(f"--model {name} is a run directory with neither a saved policy nor a checkpoint; "
+                        f"continue it with 'reflectrl llm train --resume {name}' or pass a model directory")
+    state = run.load_checkpoint()
+    model, tokenizer = load_model(cfg.model, dtype=dtype, device="cpu")
+    try:
+        model.load_state_dict(state["model"])
+    except (KeyError, RuntimeError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UserError(f"--model {name}: its checkpoint does not fit its starting model {cfg.model} ({first}); "
+                        "was that model directory changed since the run started?") from None
+    model.to(device)
+    model.checkpoint_step = int(state["step"])  # what `llm eval --json` reports as checkpoint_step
+    print(f"reflectrl: note: {name} is unfinished (status '{run.status().get('status', '?')}'): using the policy of "
+          f"its last checkpoint, step {state['step']} of {cfg.steps}", file=sys.stderr)
     return model, tokenizer
 
 

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from reflectrl.errors import UserError
+from reflectrl.runs.jsonfile import read_json_object
 
 CONFIG = "config.json"
 STATUS = "run.json"
@@ -84,6 +85,8 @@ def run_kind(config: dict) -> str:
     return "llm" if "task" in config and "model" in config and "env_id" not in config else "control"
 
 
+EVAL_COMMANDS = {"control": "reflectrl eval {}", "llm": "reflectrl llm eval --model {} --task TASK"}
+RESUME_COMMANDS = {"control": "reflectrl train", "llm": "reflectrl llm train"}
 KIND_COMMANDS = {"control": "reflectrl train --resume / reflectrl eval",
                  "llm": "reflectrl llm train --resume / reflectrl llm eval --model DIR"}
 
@@ -112,8 +115,15 @@ class RunDir:
                 if run.is_locked():
                     raise UserError(f"--out {run.path} holds a run that another process is training; "
                                     "choose another --out")
-                raise UserError(f"--out {run.path} already holds a run; "
-                                f"continue it with 'reflectrl train --resume {run.path}' or choose another --out")
+                from reflectrl.runs.files import run_config, run_status
+
+                held, status = run_config(run.path), run_status(run.path) or {}
+                kind = run_kind(held) if held is not None else "control"
+                if status.get("status") == "finished":
+                    raise UserError(f"--out {run.path} already holds a finished run (read it with "
+                                    f"'{EVAL_COMMANDS[kind].format(run.path)}'); choose another --out")
+                raise UserError(f"--out {run.path} already holds a run; continue it with "
+                                f"'{RESUME_COMMANDS[kind]} --resume {run.path}' or choose another --out")
             raise UserError(f"--out {run.path} exists and is not an empty directory; choose another --out")
         make_dir(run.path)
         run.lock()
@@ -193,12 +203,7 @@ class RunDir:
             self._lock_fd = None
 
     def read_json(self, name: str) -> dict:
-        try:
-            with open(self.path / name) as f:
-                return json.load(f)
-        except (OSError, json.JSONDecodeError) as err:
-            raise UserError(f"{self.path / name} is missing or corrupt ({type(err).__name__}); "
-                            "the run directory cannot be used") from None
+        return read_json_object(self.path / name, "the run directory cannot be used (train it again)")
 
     def write_json(self, name: str, data: dict) -> None:
         text = json.dumps(data, indent=2, default=_json_default) + "\n"

@@ -1,0 +1,154 @@
+"""What a new user trips on (issue 36): each test here failed before its fix.
+
+Run files of the wrong shape, outputs that cannot be written, budgets, messages and help:
+every such failure is one line on stderr, a non-zero exit, no traceback and no partial file.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def _rows(path):
+    try:
+        with open(path / "metrics.jsonl") as f:
+            return sum(1 for _ in f)
+    except FileNotFoundError:
+        return 0
+
+
+def _one_line_error(code, err, *needles):
+    assert code != 0
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def cartpole_run(tmp_path_factory):
+    """A finished 2,048-step PPO run on CartPole, copied by the tests that damage it."""
+    from reflectrl.cli import main
+
+    out = tmp_path_factory.mktemp("runs") / "cartpole"
+    assert main(["train", "--env", "CartPole-v1", "--total-steps", "2048", "--out", str(out), "--no-progress",
+                 "--set", "num_envs=2", "num_steps=64"]) == 0
+    return out
+
+
+def _copy(run, tmp_path, name="copy"):
+    import shutil
+
+    dst = tmp_path / name
+    shutil.copytree(run, dst)
+    return dst
+
+
+# ---------------------------------------------------------------------------- 1. LLM resume and eval
+
+LLM_SETS = ["prompts_per_step=2", "group_size=4", "eval_every=0", "checkpoint_every=1", "log_kl=false"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", ["grpo", "gear"])
+def test_llm_sigkill_and_resume_gives_identical_weights(cli, sft_arith_model_dir, tmp_path, algo):
+    from conftest import SFT_ARITH
+    from safetensors.torch import load_file
+
+    argv = ["llm", "train", "--algo", algo, "--task", SFT_ARITH, "--model", str(sft_arith_model_dir),
+            "--steps", "40", "--seed", "3", "--no-progress", "--set", *LLM_SETS]
+    reference = tmp_path / "reference"
+    code, _, err = cli(*argv, "--out", reference)
+    assert code == 0, err
+
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "reflectrl", *argv, "--out", str(killed)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 180
+    while _rows(killed) < 10 and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run finished before it could be killed; raise --steps"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (killed / "model").exists()
+
+    # an unfinished run is evaluated from its last checkpoint, saying so
+    code, out, err = cli("llm", "eval", "--model", killed, "--task", SFT_ARITH, "--problems", "4", "--json")
+    assert code == 0, err
+    assert "unfinished" in err and "last checkpoint" in err
+    assert json.loads(out)["checkpoint_step"] >= 1
+
+    code, _, err = cli("llm", "train", "--resume", killed, "--no-progress")
+    assert code == 0, err
+    a, b = load_file(reference / "model" / "model.safetensors"), load_file(killed / "model" / "model.safetensors")
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    rows = [json.loads(x) for x in (killed / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 41))
+
+
+def test_llm_config_round_trips_with_sections():
+    from reflectrl.llm.config import LLMRunConfig, apply_llm_overrides, validate_llm
+
+    cfg = LLMRunConfig(algo="gear", model="m")
+    apply_llm_overrides(cfg, ["gear.top_frac=0.5"])
+    validate_llm(cfg)
+    again = LLMRunConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
+    assert again.sections["gear"].top_frac == 0.5 and again.to_dict() == cfg.to_dict()
+
+
+def test_llm_out_of_an_existing_run_names_the_llm_resume(cli, tiny_model_dir, tmp_path):
+    from reflectrl.runs import RunDir
+
+    out = tmp_path / "run"
+    RunDir.create(out, {"algo": "grpo", "task": "arith", "model": "m", "steps": 2, "grpo": {}}).unlock()
+    code, _, err = cli("llm", "train", "--model", tiny_model_dir, "--out", out)
+    _one_line_error(code, err, f"reflectrl llm train --resume {out}")
+
+
+# ---------------------------------------------------------------------------- 5. run files of the wrong shape
+
+@pytest.mark.parametrize("name, content, command", [
+    ("config.json", "[1, 2]", "eval"),
+    ("config.json", "{}", "eval"),
+    ("config.json", '"text"', "resume"),
+    ("run.json", "[1]", "resume"),
+    ("run.json", "\xff\xfe", "resume"),
+    ("config.json", "ppo-is-int", "eval"),
+])
+def test_run_files_of_the_wrong_shape_are_one_line(cli, cartpole_run, tmp_path, name, content, command):
+    run = _copy(cartpole_run, tmp_path)
+    if content == "ppo-is-int":
+        config = json.loads((run / "config.json").read_text())
+        config["ppo"] = 5
+        content = json.dumps(config)
+    (run / "run.json").write_text(json.dumps({"status": "running"}))  # so that resume reads everything
+    (run / name).write_bytes(content.encode("latin-1"))
+    argv = ["eval", run, "--episodes", "1"] if command == "eval" else ["train", "--resume", run, "--no-progress"]
+    code, out, err = cli(*argv)
+    _one_line_error(code, err, str(run) if name == "run.json" or content.startswith(("[", '"')) else "config")
+    assert "network" not in err  # `{}` used to be read as a default config whose shapes differ
+
+
+def test_a_corrupt_experiment_spec_is_one_line(cli, tmp_path):
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    (exp / "experiment.json").write_text("[1]")
+    code, _, err = cli("report", exp)
+    _one_line_error(code, err, "experiment.json")
+
+
+# ---------------------------------------------------------------------------- 7. the resume command named
+
+def test_out_of_a_finished_run_says_how_to_read_it(cli, cartpole_run):
+    code, _, err = cli("train", "--env", "CartPole-v1", "--out", cartpole_run)
+    _one_line_error(code, err, f"reflectrl eval {cartpole_run}")
