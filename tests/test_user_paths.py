@@ -152,3 +152,48 @@ def test_a_corrupt_experiment_spec_is_one_line(cli, tmp_path):
 def test_out_of_a_finished_run_says_how_to_read_it(cli, cartpole_run):
     code, _, err = cli("train", "--env", "CartPole-v1", "--out", cartpole_run)
     _one_line_error(code, err, f"reflectrl eval {cartpole_run}")
+
+
+# ---------------------------------------------------------------------------- 2. refused IMPALA runs
+
+IMPALA = ["train", "--algo", "impala", "--env", "CartPole-v1", "--total-steps", "800", "--no-progress",
+          "--set", "unroll_length=25"]
+
+
+def test_impala_with_an_unreachable_ray_address_leaves_no_run_dir(cli, tmp_path):
+    pytest.importorskip("ray")
+    out = tmp_path / "r"
+    started = time.time()
+    code, _, err = cli(*IMPALA, "--out", out, "--ray-address", "127.0.0.1:1")
+    _one_line_error(code, err, "--ray-address 127.0.0.1:1: cannot reach a Ray cluster")
+    assert not out.exists()
+    assert time.time() - started < 30  # refused by a probe, not after Ray's minute of retries
+
+
+def test_impala_without_ray_leaves_no_run_dir(cli, tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    out = tmp_path / "r"
+    code, _, err = cli(*IMPALA, "--out", out)
+    _one_line_error(code, err, "needs Ray: pip install 'reflectrl[ray]'")
+    assert not out.exists()
+
+
+def test_impala_resume_overrides_a_stored_unreachable_address(cli, tmp_path):
+    pytest.importorskip("ray")
+    out = tmp_path / "r"
+    code, _, err = cli(*IMPALA[:6], "2000", *IMPALA[7:], "--out", out, "--set", "actors=inline", "checkpoint_every=100")
+    assert code == 0, err
+    # as if it had run on a cluster that is gone now, and was interrupted
+    config = json.loads((out / "config.json").read_text())
+    config["impala"].update(actors="ray", ray_address="127.0.0.1:1", synchronous=True)
+    (out / "config.json").write_text(json.dumps(config))
+    (out / "run.json").write_text(json.dumps({"status": "interrupted"}))
+    code, _, err = cli("train", "--resume", out, "--no-progress")
+    _one_line_error(code, err, "--ray-address local")
+    assert json.loads((out / "run.json").read_text())["status"] == "interrupted"  # not marked running
+    code, _, err = cli("train", "--resume", out, "--no-progress", "--ray-address", "local")
+    assert code == 0, err
+    assert json.loads((out / "run.json").read_text())["status"] == "finished"

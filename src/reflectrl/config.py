@@ -589,6 +589,12 @@ def validate_impala(d: IMPALAConfig, total_steps: int) -> None:
         raise UserError(f"actors='{d.actors}': use one of {', '.join(ACTOR_KINDS)}")
     if d.actors == "inline" and d.ray_address is not None:
         raise UserError("actors=inline steps the actors in this process and uses no Ray: drop --ray-address")
+    if d.actors == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:  # said before a run directory exists
+            raise UserError("--algo impala with actors=ray needs Ray: pip install 'reflectrl[ray]' "
+                            "(or --set actors=inline to step the actors in this process)")
     if d.max_actor_failures < 0:
         raise UserError(f"max_actor_failures={d.max_actor_failures}: must be >= 0")
     for name in ("actor_cpus", "rho_bar", "c_bar", "vtrace_lambda", "learning_rate", "gamma", "ent_coef", "vf_coef",

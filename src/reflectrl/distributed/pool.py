@@ -57,6 +57,33 @@ class InlinePool:
             a.close()
 
 
+LOCAL = "local"  # --ray-address local: start a local Ray instance (overrides a resumed run's saved address)
+PROBE_SECONDS = 3.0
+
+
+def unreachable(address: str, why: str) -> str:
+    return (f"--ray-address {address}: cannot reach a Ray cluster there ({why}); start one with `ray start --head`, "
+            f"or for a local instance leave --ray-address out (resuming: --resume DIR --ray-address {LOCAL})")
+
+
+def check_reachable(address: str | None) -> None:
+    """Refuse in seconds, before Ray's client logs a page of retries, an address where nothing
+    listens. 'auto' and a local instance (None) are left to Ray."""
+    import socket
+
+    if address is None or address == "auto":
+        return
+    hostport = address.split("://", 1)[-1].rstrip("/")
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise UserError(f"--ray-address {address}: give HOST:PORT (or ray://HOST:PORT, auto, {LOCAL})")
+    try:
+        with socket.create_connection((host, int(port)), timeout=PROBE_SECONDS):
+            pass
+    except OSError as err:
+        raise UserError(unreachable(address, err.strerror or type(err).__name__)) from None
+
+
 class RayPool:
     def __init__(self, config: dict, num_actors: int, *, synchronous: bool, address: str | None,
                  actor_cpus: float, max_failures: int, first_slot: int = 0):
@@ -66,9 +93,18 @@ class RayPool:
             raise UserError("--algo impala with actors=ray needs Ray: pip install 'reflectrl[ray]' "
                             "(or --set actors=inline to step the actors in this process)") from None
         self.ray = ray
+        self.reaper = None
         self.started_here = not ray.is_initialized()
-        address = address or os.environ.get("RAY_ADDRESS") or None  # as `ray.init()` itself reads it
+        if address == LOCAL:  # a resumed run whose saved cluster is gone: start a local instance instead
+            address = None
+        else:
+            address = address or os.environ.get("RAY_ADDRESS") or None  # as `ray.init()` itself reads it
         if self.started_here:
+            check_reachable(address)
+            if address is None:  # a local instance: its agents end with this process (distributed/reaper.py)
+                from reflectrl.distributed.reaper import start_reaper
+
+                self.reaper = start_reaper()
             try:
                 # a local instance offers at least one CPU per actor: on a small machine they time-share
                 ray.init(address=address, num_cpus=None if address else max(os.cpu_count() or 1,
@@ -76,8 +112,7 @@ class RayPool:
                          include_dashboard=False, log_to_driver=False, logging_level="ERROR",
                          configure_logging=True)
             except ConnectionError as err:
-                raise UserError(f"--ray-address {address}: cannot reach a Ray cluster there ({err}); start one "
-                                "with `ray start --head`, or leave --ray-address out for a local instance") from None
+                raise UserError(unreachable(address, str(err).splitlines()[0] if str(err) else "no answer")) from None
         self.config, self.synchronous = config, synchronous
         self.remote_actor = ray.remote(num_cpus=actor_cpus, max_restarts=0)(Actor)
         self.max_failures, self.restarts = max_failures, 0
@@ -86,6 +121,7 @@ class RayPool:
         self.actors = [self.remote_actor.remote(config, slot) for slot in self.slots]
         self.in_flight: dict = {}   # ObjectRef -> actor index (asynchronous mode)
         self.ready: deque[Unroll] = deque()  # unrolls that arrived before the learner asked for them
+        self.pids()  # wait until every actor process is up: its start-up is not part of the time estimate
 
     # ------------------------------------------------------------------ faults
 
@@ -154,3 +190,8 @@ class RayPool:
         self.actors, self.in_flight = [], {}
         if self.started_here and self.ray.is_initialized():
             self.ray.shutdown()
+        if self.reaper is not None:
+            from reflectrl.distributed.reaper import stop_reaper
+
+            stop_reaper(self.reaper)
+            self.reaper = None

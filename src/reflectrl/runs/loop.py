@@ -43,12 +43,13 @@ def train_loop(trainer, progress: bool = True) -> None:
         trainer.logger = MetricsLogger(run, resume_step=trainer.units_done())
         if not started:
             trainer.save_checkpoint()  # a good checkpoint exists before the first update
+    if hasattr(trainer, "prepare"):
+        trainer.prepare()  # e.g. start actor processes: not part of the first iteration's speed, and a
+        # refusal there comes before the progress bar
     total = trainer.total_units()
     bar = tqdm(total=total, initial=trainer.units_done(), unit=trainer.unit.split()[-1].rstrip("s") or "step",
                unit_scale=True, disable=not progress, dynamic_ncols=True, smoothing=0.1, mininterval=0.5)
     monitor = RunMonitor(total, trainer.unit, discrete_entropy=getattr(trainer, "discrete_entropy", True))
-    if hasattr(trainer, "prepare"):
-        trainer.prepare()  # e.g. start actor processes: not part of the first iteration's speed
     session_start, session_first = time.perf_counter(), trainer.units_done()
     try:
         if hasattr(trainer, "on_start"):
