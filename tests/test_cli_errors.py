@@ -61,7 +61,7 @@ def test_out_holding_a_run_is_refused(cli, tmp_path):
     out = tmp_path / "run"
     assert cli("train", "--env", "CartPole-v1", "--total-steps", 64, "--out", out, *FAST)[0] == 0
     code, _, err = cli("train", "--env", "CartPole-v1", "--total-steps", 64, "--out", out, *FAST)
-    assert_one_line_error(code, err, "already holds a run", "--resume")
+    assert_one_line_error(code, err, "already holds a finished run", f"reflectrl eval {out}")
 
 
 @pytest.mark.parametrize("command", ["resume", "eval"])

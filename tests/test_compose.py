@@ -72,7 +72,7 @@ def test_signal_knob_that_needs_what_a_trainer_lacks(cli, tmp_path):
 
     cfg = LLMRunConfig(algo="grpo+calibration", model="m")
     apply_llm_overrides(cfg, ["calibration.shared_trunk=true", "calibration.inputs=features_action"])
-    with pytest.raises(UserError, match="needs feature_grad, which trainer 'grpo' does not provide"):
+    with pytest.raises(UserError, match=r"\[feature_grad\], which trainer 'grpo' does not provide"):
         validate_llm(cfg)
 
 

@@ -352,7 +352,7 @@ def _assert_one_line(code, err, *needles):
     (["--algo", "hppo", "--env", GRID, "--set", "shaped_levels=top"], ["shaped_levels='top'"]),
     (["--algo", "hppo", "--env", GRID, "--set", "high_num_minibatches=3"], ["high_num_minibatches=3"]),
     (["--algo", "hppo", "--env", GRID, "--set", "horizon=0"], ["horizon=0"]),
-    (["--algo", "hppo+rnd", "--env", GRID], ["needs value_stream", "hppo does not provide"]),
+    (["--algo", "hppo+rnd", "--env", GRID], ["[value_stream]", "hppo does not have"]),
 ])
 def test_bad_input_gets_one_line(cli, tmp_path, argv, needles):
     out = tmp_path / "run"

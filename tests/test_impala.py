@@ -212,7 +212,7 @@ def test_ray_address_is_refused_for_trainers_that_run_in_process(cli, tmp_path):
 def test_impala_refuses_signals_that_need_what_it_lacks(cli, tmp_path):
     code, _, err = cli("train", "--algo", "impala+calibration", "--env", "CartPole-v1", "--out", tmp_path / "r",
                        "--set", "calibration.shared_trunk=true", "calibration.inputs=features_action")
-    assert code == 2 and "needs feature_grad, which trainer 'impala' does not provide" in err
+    assert code == 2 and "[feature_grad], which trainer 'impala' does not provide" in err
 
 
 # ---------------------------------------------------------------------------- on a local Ray instance

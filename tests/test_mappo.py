@@ -178,8 +178,8 @@ def _assert_one_line(code, err, *needles):
     (["--algo", "mappo", "--env", SPREAD, "--wrapper", "sparse"], ["--wrapper sparse"]),
     (["--algo", "mappo+shaping", "--env", SPREAD, "--set", "shaping.labels=mine"], ["shaping.labels='mine'"]),
     (["--algo", "ppo+shaping", "--env", "CartPole-v1", "--set", "shaping.labels=team"],
-     ["needs team", "trainer 'ppo' does not provide"]),
-    (["--algo", "mappo+shaping", "--env", SPREAD, "--set", "shaping.imagined_fraction=0.5"], ["needs policy"]),
+     ["[team]", "trainer 'ppo' does not provide"]),
+    (["--algo", "mappo+shaping", "--env", SPREAD, "--set", "shaping.imagined_fraction=0.5"], ["[policy]"]),
     (["--algo", "mappo+rnd", "--env", SPREAD], ["rnd"]),
 ])
 def test_bad_input_gets_one_line(cli, tmp_path, argv, needles):

@@ -120,6 +120,7 @@ def test_llm_out_of_an_existing_run_names_the_llm_resume(cli, tiny_model_dir, tm
 @pytest.mark.parametrize("name, content, command", [
     ("config.json", "[1, 2]", "eval"),
     ("config.json", "{}", "eval"),
+    ("config.json", '{"algo": "ppo"}', "eval"),
     ("config.json", '"text"', "resume"),
     ("run.json", "[1]", "resume"),
     ("run.json", "\xff\xfe", "resume"),
@@ -197,3 +198,42 @@ def test_impala_resume_overrides_a_stored_unreachable_address(cli, tmp_path):
     code, _, err = cli("train", "--resume", out, "--no-progress", "--ray-address", "local")
     assert code == 0, err
     assert json.loads((out / "run.json").read_text())["status"] == "finished"
+
+
+# ---------------------------------------------------------------------------- 3. defaults resolve; refusals in words
+
+def test_mappo_gear_runs_with_defaults(cli, tmp_path):
+    pytest.importorskip("mpe2")
+    out = tmp_path / "r"
+    code, _, err = cli("train", "--algo", "mappo+gear", "--env", "pettingzoo:mpe2.simple_spread_v3", "--total-steps",
+                       "512", "--out", out, "--no-progress", "--set", "num_steps=64")
+    assert code == 0, err
+    assert json.loads((out / "config.json").read_text())["sections"]["gear"]["inputs"] == "obs"
+
+
+def test_gear_auto_inputs_resolve_to_features_on_ppo():
+    from reflectrl.control.ppo import new_run_config
+
+    cfg = new_run_config(algo="gear", env_id="CartPole-v1", total_steps=1024)
+    assert cfg.sections["gear"].inputs == "features"
+
+
+@pytest.mark.parametrize("argv, needles", [
+    (["train", "--algo", "mappo+rnd", "--env", "pettingzoo:mpe2.simple_spread_v3"],
+     ["a value head of its own", "reflectrl train --algo ppo+rnd"]),
+    (["train", "--algo", "mappo+count", "--env", "pettingzoo:mpe2.simple_spread_v3"],
+     ["a key per visited state", "ppo+count"]),
+    (["llm", "train", "--algo", "grpo+rnd", "--model", "m"],
+     ["works on env steps", "generated tokens", "reflectrl train --algo ppo+rnd"]),
+    (["train", "--algo", "grpo+gear"], ["algo of 'reflectrl llm train'", "reflectrl llm train --algo grpo+gear"]),
+    (["llm", "train", "--algo", "ppo+gear", "--model", "m"], ["algo of 'reflectrl train'",
+                                                              "reflectrl train --algo ppo+gear"]),
+    (["train", "--algo", "mappo+gear", "--env", "pettingzoo:mpe2.simple_spread_v3", "--set", "gear.inputs=features"],
+     ["the policy's hidden features", "change the knob", "ppo+gear"]),
+])
+def test_refusals_say_what_is_missing_in_words_and_where_it_runs(cli, tmp_path, argv, needles):
+    out = tmp_path / "r"
+    code, _, err = cli(*argv, "--out", out)
+    _one_line_error(code, err, *needles)
+    assert "did you mean refgrpo" not in err and "value_stream," not in err
+    assert not out.exists()

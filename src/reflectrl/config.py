@@ -345,7 +345,7 @@ class RunConfig:
 
 # what every saved config of `reflectrl train` holds (to_dict writes them all): a file without them
 # was not written by it, and filling them with defaults would rebuild some other run's network
-REQUIRED_KEYS = ("algo", "env_id", "seed", "total_steps", "ppo")
+REQUIRED_KEYS = ("algo", "env_id")
 
 
 def check_saved_config(d, cls, required: tuple[str, ...], command: str) -> None:

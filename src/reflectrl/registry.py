@@ -35,6 +35,24 @@ STEP_KINDS = ("env_step", "token", "turn", "transition")
 # any observations (Batch.act_fn: imagined rollouts), a multi-agent team's rewards and value (Batch.team_rewards,
 # Batch.team_value_fn: per-agent signals distilled from the team).
 WANTS = ("features", "feature_grad", "next_obs", "state_keys", "value_stream", "teacher", "costs", "policy", "team")
+# The same, in the words a refusal uses
+WANT_TEXT = {
+    "features": "the policy's hidden features",
+    "feature_grad": "gradients through the policy's features (a shared trunk)",
+    "next_obs": "each step's next observation",
+    "state_keys": "a key per visited state (the exploration state keys)",
+    "value_stream": "a value head of its own beside the policy's (for its intrinsic return)",
+    "teacher": "a ground-truth-conditioned teacher's token distributions",
+    "costs": "the env's per-step costs (info['cost'])",
+    "policy": "the current policy's actions on any observation (imagined rollouts)",
+    "team": "a team's rewards and value (multi-agent)",
+}
+STEP_TEXT = {"env_step": "env steps", "token": "generated tokens", "turn": "agent turns",
+             "transition": "replayed transitions"}
+
+
+def wants_text(wants) -> str:
+    return ", ".join(f"{WANT_TEXT.get(w, w)} [{w}]" for w in sorted(wants))
 
 
 @dataclass(frozen=True)
@@ -53,6 +71,7 @@ class SignalSpec:
     on_finish: dict | str = field(default_factory=dict)  # {trainer: "module:function(run_dir)"} (or one for all)
     refusals: dict = field(default_factory=dict)  # {step kind it cannot work on: why} (said when refused)
     task_options: dict = field(default_factory=dict)  # what it needs of an LLM task, e.g. {"reflect": "verdict"}
+    resolve: Callable | None = None    # resolve(config, provides): set its 'auto' knobs to what the trainer gives
 
     def __hash__(self):
         return hash(self.name)
@@ -61,12 +80,15 @@ class SignalSpec:
         return set(self.wants(config) if callable(self.wants) else self.wants)
 
     def check(self, config, trainer: str, text: str, run=None) -> None:
-        """One line naming what this signal, so configured, needs and the trainer lacks."""
+        """Resolve the config's 'auto' knobs for the trainer, then one line naming what this
+        signal, so configured, needs and the trainer lacks."""
+        if self.resolve is not None:
+            self.resolve(config, TRAINERS[trainer].provides)
         missing = self.wants_for(config) - set(TRAINERS[trainer].provides)
         if missing:
-            raise UserError(f"--algo {text}: the {self.name} signal, as configured, "
-                            f"needs {', '.join(sorted(missing))}, "
-                            f"which trainer '{trainer}' does not provide")
+            raise UserError(f"--algo {text}: the {self.name} signal, as configured, needs "
+                            f"{wants_text(missing)}, which trainer '{trainer}' does not provide; "
+                            + _where_it_runs(self, missing))
         if trainer in self.trainer_checks:
             self.trainer_checks[trainer](config)
         if self.run_check is not None and run is not None:
@@ -238,9 +260,10 @@ def parse_algo(text: str, family: str = "control") -> Algo:
     trainer = TRAINERS.get(trainer_name)
     if trainer is None or trainer.family != family:
         other = next((f for f in FAMILY_COMMANDS if f != family and trainer_name in aliases(f)), None)
-        if other is not None and not signal_names:
-            raise UserError(f"unknown --algo '{text}' for '{command}': it is an algo of '{FAMILY_COMMANDS[other]}'; "
-                            f"{command} takes: {', '.join(algo_names(family))}")
+        if other is not None:
+            raise UserError(f"unknown --algo '{text}' for '{command}': it is an algo of '{FAMILY_COMMANDS[other]}' "
+                            f"(run '{FAMILY_COMMANDS[other]} --algo {text.strip()}'); {command} takes: "
+                            f"{', '.join(algo_names(family))}")
         choices = algo_names(family)
         close = difflib.get_close_matches(trainer_name, choices, n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
@@ -257,13 +280,29 @@ def parse_algo(text: str, family: str = "control") -> Algo:
         if _step_kind(spec, trainer) is None:
             why = next((spec.refusals[k] for k in trainer.step_kinds if k in spec.refusals), None)
             raise UserError(f"signal '{name}' cannot run on trainer '{trainer.name}': "
-                            + (why if why else f"it works on {' or '.join(spec.step_kinds)} steps and "
-                               f"{trainer.name} gives {' or '.join(trainer.step_kinds)}"))
+                            + (why if why else f"it works on {' or '.join(STEP_TEXT[k] for k in spec.step_kinds)}, "
+                               f"and {trainer.name} trains on {' and '.join(STEP_TEXT[k] for k in trainer.step_kinds)}; "
+                               + _where_it_runs(spec)))
         missing = (set() if callable(spec.wants) else set(spec.wants)) - set(trainer.provides)
         if missing:
             raise UserError(f"signal '{name}' cannot run on trainer '{trainer.name}': it needs "
-                            f"{', '.join(sorted(missing))}, which {trainer.name} does not provide")
+                            f"{wants_text(missing)}, which {trainer.name} does not have; " + _where_it_runs(spec))
     return Algo(trainer.name, signal_names)
+
+
+def _where_it_runs(spec: SignalSpec, missing: set | None = None) -> str:
+    """The end of a refusal: the knob that lifts it where one does (a callable `wants`), and the
+    trainers that run the signal as it is, with the command that takes each."""
+    hosts = [t for t in TRAINERS.values() if t.runs_signals and _step_kind(spec, t) is not None
+             and (missing <= t.provides if missing is not None else callable(spec.wants) or spec.wants <= t.provides)]
+    by_family: dict[str, list[str]] = {}
+    for t in hosts:
+        by_family.setdefault(t.family, []).append(f"{t.name}+{spec.name}")
+    where = "; ".join(f"{FAMILY_COMMANDS[f]} --algo {' | '.join(names)}" for f, names in by_family.items())
+    if missing is not None:
+        return (f"change the knob that asks for it, or run it so configured with: {where}" if where
+                else "change the knob that asks for it")
+    return f"it runs with: {where}" if where else "no trainer runs it yet"
 
 
 def check_sections(algo: Algo, sections: dict, text: str) -> None:

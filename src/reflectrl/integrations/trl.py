@@ -101,7 +101,7 @@ class GEARGRPOTrainer(GRPOTrainer):
             raise RuntimeError("GEARGRPOTrainer needs a TRL whose GRPOTrainer loss accepts per-token (B, T) "
                                "advantages (TRL releases with the MiniLLM trainer or later); upgrade trl")
         gear_config = GEARConfig() if gear_config is None else gear_config
-        if gear_config.inputs != "features":
+        if gear_config.inputs == "obs":
             raise ValueError("gear_config.inputs: the value head reads the LM's hidden states; leave inputs='features'")
         super().__init__(*args, **kwargs)
         self.signal = GEARReweighting(gear_config)

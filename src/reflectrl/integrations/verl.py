@@ -269,7 +269,7 @@ class GEARTokenWeights:
                  gamma: float = 0.99, seed: int = 0, total_steps: int = 1, epsilon: float = EPSILON,
                  norm_adv_by_std_in_grpo: bool = True):
         cfg = GEARConfig() if cfg is None else cfg
-        if cfg.inputs != "features":
+        if cfg.inputs == "obs":
             raise ValueError("gear inputs: the value head reads the LM's hidden states; leave inputs='features'")
         if cfg.rank_groups:
             raise ValueError("gear rank_groups=true replaces GRPO's advantages, which reflectrl_gear computes "

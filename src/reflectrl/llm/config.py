@@ -114,7 +114,7 @@ class LLMRunConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> LLMRunConfig:
-        check_saved_config(d, cls, ("algo", "task", "model", "steps", "grpo"), "reflectrl llm train")
+        check_saved_config(d, cls, ("algo", "task", "model"), "reflectrl llm train")
         d = dict(d)
         unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
         if unknown:

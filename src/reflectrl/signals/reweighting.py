@@ -63,7 +63,7 @@ HEADS = ("linear", "mlp")
 DISTILL_ON = ("winners", "all")
 RETURN_KINDS = ("discounted", "trajectory")
 DIFF_SCALES = ("standardize", "value_std", "none")
-INPUTS = ("features", "obs")
+INPUTS = ("auto", "features", "obs")
 
 
 @dataclass
@@ -78,8 +78,8 @@ class GEARConfig:
     """mlp or linear value head"""
     hidden_sizes: tuple[int, ...] = (64,)
     """the head's widths (mlp)"""
-    inputs: str = "features"
-    """features (the actor's last hidden layer) or obs"""
+    inputs: str = "auto"
+    """auto (features where the trainer gives them, else obs), features (the actor's last hidden layer) or obs"""
     epochs: int = 4
     """epochs of the head's distillation"""
     minibatch_size: int = 512
@@ -216,14 +216,14 @@ class GEARReweighting(Signal):
     def __init__(self, cfg: GEARConfig):
         cfg.validate()
         self.cfg = cfg
-        self.wants_features = cfg.inputs == "features"
+        self.wants_features = cfg.inputs != "obs"  # auto, left unresolved (built by hand): features
         self.distilled = False
         self.past: list[tuple[torch.Tensor, torch.Tensor]] = []  # (features, targets) of past winners (history)
         self._last: dict = {}
 
     def bind(self, ctx: SignalContext) -> None:
         super().bind(ctx)
-        width = ctx.feature_dim if self.cfg.inputs == "features" else ctx.obs_dim
+        width = ctx.feature_dim if self.wants_features else ctx.obs_dim
         with self.own_rng():
             hidden = () if self.cfg.head == "linear" else self.cfg.hidden_sizes
             self.head = relu_mlp(width, hidden, near_zero_output=False)
@@ -231,7 +231,7 @@ class GEARReweighting(Signal):
         self.frozen = copy.deepcopy(self.head).requires_grad_(False)
 
     def _x(self, batch: Batch) -> torch.Tensor:
-        x = batch.features if self.cfg.inputs == "features" else batch.obs
+        x = batch.features if self.wants_features else batch.obs
         return x.reshape(batch.values.numel(), -1).detach()
 
     def after_advantages(self, batch: Batch) -> SignalOutput | None:
@@ -354,8 +354,13 @@ class GEARReweighting(Signal):
         self.past = list(state.get("past", []))
 
 
+def _resolve_inputs(cfg: GEARConfig, provides: frozenset) -> None:
+    if cfg.inputs == "auto":
+        cfg.inputs = "features" if "features" in provides else "obs"
+
+
 def _check_on_grpo(cfg: GEARConfig) -> None:
-    if cfg.inputs != "features":
+    if cfg.inputs == "obs":
         raise UserError("gear.inputs: the LLM value head reads the hidden states; leave inputs=features")
 
 
@@ -368,7 +373,7 @@ def _check_on_env_steps(cfg: GEARConfig) -> None:
 register_signal(SignalSpec(
     name="gear", config=GEARConfig, factory=GEARReweighting, step_kinds=("env_step", "token"),
     summary="GEAR: a value head distilled from the best trajectories reweights each step's advantage",
-    wants=lambda cfg: {"features"} if cfg.inputs == "features" else set(),
+    wants=lambda cfg: {"features"} if cfg.inputs == "features" else set(), resolve=_resolve_inputs,
     aliases={"ppo": "gear", "grpo": "gear"}, neutral="temperature=inf",
     trainer_checks={"grpo": _check_on_grpo, "ppo": _check_on_env_steps, "impala": _check_on_env_steps},
     refusals={"transition": "GEAR's weights share a trajectory's advantage out among its steps, and a replay "
