@@ -237,3 +237,101 @@ def test_refusals_say_what_is_missing_in_words_and_where_it_runs(cli, tmp_path, 
     _one_line_error(code, err, *needles)
     assert "did you mean refgrpo" not in err and "value_stream," not in err
     assert not out.exists()
+
+
+# ---------------------------------------------------------------------------- 4. outputs that cannot be written
+
+@pytest.fixture(scope="module")
+def finished_experiment(tmp_path_factory):
+    """A finished 2-entry experiment (refgrpo for the calibration plot), shared by the output tests."""
+    from reflectrl.cli import main
+
+    out = tmp_path_factory.mktemp("exp") / "exp"
+    assert main(["compare", "--env", "CartPole-v1", "--algos", "ppo,refgrpo", "--seeds", "1", "--total-steps", "1024",
+                 "--out", str(out), "--no-progress", "--no-report", "--workers", "1", "--set", "num_envs=2",
+                 "num_steps=64"]) == 0
+    return out
+
+
+def _runs(exp):
+    return exp / "runs" / "CartPole-v1" / "ppo" / "seed1", exp / "runs" / "CartPole-v1" / "refgrpo" / "seed1"
+
+
+@pytest.mark.parametrize("what", ["video-missing-dir", "video-under-a-file", "calibration-under-a-file",
+                                  "state-map-under-a-file", "report-is-a-file"])
+def test_unwritable_outputs_are_refused_before_the_work(cli, finished_experiment, tmp_path, what):
+    ppo, refgrpo = _runs(finished_experiment)
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    argv = {
+        "video-missing-dir": ["eval", ppo, "--video", tmp_path / "no" / "such" / "x.mp4"],
+        "video-under-a-file": ["eval", ppo, "--video", a_file / "x.mp4"],
+        "calibration-under-a-file": ["plot", "calibration", refgrpo, "--out", a_file / "c.png"],
+        "state-map-under-a-file": ["plot", "state-map", ppo, "--out", a_file / "maps"],
+        "report-is-a-file": ["report", tmp_path / "exp"],
+    }[what]
+    if what == "report-is-a-file":
+        import shutil
+
+        shutil.copytree(finished_experiment, tmp_path / "exp")
+        (tmp_path / "exp" / "report").write_text("not a folder")
+    code, out, err = cli(*argv)
+    _one_line_error(code, err)
+    assert code == 2
+
+
+def test_a_disk_that_fills_during_a_plot_leaves_no_partial_files(cli, finished_experiment, tmp_path, monkeypatch):
+    import errno
+
+    ppo, _ = _runs(finished_experiment)
+    writes = {"n": 0}
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        writes["n"] += 1
+        if writes["n"] == 3:  # the third file: two are written, then the disk is full
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    out = tmp_path / "maps"
+    code, _, err = cli("plot", "state-map", ppo, "--out", out)
+    _one_line_error(code, err, "cannot write", "No space left on device", "free space")
+    assert not out.exists()  # neither the two files written nor the folder
+
+
+def test_a_disk_that_fills_during_the_report_keeps_the_old_report(cli, finished_experiment, tmp_path, monkeypatch):
+    import errno
+    import shutil
+
+    exp = tmp_path / "exp"
+    shutil.copytree(finished_experiment, exp)
+    assert cli("report", exp, "--reps", "200")[0] == 0
+    before = {p.name: p.read_bytes() for p in (exp / "report").iterdir()}
+    real_fsync, writes = os.fsync, {"n": 0}
+
+    def fsync(fd):
+        writes["n"] += 1
+        if writes["n"] == 4:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    code, _, err = cli("report", exp, "--reps", "300")
+    assert code == 1 and "No space left on device" in err and "Traceback" not in err
+    assert {p.name: p.read_bytes() for p in (exp / "report").iterdir()} == before
+    assert not (exp / "report.partial").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a read-only tmpfs needs root")
+def test_a_read_only_location_is_named(cli, finished_experiment, tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(ro)]).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        ppo, _ = _runs(finished_experiment)
+        code, _, err = cli("eval", ppo, "--episodes", "1", "--video", ro / "v.mp4")
+        _one_line_error(code, err, "read-only")
+    finally:
+        subprocess.run(["umount", str(ro)])

@@ -19,6 +19,7 @@ import sys
 import warnings
 
 from reflectrl.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, UserError
+from reflectrl.outputs import HINTS, write_error
 from reflectrl.report import BOOTSTRAP_REPS
 
 WRAPPER_HELP = "reward wrapper: sparse, delayed:K or velocity-cost[:V] (a cost channel), or several joined by commas"
@@ -440,6 +441,13 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into `head` and the like
         sys.stderr.close()
         return 0
+    except OSError as err:
+        # an output that could not be written after the checks before the work (outputs.py): a disk
+        # that filled, a folder removed meanwhile; the writers leave no partial file behind
+        if err.filename is None and err.errno not in HINTS:
+            raise
+        print(f"reflectrl: error: {write_error(err)}", file=sys.stderr)
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

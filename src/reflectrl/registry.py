@@ -279,9 +279,10 @@ def parse_algo(text: str, family: str = "control") -> Algo:
         seen.add(name)
         if _step_kind(spec, trainer) is None:
             why = next((spec.refusals[k] for k in trainer.step_kinds if k in spec.refusals), None)
+            works = " or ".join(STEP_TEXT[k] for k in spec.step_kinds)
+            gives = " and ".join(STEP_TEXT[k] for k in trainer.step_kinds)
             raise UserError(f"signal '{name}' cannot run on trainer '{trainer.name}': "
-                            + (why if why else f"it works on {' or '.join(STEP_TEXT[k] for k in spec.step_kinds)}, "
-                               f"and {trainer.name} trains on {' and '.join(STEP_TEXT[k] for k in trainer.step_kinds)}; "
+                            + (why if why else f"it works on {works}, and {trainer.name} trains on {gives}; "
                                + _where_it_runs(spec)))
         missing = (set() if callable(spec.wants) else set(spec.wants)) - set(trainer.provides)
         if missing:

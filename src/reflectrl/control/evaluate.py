@@ -7,6 +7,7 @@ observation normaliser frozen at the statistics saved in the checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import gymnasium as gym
@@ -22,6 +23,7 @@ from reflectrl.envs import ClipObservation, episode_step_limit, is_continuous, m
 from reflectrl.envs.atari import is_atari_env, life_lost
 from reflectrl.envs.headless import prepare_headless_rendering
 from reflectrl.errors import UserError
+from reflectrl.outputs import check_writable, write_error
 from reflectrl.runs import RunDir
 
 
@@ -83,6 +85,7 @@ def evaluate(
     if video is not None and not video.lower().endswith(".mp4"):
         raise UserError(f"--video {video}: give a file name ending in .mp4")
     if video is not None:
+        check_writable(video, "--video")  # before the episodes, not after them
         prepare_headless_rendering()  # before the first make_env: MuJoCo picks its GL backend on import
     run = RunDir.open(run_path, kind="control")
     cfg, agent, state = load_policy(run)
@@ -166,15 +169,32 @@ def evaluate(
 
 
 def _write_video(path: Path, frames: list, fps: int) -> None:
+    """The frames as an H.264 MP4, written atomically by the ffmpeg that imageio-ffmpeg ships. It runs
+    as our own subprocess so that its exit status is checked and its output, on a failure, becomes
+    one line (imageio's writer prints ffmpeg's log and ignores its status: a full disk left a
+    truncated file behind)."""
+    import subprocess
+
     try:
-        import imageio.v2 as imageio
+        import imageio_ffmpeg
     except ImportError:
         raise UserError("--video needs imageio with ffmpeg: pip install 'reflectrl[plot]'") from None
+    data = np.ascontiguousarray(np.stack([np.asarray(f, dtype=np.uint8) for f in frames]))
+    height, width = data.shape[1:3]
     tmp = path.with_name(f".{path.name}.tmp.mp4")
+    cmd = [imageio_ffmpeg.get_ffmpeg_exe(), "-y", "-v", "error", "-f", "rawvideo", "-pix_fmt", "rgb24",
+           "-s", f"{width}x{height}", "-r", str(fps), "-i", "-", "-an", "-vf", "pad=ceil(iw/2)*2:ceil(ih/2)*2",
+           "-vcodec", "libx264", "-pix_fmt", "yuv420p", str(tmp)]
     try:
-        with imageio.get_writer(tmp, fps=fps, macro_block_size=1) as writer:
-            for frame in frames:
-                writer.append_data(np.asarray(frame))
+        done = subprocess.run(cmd, input=data.tobytes(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        if done.returncode != 0:
+            lines = [ln for ln in done.stderr.decode(errors="replace").splitlines() if ln.strip()]
+            why = lines[-1].split("] ", 1)[-1].strip() if lines else f"exit status {done.returncode}"
+            raise UserError(f"--video {path}: ffmpeg could not write the video ({why}); check that the location "
+                            "is writable and has free space")
         tmp.replace(path)
+    except OSError as err:
+        raise UserError(write_error(err, "--video")) from None
     finally:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)

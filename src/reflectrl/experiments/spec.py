@@ -26,8 +26,8 @@ from pathlib import Path
 
 from reflectrl.config import RUN_KNOBS, TRAINER_SECTIONS, PPOConfig
 from reflectrl.errors import UserError
-from reflectrl.runs.jsonfile import read_json_object
 from reflectrl.registry import aliases, parse_algo, signal_spec, signals
+from reflectrl.runs.jsonfile import read_json_object
 
 _PPO_KNOBS = {f.name for f in dataclasses.fields(PPOConfig)}
 

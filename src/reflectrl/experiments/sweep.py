@@ -43,10 +43,10 @@ from pathlib import Path
 import numpy as np
 
 from reflectrl.errors import UserError
-from reflectrl.runs.jsonfile import read_json_object
 from reflectrl.experiments.runner import validate_runs
 from reflectrl.experiments.spec import ExperimentSpec, parse_algos
 from reflectrl.registry import parse_algo, signals
+from reflectrl.runs.jsonfile import read_json_object
 
 SAMPLER_SEED = 0
 PRUNE_POINTS = 10          # intermediate values at every tenth of training

@@ -243,6 +243,10 @@ def _eval(args) -> int:
 
     if args.problems < 1:
         raise UserError(f"--problems {args.problems}: must be a positive integer")
+    if args.reliability:
+        from reflectrl.outputs import check_writable
+
+        check_writable(args.reliability, "--reliability")  # before the rollouts, not after them
     task = make_task(args.task)
     model, tokenizer = load_model(args.model)
     rng = random.Random(EVAL_SEED)

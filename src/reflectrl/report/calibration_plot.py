@@ -15,6 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from reflectrl.errors import UserError  # noqa: E402
+from reflectrl.outputs import check_writable  # noqa: E402
 from reflectrl.registry import parse_algo  # noqa: E402
 from reflectrl.runs import RunDir, atomic_write_bytes  # noqa: E402
 from reflectrl.runs.rundir import read_metrics  # noqa: E402
@@ -35,6 +36,7 @@ def plot_calibration(run_path: str | Path, out: str | Path | None = None) -> Pat
     out = Path(out) if out else run.path / "calibration.png"
     if out.suffix.lower() != ".png":
         raise UserError(f"--out {out}: give a file name ending in .png")
+    check_writable(out, "--out")
 
     fig = calibration_figure(run.config()["env_id"], snapshots, rows)
     buf = io.BytesIO()

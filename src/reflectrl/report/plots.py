@@ -217,13 +217,11 @@ def exploration_figure(exp: Experiment, env_id: str):
     return fig
 
 
-def write_gif(path, pngs: list[bytes], ms_per_frame: int) -> None:
-    """PNG frames as one looping GIF, written atomically."""
+def gif_bytes(pngs: list[bytes], ms_per_frame: int) -> bytes:
+    """PNG frames as one looping GIF."""
     from PIL import Image
-
-    from reflectrl.runs import atomic_write_bytes
 
     images = [Image.open(io.BytesIO(p)).convert("RGB") for p in pngs]
     buf = io.BytesIO()
     images[0].save(buf, format="GIF", save_all=True, append_images=images[1:], duration=ms_per_frame, loop=0)
-    atomic_write_bytes(path, buf.getvalue())
+    return buf.getvalue()

@@ -25,8 +25,9 @@ import torch  # noqa: E402
 from reflectrl.config import RunConfig  # noqa: E402
 from reflectrl.envs import make_env  # noqa: E402
 from reflectrl.errors import UserError  # noqa: E402
-from reflectrl.report.plots import write_gif  # noqa: E402
-from reflectrl.runs import RunDir, atomic_write_bytes  # noqa: E402
+from reflectrl.outputs import check_writable, write_files  # noqa: E402
+from reflectrl.report.plots import gif_bytes  # noqa: E402
+from reflectrl.runs import RunDir  # noqa: E402
 
 ACTIONS = ("up", "right", "down", "left")
 MINIGRID_ACTIONS = ("turn left", "turn right", "forward")  # MiniGrid's actions 0, 1, 2
@@ -173,13 +174,9 @@ def _figure(cfg, snap, grid, layout: Layout, vmax) -> bytes:
 
 def plot_reward_map(run_path, out_dir=None) -> Path:
     cfg, snapshots, maps, layout = reward_maps(run_path)
-    out = Path(out_dir) if out_dir else Path(run_path) / "reward_map"
-    out.mkdir(parents=True, exist_ok=True)
+    out = check_writable(Path(out_dir) if out_dir else Path(run_path) / "reward_map", "--out", directory=True)
     vmax = max(float(np.nanmax(np.abs(m))) for m in maps) or 1e-6  # one colour scale across training
-    frames = []
-    for snap, grid in zip(snapshots, maps):
-        png = _figure(cfg, snap, grid, layout, vmax)
-        atomic_write_bytes(out / f"step_{snap['global_step']:09d}.png", png)
-        frames.append(png)
-    write_gif(out / "reward_map.gif", frames, ms_per_frame=700)
-    return out
+    files = {f"step_{snap['global_step']:09d}.png": _figure(cfg, snap, grid, layout, vmax)
+             for snap, grid in zip(snapshots, maps)}
+    files["reward_map.gif"] = gif_bytes(list(files.values()), ms_per_frame=700)
+    return write_files(out, files)

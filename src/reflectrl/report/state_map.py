@@ -28,8 +28,9 @@ import numpy as np  # noqa: E402
 from reflectrl.config import RunConfig  # noqa: E402
 from reflectrl.envs.statekey import is_montezuma, room_of_key  # noqa: E402
 from reflectrl.errors import UserError  # noqa: E402
-from reflectrl.report.plots import write_gif  # noqa: E402
-from reflectrl.runs import RunDir, atomic_write_bytes  # noqa: E402
+from reflectrl.outputs import check_writable, write_files  # noqa: E402
+from reflectrl.report.plots import gif_bytes  # noqa: E402
+from reflectrl.runs import RunDir  # noqa: E402
 from reflectrl.runs.rundir import STATE_SAMPLES  # noqa: E402
 from reflectrl.runs.state_samples import load_samples  # noqa: E402
 
@@ -186,14 +187,10 @@ def plot_state_map(run_path, out_dir=None, dims: str | None = None, bins: int = 
     if bins < 2:
         raise UserError(f"--bins {bins}: must be at least 2")
     cfg, rows, extent, labels = state_maps(run_path, parse_dims(dims), bins)
-    out = Path(out_dir) if out_dir else Path(run_path) / "state_map"
-    out.mkdir(parents=True, exist_ok=True)
+    out = check_writable(Path(out_dir) if out_dir else Path(run_path) / "state_map", "--out", directory=True)
     limits = _limits(rows)
-    atomic_write_bytes(out / "state_map.png", _figure(cfg, rows, limits, extent, labels))
-    frames = []
+    files = {"state_map.png": _figure(cfg, rows, limits, extent, labels)}
     for row in rows:
-        png = _figure(cfg, [row], limits, extent, labels)
-        atomic_write_bytes(out / f"step_{row[1]:09d}.png", png)
-        frames.append(png)
-    write_gif(out / "state_map.gif", frames, ms_per_frame=900)
-    return out
+        files[f"step_{row[1]:09d}.png"] = _figure(cfg, [row], limits, extent, labels)
+    files["state_map.gif"] = gif_bytes([files[f"step_{row[1]:09d}.png"] for row in rows], ms_per_frame=900)
+    return write_files(out, files)

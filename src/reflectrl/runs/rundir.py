@@ -48,8 +48,11 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+    except BaseException as err:
+        with contextlib.suppress(OSError):  # where the write failed, so may this (a read-only disk)
+            tmp.unlink(missing_ok=True)
+        if isinstance(err, OSError) and err.filename is None:
+            err.filename = str(path)  # a failed write() names no file: the one-line error must
         raise
 
 
