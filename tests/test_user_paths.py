@@ -335,3 +335,47 @@ def test_a_read_only_location_is_named(cli, finished_experiment, tmp_path):
         _one_line_error(code, err, "read-only")
     finally:
         subprocess.run(["umount", str(ro)])
+
+
+# ---------------------------------------------------------------------------- 6. LLM options checked
+
+@pytest.mark.parametrize("argv, needle", [
+    (["init-tiny", "--vocab-size", "10"], "at least 258"),
+    (["init-tiny", "--layers", "0"], "--layers 0"),
+    (["init-tiny", "--heads", "0"], "--heads 0"),
+    (["sft", "--model", "TINY", "--task", "arith", "--steps", "2", "--lr", "-1"], "--lr -1"),
+    (["sft", "--model", "TINY", "--task", "arith", "--steps", "2", "--lr", "nan"], "--lr nan"),
+    (["sft", "--model", "TINY", "--task", "arith", "--steps", "2", "--device", "gpu"], "--device gpu"),
+])
+def test_llm_options_out_of_range_are_one_line(cli, tiny_model_dir, tmp_path, argv, needle):
+    out = tmp_path / "out"
+    argv = [str(tiny_model_dir) if a == "TINY" else a for a in argv]
+    code, _, err = cli("llm", *argv, "--out", out)
+    _one_line_error(code, err, needle)
+    assert not out.exists()
+
+
+# ---------------------------------------------------------------------------- 8. budgets
+
+@pytest.mark.parametrize("argv, trained", [
+    (["--algo", "sac", "--env", "Pendulum-v1", "--total-steps", "700", "--set", "learning_starts=200",
+      "log_every=500", "batch_size=32"], 700),
+    (["--algo", "dqn", "--env", "CartPole-v1", "--total-steps", "1500", "--set", "learning_starts=500",
+      "log_every=1000"], 1500),
+])
+def test_replay_trainers_train_exactly_the_budget(cli, tmp_path, argv, trained):
+    out = tmp_path / "r"
+    code, _, err = cli("train", *argv, "--out", out, "--no-progress")
+    assert code == 0, err
+    assert "note:" not in err
+    assert json.loads((out / "run.json").read_text())["global_step"] == trained
+
+
+def test_a_rounded_budget_is_said_at_the_start(cli, tmp_path):
+    out = tmp_path / "r"
+    code, _, err = cli("train", "--env", "CartPole-v1", "--total-steps", "1000", "--out", out, "--no-progress",
+                       "--set", "num_envs=2", "num_steps=256")
+    assert code == 0, err
+    assert ("note: --total-steps 1,000 is not a multiple of one iteration's 512 env steps (num_envs x num_steps); "
+            "training 1,024 env steps (2 iterations)") in err
+    assert json.loads((out / "run.json").read_text())["global_step"] == 1024

@@ -101,6 +101,9 @@ class ReplayTrainer(EnvStepTrainer):
                                    np.int64 if discrete else np.float32)
         self.steps_per_iteration = max(d.log_every // d.num_envs, 1) * d.num_envs
         self.num_iterations = math.ceil(cfg.total_steps / self.steps_per_iteration)
+        # the budget exactly (to a multiple of num_envs): the last iteration is shorter where log_every
+        # does not divide it
+        self.budget = math.ceil(cfg.total_steps / d.num_envs) * d.num_envs
         self.global_step = 0
         self.iteration = 0
         self.updates = 0
@@ -208,7 +211,7 @@ class ReplayTrainer(EnvStepTrainer):
         self._signal_clock.seconds = 0.0
         self._signal_rows = []
         step_before = self.global_step
-        T = self.steps_per_iteration // n
+        T = min(self.steps_per_iteration, self.budget - self.global_step) // n
         self.keys.start(T)
         rewards_seen = np.zeros((T, n), dtype=np.float32)
         episodes: list[tuple[float, int]] = []
@@ -258,8 +261,10 @@ class ReplayTrainer(EnvStepTrainer):
             row["signal_time_fraction"] = self._signal_clock.seconds / elapsed
         return row
 
+    iteration_knobs = "num_envs"
+
     def total_units(self) -> int:
-        return self.num_iterations * self.steps_per_iteration
+        return self.budget
 
 
     # ------------------------------------------------------------------ checkpoints

@@ -364,6 +364,8 @@ class IMPALATrainer(EnvStepTrainer):
     def policy_module(self) -> torch.nn.Module:
         return self.agent
 
+    iteration_knobs = "batch_trajectories x unroll_length"
+
     def total_units(self) -> int:
         return self.num_iterations * self.knobs.batch_size
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 
 from reflectrl.errors import UserError
 
@@ -48,7 +49,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     sft.add_argument("--batch-size", type=int, default=None, help=f"(default {sft_defaults['batch_size']})")
     sft.add_argument("--lr", type=float, default=None, help=f"(default {sft_defaults['learning_rate']})")
     sft.add_argument("--seed", type=int, default=None, help=f"(default {sft_defaults['seed']})")
-    sft.add_argument("--device", default=None, help="auto (cuda where available), cpu, cuda or cuda:N (default cpu)")
+    sft.add_argument("--device", default=None, help=f"auto (cuda where available), cpu, cuda or cuda:N (default {d.device}, "
+                     "as for llm train)")
     sft.add_argument("--reference-share", type=float, default=None,
                      help="share of examples that read the task's reference after the prompt (in context, not "
                           "learned), so the model can serve as the divergence signal's teacher "
@@ -144,6 +146,7 @@ def _check_out(out: str) -> None:
 
 
 def _sft(args) -> int:
+    from reflectrl.llm.config import LLMRunConfig
     from reflectrl.llm.model import load_model
     from reflectrl.llm.sft import sft
     from reflectrl.llm.tasks import make_task
@@ -151,12 +154,12 @@ def _sft(args) -> int:
     task = make_task(args.task)
     _check_out(args.out)
     model, tokenizer = load_model(args.model)
-    if args.device is not None:
-        from reflectrl.llm.grpo import resolve_device
+    from reflectrl.llm.grpo import resolve_device
 
-        if args.device not in ("auto", "cpu", "cuda") and not args.device.startswith("cuda:"):
-            raise UserError(f"--device {args.device}: use auto, cpu, cuda or cuda:N")
-        args.device = str(resolve_device(args.device, "fp32")[0])
+    device = args.device or LLMRunConfig.device  # the same default as llm train's
+    if device not in ("auto", "cpu", "cuda") and not re.fullmatch(r"cuda:\d+", device):
+        raise UserError(f"--device {device}: use auto, cpu, cuda or cuda:N")
+    args.device = str(resolve_device(device, "fp32")[0])
     result = sft(model, tokenizer, task, steps=args.steps, out=args.out, progress=not args.no_progress,
                  **_given(batch_size=args.batch_size, learning_rate=args.lr, seed=args.seed,
                           reference_share=args.reference_share, device=args.device))

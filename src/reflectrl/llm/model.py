@@ -21,6 +21,7 @@ from reflectrl.runs.rundir import atomic_dir
 ARCHS = ("llama", "qwen2")
 EOS = "<|eos|>"
 PAD = "<|pad|>"
+MIN_VOCAB = 256 + 2  # every byte, and PAD and EOS
 # a reasoning-gym task short enough for the tiny model (prompts of ~17 characters)
 RG_SHORT = ("rg:basic_arithmetic[min_terms=2;max_terms=2;max_digits=1;operators=+,-;"
             "allow_parentheses=false;allow_negation=false]")
@@ -77,6 +78,13 @@ def init_tiny(out: str | os.PathLike, *, arch: str = "llama", hidden_size: int =
     transformers.utils.logging.disable_progress_bar()
     if arch not in ARCHS:
         raise UserError(f"--arch {arch}: use one of {', '.join(ARCHS)}")
+    for flag, value in (("--hidden-size", hidden_size), ("--layers", layers), ("--heads", heads),
+                        ("intermediate_size", intermediate_size), ("max_positions", max_positions)):
+        if value < 1:
+            raise UserError(f"{flag} {value}: must be a positive integer")
+    if vocab_size < MIN_VOCAB:
+        raise UserError(f"--vocab-size {vocab_size}: the byte-level tokenizer needs at least {MIN_VOCAB} entries "
+                        f"(256 bytes and {MIN_VOCAB - 256} special tokens); give {MIN_VOCAB} or more")
     if hidden_size % heads:
         raise UserError(f"--hidden-size {hidden_size} must be a multiple of --heads {heads}")
     out = Path(out)
@@ -154,7 +162,7 @@ def _load_checkpoint_policy(run, name: str, *, dtype, device):
 
     cfg = LLMRunConfig.from_dict(run.config())
     if not run.has_checkpoint():
-        raise UserError(f"--model {name} is a run directory with neither a saved policy nor a checkpoint; "
+        raise UserError(f"--model {name} is a run directory without a saved policy or a checkpoint; "
                         f"continue it with 'reflectrl llm train --resume {name}' or pass a model directory")
     state = run.load_checkpoint()
     model, tokenizer = load_model(cfg.model, dtype=dtype, device="cpu")

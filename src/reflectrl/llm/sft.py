@@ -15,6 +15,7 @@ trained from scratch.
 from __future__ import annotations
 
 import json
+import math
 import random
 import time
 from pathlib import Path
@@ -61,6 +62,8 @@ def sft(model, tokenizer, task: Task, *, steps: int, out: str | Path, batch_size
         raise UserError(f"{out} exists and is not empty; choose a new --out directory")
     if steps < 1 or batch_size < 1:
         raise UserError("--steps and --batch-size must be positive integers")
+    if not (math.isfinite(learning_rate) and learning_rate > 0):
+        raise UserError(f"--lr {learning_rate}: must be a finite number > 0")
     if not 0.0 <= reference_share <= 1.0:
         raise UserError(f"--reference-share {reference_share}: must be in [0, 1]")
     hints = random.Random(seed + 1)  # which examples read the reference; the problems' stream is unchanged

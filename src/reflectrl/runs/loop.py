@@ -23,6 +23,7 @@ A trainer plugs in by providing (see PPOTrainer and GRPOTrainer):
 
 from __future__ import annotations
 
+import sys
 import time
 
 import numpy as np
@@ -37,6 +38,9 @@ def train_loop(trainer, progress: bool = True) -> None:
 
     run = trainer.run
     started = trainer.units_done() > 0
+    note = trainer.budget_note() if not started and hasattr(trainer, "budget_note") else None
+    if note:
+        print(f"reflectrl: note: {note}", file=sys.stderr)
     if run is not None and trainer.logger is None:
         # always cut what was logged past the step we start from: a run resumed from its step-0
         # checkpoint (killed before its first periodic one) must not keep the rows it logged
@@ -89,6 +93,17 @@ class EnvStepTrainer:
     `recent_returns` and `cfg.checkpoint_every`, and gives `total_units()` and `run_iteration()`."""
 
     unit = "env steps"
+    iteration_knobs = "num_envs x num_steps"  # what one iteration's env steps are made of (the budget note)
+
+    def budget_note(self) -> str | None:
+        """Where the trainer cannot train exactly --total-steps (it trains in whole iterations),
+        the line that says so at the start of a run, and why."""
+        asked, total = self.cfg.total_steps, self.total_units()
+        if total == asked:
+            return None
+        per = total // max(self.num_iterations, 1)
+        return (f"--total-steps {asked:,} is not a multiple of one iteration's {per:,} env steps "
+                f"({self.iteration_knobs}); training {total:,} env steps ({self.num_iterations:,} iterations)")
 
     def units_done(self) -> int:
         return self.global_step
