@@ -179,8 +179,13 @@ def test_the_baseline_joins_the_rerun_tuned_and_with_the_same_budget(tmp_path):
     check_baseline(method, 4, base_dir)
     with pytest.raises(UserError, match="had 4 trials and this sweep has 8"):
         check_baseline(method, 8, base_dir)
-    with pytest.raises(UserError, match="give the sweep of plain ppo"):
+    with pytest.raises(UserError, match="this sweep is of ppo itself: drop --baseline here"):
         check_baseline(base, 4, base_dir)
+    method_dir = tmp_path / "method"
+    load_or_create_sweep(method_dir, method)
+    (method_dir / "best.json").write_text(json.dumps({"knobs": {}, "set": [], "trials": 4}))
+    with pytest.raises(UserError, match="is a sweep of --algo refgrpo, not of plain ppo"):
+        check_baseline(method, 4, method_dir)
     rerun = rerun_spec(method, {"knobs": {"calibration.alpha": 0.02}, "set": ["calibration.alpha=0.02"], "trials": 4},
                        2, base_dir)
     runs = {r.entry.label: r for r in rerun.runs(tmp_path / "best") if r.seed == 4}

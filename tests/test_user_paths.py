@@ -379,3 +379,74 @@ def test_a_rounded_budget_is_said_at_the_start(cli, tmp_path):
     assert ("note: --total-steps 1,000 is not a multiple of one iteration's 512 env steps (num_envs x num_steps); "
             "training 1,024 env steps (2 iterations)") in err
     assert json.loads((out / "run.json").read_text())["global_step"] == 1024
+
+
+# ---------------------------------------------------------------------------- 9. messages
+
+@pytest.mark.parametrize("argv", [
+    ["train", "--env", "CartPole-v1", "--total-steps", "99999999999999999999"],
+    ["compare", "--env", "CartPole-v1", "--algos", "ppo", "--total-steps", "99999999999999999999"],
+    ["llm", "train", "--model", "m", "--steps", "10000000000000"],
+])
+def test_budgets_no_run_finishes_are_refused(cli, tmp_path, argv):
+    out = tmp_path / "r"
+    code, _, err = cli(*argv, "--out", out)
+    _one_line_error(code, err, "above the limit of 10^12")
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_compare_terminated_exits_143_with_the_command_that_resumes_it(tmp_path):
+    out = tmp_path / "exp"
+    argv = [sys.executable, "-m", "reflectrl", "compare", "--env", "CartPole-v1", "--algos", "ppo", "--seeds", "1",
+            "--total-steps", "400000", "--out", str(out), "--no-progress", "--workers", "1"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run = out / "runs" / "CartPole-v1" / "ppo" / "seed1"
+    deadline = time.time() + 120
+    while _rows(run) < 2 and time.time() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert f"terminated; continue with: reflectrl compare --env CartPole-v1 --algos ppo" in err
+
+
+def test_a_report_where_nothing_varies_names_no_threshold_and_says_why_seeds_are_0(cli, tmp_path):
+    out = tmp_path / "exp"
+    base = ["compare", "--env", "reflectrl/GridWorld-v0", "--seeds", "1", "--total-steps", "512", "--out", out,
+            "--no-progress", "--workers", "1", "--no-report", "--set", "env.size=12", "env.layout=maze",
+            "num_envs=2", "num_steps=128"]
+    code, _, err = cli(*base, "--algos", "ppo,ppo[env.max_episode_steps=20]")
+    assert code == 0, err
+    from reflectrl.report.analysis import load_experiment, summary_table
+    from reflectrl.report.render import _table_rows
+
+    table = summary_table(load_experiment(out), reps=200)
+    rows = {r["algo"]: r for r in table}
+    assert rows["ppo"]["seeds"] == 0 and "no episode ended" in rows["ppo"]["why"]
+    assert rows["ppo[env.max_episode_steps=20]"]["seeds"] == 1
+    cells = {r[1]: r for r in _table_rows(table)}
+    assert "no episode ended in its 1 finished run(s)" in cells["ppo"][2]
+    assert cells["ppo[env.max_episode_steps=20]"][8] == "– (every return the same)"
+
+
+def test_eval_says_when_episodes_were_cut_by_a_time_limit(cli, tmp_path):
+    out = tmp_path / "r"
+    assert cli("train", "--env", "reflectrl/GridWorld-v0", "--total-steps", "256", "--out", out, "--no-progress",
+               "--set", "env.size=12", "env.max_episode_steps=15", "num_envs=2", "num_steps=128")[0] == 0
+    code, text, err = cli("eval", out, "--episodes", "2")
+    assert code == 0, err
+    assert "cut by a time limit: their return is the partial sum" in text
+    code, text, _ = cli("eval", out, "--episodes", "2", "--json")
+    assert json.loads(text)["truncated_episodes"] >= 1
+
+
+def test_calibration_metrics_are_null_where_no_confidence_was_stated():
+    from reflectrl.llm.calibration import CONFIDENCE_KEYS, calibration_metrics
+    from reflectrl.llm.tasks.reflect import Reflection
+
+    metrics = calibration_metrics([True, False], [Reflection(), Reflection()])
+    assert metrics["reflection_missing_rate"] == 1.0
+    assert all(metrics[k] is None for k in CONFIDENCE_KEYS)
+    stated = calibration_metrics([True, False], [Reflection(confidence=0.9), Reflection()])
+    assert stated["ece"] is not None and stated["mean_confidence"] == pytest.approx(0.7)

@@ -15,10 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import sys
 import warnings
 
-from reflectrl.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, UserError
+from reflectrl.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_USAGE, UserError
 from reflectrl.outputs import HINTS, write_error
 from reflectrl.report import BOOTSTRAP_REPS
 
@@ -238,8 +239,11 @@ def _eval(args) -> int:
     if args.json:
         print(json.dumps(result))
     else:
-        capped = (f"; {result['capped_episodes']} episode(s) cut at the {result['max_steps']:,}-step cap "
-                  "(their return is the partial sum)" if result["capped_episodes"] else "")
+        cut = result["truncated_episodes"]
+        capped = (f"; {cut} of {result['episodes']} episode(s) cut by a time limit"
+                  + (f" ({result['capped_episodes']} at eval's {result['max_steps']:,}-step cap)"
+                     if result["capped_episodes"] else "")
+                  + ": their return is the partial sum" if cut else "")
         print(f"{result['env_id']} @ {result['global_step']} steps: mean return {_num(result['mean_return'])} "
               f"+- {result['std_return']:.3g} over {result['episodes']} episodes "
               f"({'deterministic' if args.deterministic else 'stochastic'}){capped}; "
@@ -435,9 +439,16 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         print(f"reflectrl: error: {err}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("\nreflectrl: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as stop:
+        # train and llm train say so themselves (runs/session.py); compare and sweep get here, and the
+        # same command line resumes them
+        from reflectrl.runs.session import Terminated
+
+        terminated = isinstance(stop, Terminated)
+        words = sys.argv[1:] if argv is None else [str(a) for a in argv]
+        again = f"; continue with: reflectrl {shlex.join(words)}" if words[:1] in (["compare"], ["sweep"]) else ""
+        print(("reflectrl: terminated" if terminated else "\nreflectrl: interrupted") + again, file=sys.stderr)
+        return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
     except BrokenPipeError:  # output piped into `head` and the like
         sys.stderr.close()
         return 0

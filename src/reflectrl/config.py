@@ -481,6 +481,19 @@ def _finite(name: str, value: float) -> None:
         raise UserError(f"{name}={value} must be a finite number")
 
 
+# The largest budget a run takes: 10^12 env steps is about 12 days at a million steps per second and
+# 30 years at a thousand, and far inside the int64 counters every log and checkpoint keeps.
+MAX_BUDGET = 10**12
+
+
+def check_budget(value: int, flag: str, unit: str) -> None:
+    if value <= 0:
+        raise UserError(f"{flag} {value}: must be a positive integer")
+    if value > MAX_BUDGET:
+        raise UserError(f"{flag} {value}: above the limit of 10^12 {unit} (about 12 days at a million per second, "
+                        "years on one machine); give a budget a run can finish")
+
+
 def check_seed(seed: int, flag: str = "--seed") -> None:
     if not 0 <= seed <= SEED_MAX:
         raise UserError(f"{flag} {seed}: must be between 0 and 2**32 - 1 ({SEED_MAX})")
@@ -490,8 +503,7 @@ def validate(cfg: RunConfig) -> None:
     """Check a resolved config; raise UserError naming the first bad value and the fix."""
     algo = parse_algo(cfg.algo, "control")
     check_seed(cfg.seed)
-    if cfg.total_steps <= 0:
-        raise UserError(f"--total-steps {cfg.total_steps}: must be a positive integer")
+    check_budget(cfg.total_steps, "--total-steps", "env steps")
     _validate_run_knobs(cfg)
     if algo.trainer == "dqn":
         validate_dqn(cfg.dqn, cfg.total_steps)

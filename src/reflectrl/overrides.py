@@ -90,12 +90,13 @@ def parse_value(key: str, raw: str, like: Any, *, annotation: bool = True) -> An
 
 
 def parse_free(raw: str) -> Any:
-    """A free-form value (an env's constructor keyword): a JSON literal, else true/false, else the text."""
+    """A free-form value (an env's constructor keyword): a JSON literal, else true/false (none:
+    None, as the typed knobs read it), else the text."""
     try:
         return json.loads(raw)
     except json.JSONDecodeError:
         low = raw.lower()
-        return low == "true" if low in ("true", "false") else raw
+        return {"true": True, "false": False, "none": None}.get(low, raw)
 
 
 def split(item: str, example: str = "num_envs=8") -> tuple[str, str]:

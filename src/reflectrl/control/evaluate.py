@@ -111,7 +111,8 @@ def evaluate(
     base_seed = cfg.seed + 1_000_003 if seed is None else seed
 
     returns, lengths, frames = [], [], []
-    capped = 0
+    capped = 0      # cut by eval's own cap (--max-steps, or EVAL_MAX_STEPS without a time limit)
+    truncated_episodes = 0  # ended by any time limit, the env's or the cap: their return is a partial sum
     for ep in range(episodes):
         obs, info = env.reset(seed=base_seed + ep)
         if observe is not None:
@@ -121,6 +122,7 @@ def evaluate(
         while not done:
             if steps == max_steps:
                 capped += 1
+                truncated_episodes += 1
                 break
             if video:
                 frames.append(env.render())
@@ -138,6 +140,8 @@ def evaluate(
             episode_return += float(reward)  # eval adds no reward wrapper: this is the env's true return
             steps += 1
             done = terminated or truncated
+            if truncated and not terminated and not (atari and life_lost(env)):
+                truncated_episodes += 1
             if done and life_lost(env):  # Atari's episodic life: the game goes on after a lost life
                 obs, _ = env.reset()
                 done = False
@@ -162,6 +166,7 @@ def evaluate(
         "mean_length": float(np.mean(lengths)),
         "max_steps": int(max_steps),
         "capped_episodes": capped,
+        "truncated_episodes": truncated_episodes,
         "video": video,
         "returns": returns,
         "params_sha256": params_sha256(agent),

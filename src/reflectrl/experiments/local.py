@@ -20,7 +20,9 @@ from reflectrl.runs.files import last_logged_step
 
 
 def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt
+    from reflectrl.runs.session import Terminated
+
+    raise Terminated  # a KeyboardInterrupt: the same clean-up; the CLI exits 143, as train does
 
 
 def run_local(todo: list[tuple[RunSpec, str]], workers: int, result: ExperimentResult, bar: Progress) -> None:

@@ -459,7 +459,9 @@ def _finished(study) -> int:
 def _sigterm_as_interrupt():
     """SIGTERM stops the sweep as Ctrl-C does (its running trial stops at its checkpoints)."""
     def interrupt(signum, frame):
-        raise KeyboardInterrupt
+        from reflectrl.runs.session import Terminated
+
+        raise Terminated  # a KeyboardInterrupt: the same clean-up; the CLI exits 143, as train does
 
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:
@@ -558,10 +560,13 @@ def rerun_spec(sweep: SweepSpec, best: dict, rerun_seeds: int, baseline: Path | 
 def check_baseline(sweep: SweepSpec, trials: int, where: Path) -> None:
     """Tuned vs tuned only: the baseline is a finished sweep of plain ppo on the same env,
     steps, wrapper and seeds, with the same number of trials."""
+    if sweep.algo == "ppo":
+        raise UserError("--baseline sets a tuned ppo beside a method's sweep, and this sweep is of ppo itself: drop "
+                        "--baseline here, and give this sweep's --out as --baseline to the method's sweep")
     base, base_best = read_sweep(where)
-    if base.algo != "ppo" or sweep.algo == "ppo":
-        raise UserError(f"--baseline {where} is a sweep of --algo {base.algo}: give the sweep of plain ppo, "
-                        "and use --baseline on the method's sweep")
+    if base.algo != "ppo":
+        raise UserError(f"--baseline {where} is a sweep of --algo {base.algo}, not of plain ppo: give the --out of a "
+                        "'reflectrl sweep --algo ppo' on the same --env, --total-steps, --seeds and --trials")
     differ = [name for name in ("env", "total_steps", "wrapper", "seeds")
               if getattr(base, name) != getattr(sweep, name)]
     if differ:

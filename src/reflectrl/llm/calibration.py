@@ -99,6 +99,10 @@ def _rate(mask: np.ndarray, among: np.ndarray) -> float | None:
     return float(mask[among].mean()) if among.any() else None
 
 
+# the metrics read off the stated confidences: null where no episode stated one
+CONFIDENCE_KEYS = ("mean_confidence", "ece", "brier", "auroc", "selective_curve", "selective_auc")
+
+
 def calibration_metrics(correct: Sequence[bool], reflections: Sequence[Reflection | None]) -> dict:
     """Every key of KEYS for N episodes (see the module's doc)."""
     correct = np.asarray(correct, dtype=bool)
@@ -127,6 +131,9 @@ def calibration_metrics(correct: Sequence[bool], reflections: Sequence[Reflectio
         auroc=auroc(confidence, correct),
     )
     out["selective_curve"], out["selective_auc"] = selective(confidence, correct)
+    if not any(r is not None and r.stated_confidence is not None for r in reflections):
+        # nothing was stated: the 0.5 that stands in for a missing confidence is no measurement
+        out.update(dict.fromkeys(CONFIDENCE_KEYS))
     return out
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reflectrl import overrides
-from reflectrl.config import check_saved_config, check_seed, sections_from_dict, validate_sections
+from reflectrl.config import check_budget, check_saved_config, check_seed, sections_from_dict, validate_sections
 from reflectrl.errors import UserError
 from reflectrl.llm.losses import LOSS_AGGREGATIONS
 from reflectrl.llm.tasks.reflect import require_reflect
@@ -143,8 +143,7 @@ def validate_llm(cfg: LLMRunConfig) -> None:
     algo = parse_algo(cfg.algo, "llm")
     if not cfg.model:
         raise UserError("llm train needs --model DIR (make a tiny one with 'reflectrl llm init-tiny --out DIR')")
-    if cfg.steps < 1:
-        raise UserError(f"--steps {cfg.steps}: must be a positive integer")
+    check_budget(cfg.steps, "--steps", "GRPO steps")
     check_seed(cfg.seed)
     if cfg.checkpoint_every < 1:
         raise UserError(f"checkpoint_every={cfg.checkpoint_every}: must be a positive number of steps")

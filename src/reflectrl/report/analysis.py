@@ -251,7 +251,10 @@ def summary_table(exp: Experiment, reps: int = stats.BOOTSTRAP_REPS) -> list[dic
             final = _complete(score_matrix(exp, label, "final", False, [env_id]))
             auc = _complete(score_matrix(exp, label, "auc", True, [env_id]))
             if final.size == 0:
-                rows.append({"env": env_id, "algo": label, "seeds": 0})
+                finished = [r for r in exp.finished if r.spec.env_id == env_id and r.spec.entry.label == label]
+                why = (f"no episode ended in its {len(finished)} finished run(s)" if finished
+                       else "no run finished")
+                rows.append({"env": env_id, "algo": label, "seeds": 0, "why": why})
                 continue
             f = stats.interval([final], stats.iqm, reps)
             a = stats.interval([auc], stats.iqm, reps) if auc.size else (math.nan,) * 3
@@ -324,9 +327,11 @@ def few_seed_rows(table: list[dict]) -> list[dict]:
 
 
 def _threshold(exp: Experiment, env_id: str) -> float:
-    """Default threshold: 80% of the way from the worst to the best return seen in the env."""
-    lo, hi = env_range(exp, env_id)
-    return lo + 0.8 * (hi - lo)
+    """Default threshold: 80% of the way from the worst to the best return seen in the env; never
+    above the best return seen (inf, reached by none, where every return was the same: there is
+    nothing to solve, and the widened range used for normalising is no env's range)."""
+    lo, hi = observed_range(exp, env_id)
+    return lo + 0.8 * (hi - lo) if hi > lo else math.inf
 
 
 # ------------------------------------------------------------------------------- claims

@@ -66,7 +66,8 @@ def _table_rows(table: list[dict]) -> list[list[str]]:
     out = []
     for r in table:
         if not r.get("seeds"):
-            out.append([r["env"], r["algo"], "0"] + ["–"] * (len(HEADERS) - 3))
+            why = f" ({r['why']})" if r.get("why") else ""
+            out.append([r["env"], r["algo"], f"0{why}"] + ["–"] * (len(HEADERS) - 3))
             continue
         mark = f" {FEW_SEEDS_MARK}" if r["seeds"] < MIN_SEEDS_FOR_CI else ""
         # P(improve) resamples this entry's seeds and the baseline's
@@ -76,8 +77,8 @@ def _table_rows(table: list[dict]) -> list[list[str]]:
                     _num(r["auc_iqm"]), _ci(r["auc_ci"]) + mark,
                     "–" if r["p_improve_over_ppo"] is None
                     else f"{_num(r['p_improve_over_ppo'])} {_ci(r['p_improve_ci'])}{p_mark}",
-                    f"{_num(r['steps_to_threshold_median'])} "
-                    f"({r['reached']}/{r['seeds']} reach {_num(r['threshold'])})",
+                    (f"{_num(r['steps_to_threshold_median'])} ({r['reached']}/{r['seeds']} reach "
+                     f"{_num(r['threshold'])})" if math.isfinite(r["threshold"]) else "– (every return the same)"),
                     "–" if r.get("unique_states_iqm") is None
                     else f"{_count(r['unique_states_iqm'])} {_ci_count(r['unique_states_ci'])}{mark}",
                     _versus_text(r)])
