@@ -190,3 +190,25 @@ def test_calibration_legend_has_no_entry_without_a_drawn_line(rows, shown):
     for label in entries:
         assert label in by_label and drawn(by_label[label]), label
     assert ax.get_xlabel() == "env steps"
+
+
+def test_the_demos_curves_are_split_into_panels_each_against_its_baseline(tmp_path):
+    algos = ["ppo", "ppo+count", "ppo+rnd", "ppo+calibration", "ppo+shaping[mode=potential]", "ppo+gear",
+             "ppo+count+calibration", "ppo+count+shaping[mode=potential]", "ppo+count+gear"]
+    curves = {label: [[float(i + k) for i in range(20)]] * 2 for k, label in enumerate(algos)}
+    exp = load_experiment(make_experiment(tmp_path / "exp", curves, total_steps=100_000))
+    panels = plots.curve_panels(exp)
+    assert [title for title, _, _ in panels] == ["baselines", "each signal alone (vs ppo)",
+                                                 "each signal on ppo+count (vs ppo+count)"]
+    assert panels[2][1] == ["ppo+count", "ppo+count+calibration", "ppo+count+shaping[mode=potential]",
+                            "ppo+count+gear"]
+    fig = plots.learning_curves_figure(exp, ENV)
+    drawn = [ax for ax in fig.axes if ax.get_lines()]
+    assert len(drawn) == 3 and all(len(ax.get_lines()) <= 4 for ax in drawn)  # no panel is a tangle
+    assert_readable_ticks(fig)
+
+
+def test_a_panel_of_many_entries_bands_only_its_baseline(experiment):
+    fig = plots.learning_curves_figure(experiment, ENV)  # 7 entries, none stacked: one panel
+    (ax,) = fig.axes
+    assert len(ax.get_lines()) == len(DEMO_ALGOS) and len(ax.collections) == 1  # ppo's band only

@@ -408,7 +408,7 @@ def test_compare_terminated_exits_143_with_the_command_that_resumes_it(tmp_path)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err
-    assert f"terminated; continue with: reflectrl compare --env CartPole-v1 --algos ppo" in err
+    assert "terminated; continue with: reflectrl compare --env CartPole-v1 --algos ppo" in err
 
 
 def test_a_report_where_nothing_varies_names_no_threshold_and_says_why_seeds_are_0(cli, tmp_path):

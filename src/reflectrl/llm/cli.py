@@ -49,8 +49,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     sft.add_argument("--batch-size", type=int, default=None, help=f"(default {sft_defaults['batch_size']})")
     sft.add_argument("--lr", type=float, default=None, help=f"(default {sft_defaults['learning_rate']})")
     sft.add_argument("--seed", type=int, default=None, help=f"(default {sft_defaults['seed']})")
-    sft.add_argument("--device", default=None, help=f"auto (cuda where available), cpu, cuda or cuda:N (default {d.device}, "
-                     "as for llm train)")
+    sft.add_argument("--device", default=None, help="auto (cuda where available), cpu, cuda or cuda:N "
+                     f"(default {d.device}, as for llm train)")
     sft.add_argument("--reference-share", type=float, default=None,
                      help="share of examples that read the task's reference after the prompt (in context, not "
                           "learned), so the model can serve as the divergence signal's teacher "

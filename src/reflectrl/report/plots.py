@@ -54,21 +54,70 @@ def learning_curves(exp: Experiment, env_id: str) -> bytes:
     return _png(learning_curves_figure(exp, env_id))
 
 
+# The exploration bonuses users trust, on which the seed signals are stacked (ppo+count+gear): an
+# experiment that stacks them gets one learning-curve panel per stack
+EXPLORATION_BONUSES = ("count", "rnd")
+MAX_BANDS = 4  # a panel with more entries draws the CI band of its reference entries only
+
+
+def curve_panels(exp: Experiment) -> list[tuple[str, list[str], list[str]]]:
+    """(title, entries, reference entries) of the learning-curve panels. One panel unless some
+    entries stack a seed signal on an exploration bonus: then the baselines (the trainer alone
+    and with each bonus), each seed signal alone, and each on every bonus, each panel drawn
+    against its own baseline."""
+    from reflectrl.registry import parse_algo
+
+    parsed = {e.label: parse_algo(e.algo) for e in exp.spec.entries()}
+    labels = [label for label in exp.spec.algos if label in parsed]
+    bonus_of = {label: tuple(s for s in a.signals if s in EXPLORATION_BONUSES) for label, a in parsed.items()}
+    seeded = {label: any(s not in EXPLORATION_BONUSES for s in a.signals) for label, a in parsed.items()}
+    baselines = [label for label in labels if not seeded[label]]
+    stacks = list(dict.fromkeys(bonus_of[label] for label in labels if seeded[label]))
+    if not any(stacks):  # nothing stacked: one panel, drawn against the plain baselines
+        return [("", labels, [label for label in labels if not parsed[label].signals])]
+    panels = [("baselines", baselines, [label for label in baselines if not parsed[label].signals])]
+    for stack in stacks:
+        refs = [label for label in baselines if bonus_of[label] == stack]
+        members = [label for label in labels if seeded[label] and bonus_of[label] == stack]
+        trainer = parsed[members[0]].trainer
+        title = (f"each signal on {'+'.join((trainer, *stack))}" if stack else "each signal alone")
+        panels.append((title + (f" (vs {', '.join(refs)})" if refs else ""), refs + members, refs))
+    return panels
+
+
 def learning_curves_figure(exp: Experiment, env_id: str):
-    fig, ax = plt.subplots(figsize=(6.4, 4), dpi=DPI)
-    for i, label in enumerate(exp.spec.algos):
-        runs = exp.select(env_id, label)
-        if not runs:
-            continue
-        curves = np.stack([_fill(r.curve) for r in runs])
-        mid, lo, hi = _band(curves)
-        color = COLORS[i % len(COLORS)]
-        ax.plot(exp.grid, mid, color=color, label=f"{label} ({len(runs)} seeds)")
-        ax.fill_between(exp.grid, lo, hi, color=color, alpha=0.2)
-    ax.set(title=f"{env_id}: true episodic return (IQM, 95% CI)", xlabel="env steps", ylabel="return")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    ax.tick_params(labelsize=TICK_SIZE)
+    panels = [p for p in curve_panels(exp) if any(exp.select(env_id, label) for label in p[1])]
+    panels = panels or [("", list(exp.spec.algos), [])]
+    cols = 1 if len(panels) == 1 else 2
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6.4 * cols, 4 * rows), dpi=DPI, sharey=True, squeeze=False)
+    colour = {label: COLORS[i % len(COLORS)] for i, label in enumerate(exp.spec.algos)}
+    for ax, (title, labels, refs) in zip(axes.flat, panels):
+        banded = set(labels) if len(labels) <= MAX_BANDS else set(refs)
+        for label in labels:
+            runs = exp.select(env_id, label)
+            if not runs:
+                continue
+            curves = np.stack([_fill(r.curve) for r in runs])
+            mid, lo, hi = _band(curves)
+            style = "--" if label in refs and len(panels) > 1 else "-"
+            ax.plot(exp.grid, mid, style, color=colour[label], label=f"{label} ({len(runs)} seeds)")
+            if label in banded:
+                ax.fill_between(exp.grid, lo, hi, color=colour[label], alpha=0.2)
+        ax.set_title(title, fontsize=10)
+        ax.set(xlabel="env steps", ylabel="return")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.tick_params(labelsize=TICK_SIZE)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    many = any(len(labels) > MAX_BANDS for _, labels, _ in panels)
+    heading = f"{env_id}: true episodic return (IQM, 95% CI"
+    heading += f"{'; bands for the baselines only' if many else ''})"
+    if len(panels) == 1:
+        axes[0, 0].set_title(heading)
+    else:
+        fig.suptitle(heading, fontsize=11)
     fig.tight_layout()
     return fig
 
