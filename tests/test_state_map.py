@@ -22,8 +22,8 @@ def test_terms_by_signal_and_kind():
 
 
 def test_sampler_keeps_the_snapshots_and_reloads_them(tmp_path):
-    total, k = 10, 3
-    assert snapshot_iterations(total, k) == [1, 4, 7, 10]
+    total, k = 10, 4
+    assert snapshot_iterations(total, k) == [1, 4, 7, 10]  # k points, the first and the last among them
     sampler = StateSampler(tmp_path, seed=3, total_iterations=total, snapshots=k)
     assert [it for it in range(1, total + 1) if sampler.wants(it)] == [1, 4, 7, 10]
     obs = torch.arange(4096 * 2 * 3, dtype=torch.float32).reshape(4096, 2, 3)  # T=4096 steps of N=2 envs
@@ -60,7 +60,7 @@ def test_binned_counts_and_means_by_hand():
 def test_grid_world_run_draws_its_state_map(cli, tmp_path):
     out = tmp_path / "gw"
     code, _, err = cli("train", "--algo", "ppo+calibration+count", "--total-steps", 1024, *FAST,
-                       "state_map_snapshots=2", "--out", out)
+                       "state_map_snapshots=3", "--out", out)
     assert code == 0, err
     samples = load_samples(out / "state_samples.npz")
     assert sorted(samples) == [1, 4, 8]

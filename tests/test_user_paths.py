@@ -450,3 +450,36 @@ def test_calibration_metrics_are_null_where_no_confidence_was_stated():
     assert all(metrics[k] is None for k in CONFIDENCE_KEYS)
     stated = calibration_metrics([True, False], [Reflection(confidence=0.9), Reflection()])
     assert stated["ece"] is not None and stated["mean_confidence"] == pytest.approx(0.7)
+
+
+# ---------------------------------------------------------------------------- 11. noise
+
+def test_state_map_snapshots_keeps_that_many(cli, tmp_path):
+    from reflectrl.runs.state_samples import load_samples
+
+    out = tmp_path / "r"
+    assert cli("train", "--env", "CartPole-v1", "--total-steps", "2048", "--out", out, "--no-progress", "--set",
+               "num_envs=2", "num_steps=64", "state_map_snapshots=5")[0] == 0
+    assert sorted(load_samples(out / "state_samples.npz")) == [1, 4, 8, 12, 16]
+
+
+@pytest.mark.slow
+def test_impala_signals_raise_no_numpy_warning(tmp_path):
+    pytest.importorskip("ray")
+    # Ray hands the learner read-only arrays (its object store): torch warned on each
+    done = subprocess.run([sys.executable, "-m", "reflectrl", "train", "--algo", "impala+shaping", "--env",
+                           "CartPole-v1", "--total-steps", "1600", "--out", str(tmp_path / "r"), "--no-progress",
+                           "--set", "unroll_length=25"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "warning" not in done.stderr.lower(), done.stderr
+
+
+def test_mujoco_warnings_are_said_once(capfd):
+    pytest.importorskip("mujoco")
+    from reflectrl.envs import make_env
+
+    with pytest.warns(UserWarning, match="MuJoCo: compiler attribute 'settotalmass' is deprecated") as caught:
+        for _ in range(2):
+            make_env("HalfCheetah-v5", learning=False).close()
+    assert sum("settotalmass" in str(w.message) for w in caught) == 1
+    assert "settotalmass" not in capfd.readouterr().err  # not printed by MuJoCo itself

@@ -316,7 +316,7 @@ class IMPALATrainer(EnvStepTrainer):
             next_obs[:-1] = b.obs[1:]
             next_obs[-1] = b.last_obs
             for t, i, o in b.ended:
-                next_obs[t, i] = torch.as_tensor(o, dtype=torch.float32)
+                next_obs[t, i] = torch.tensor(o, dtype=torch.float32)  # a copy: o may be read-only (Ray)
 
         def gae(rewards, v, nv, terms, truncs, gamma=self.knobs.gamma):
             return estimator(rewards, v, nv, terms, truncs, gamma)[:2]

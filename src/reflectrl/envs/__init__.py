@@ -141,6 +141,32 @@ def _load_error(env_id: str, err: Exception) -> UserError:
     return UserError(f"cannot load env '{env_id}': {type(err).__name__}: {text}")
 
 
+_MUJOCO_SEEN: set[str] = set()
+
+
+def _once_mujoco_warnings() -> None:
+    """MuJoCo prints its warnings from C on every model compile (each env of a vector env: the
+    same deprecation of Gymnasium's own assets twice and more); route them through Python's
+    warnings, each distinct message once."""
+    try:
+        import mujoco
+    except ImportError:
+        return
+    if getattr(_once_mujoco_warnings, "installed", False):
+        return
+
+    def warn(message: str) -> None:
+        text = message.strip()
+        if text not in _MUJOCO_SEEN:
+            _MUJOCO_SEEN.add(text)
+            import warnings
+
+            warnings.warn(f"MuJoCo: {text}", stacklevel=2)
+
+    mujoco.set_mju_user_warning(warn)
+    _once_mujoco_warnings.installed = True
+
+
 def _make(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
     spec = gym.registry[env_id]
     if isinstance(spec.entry_point, str):
@@ -149,6 +175,8 @@ def _make(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
         except Exception as err:
             raise _load_error(env_id, err) from None
     rest = kwargs
+    if isinstance(spec.entry_point, str) and ".mujoco" in spec.entry_point:
+        _once_mujoco_warnings()
     if spec.entry_point == "reflectrl.envs.gridworld:GridWorldEnv" and "max_episode_steps" in kwargs:
         # gym.make would take max_episode_steps for a TimeLimit: the grid world's own limit is its keyword
         spec = dataclasses.replace(spec, kwargs={**spec.kwargs, "max_episode_steps": kwargs["max_episode_steps"]})

@@ -1,7 +1,7 @@
 """Samples of where a run went and what it was paid there, for state maps (seed 000
 section 5.3, seed 002 section 7; `reflectrl plot state-map`).
 
-At `RunConfig.state_map_snapshots` evenly spaced iterations (the first included) the trainer
+At `RunConfig.state_map_snapshots` evenly spaced iterations (the first and the last) the trainer
 hands its rollout to `StateSampler.record`, which keeps up to `SAMPLES` of its steps, chosen
 by a generator of its own (seeded from the run's seed and the iteration: the trainer's
 random stream is never touched, so a run with or without samples is the same run):

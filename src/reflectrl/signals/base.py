@@ -189,10 +189,13 @@ def scheduled(coef: float, schedule: str, until: float, step: int, total: int) -
 
 
 def snapshot_iterations(total_iterations: int, k: int) -> list[int]:
-    """The first iteration and k evenly spaced ones after it (of `total_iterations`)."""
-    if k <= 0:
+    """k iterations (of `total_iterations`) evenly spaced from the first to the last (fewer
+    where training has fewer iterations; k = 1: the last)."""
+    if k <= 0 or total_iterations <= 0:
         return []
-    return sorted({max(1, -(-total_iterations * i // k)) for i in range(1, k + 1)} | {1})
+    if k == 1:
+        return [total_iterations]
+    return sorted({1 + (total_iterations - 1) * i // (k - 1) for i in range(k)})
 
 
 class Signal:
@@ -218,7 +221,7 @@ class Signal:
             yield
 
     def snapshot_iterations(self, k: int) -> list[int]:
-        """The first iteration and k evenly spaced ones after it, at which to keep a snapshot."""
+        """k iterations evenly spaced from the first to the last, at which to keep a snapshot."""
         return snapshot_iterations(self.ctx.total_iterations, k)
 
     def encode_actions(self, actions: torch.Tensor) -> torch.Tensor:
