@@ -580,7 +580,7 @@ def test_cli_json_last_line_is_the_result(tmp_path, capsys):
     (tmp_path / "tests.json").write_text(json.dumps(ADD))
     code, out, err = _cli(capsys, "sandbox", "run", "--code", tmp_path / "sol.py", "--tests", tmp_path / "tests.json",
                           "--timeout", "10", "--json")
-    assert code == 0, err
+    assert code == 1, err  # a failing case: non-zero, as a test runner's
     result = json.loads(out.strip().splitlines()[-1])
     assert (result["status"], result["passed"], result["total"], result["reward"]) == ("failed", 0, 3, 0.0)
     (tmp_path / "sol.py").write_text(GOOD)

@@ -483,3 +483,54 @@ def test_mujoco_warnings_are_said_once(capfd):
             make_env("HalfCheetah-v5", learning=False).close()
     assert sum("settotalmass" in str(w.message) for w in caught) == 1
     assert "settotalmass" not in capfd.readouterr().err  # not printed by MuJoCo itself
+
+
+# ---------------------------------------------------------------------------- 12. help
+
+def _actions(parser, path=("reflectrl",)):
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _actions(sub, (*path, name))
+        elif not isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
+            yield " ".join(path), action
+
+
+def test_every_option_has_help_and_shows_its_default():
+    from reflectrl.cli import build_parser
+
+    missing, hidden = [], []
+    for where, action in _actions(build_parser()):
+        name = f"{where} {action.option_strings[0] if action.option_strings else action.dest}"
+        if not action.help:
+            missing.append(name)
+        elif action.option_strings and action.default not in (None, False) and "default" not in action.help:
+            hidden.append(f"{name} (default {action.default!r})")
+    assert not missing, f"options without help: {missing}"
+    assert not hidden, f"options whose help hides the default: {hidden}"
+
+
+def test_help_names_every_env_family_and_every_knob_section(cli):
+    from reflectrl.knobs import section_names, sections
+
+    assert section_names() == list(sections())
+    with pytest.raises(SystemExit):
+        cli("train", "--help")
+    from reflectrl.cli import build_parser
+
+    text = build_parser()._subparsers._group_actions[0].choices["train"].format_help()
+    for family in ("MiniGrid", "ALE/", "pettingzoo:", "reflectrl/GridWorld-v0"):
+        assert family in text, family
+    knobs = build_parser()._subparsers._group_actions[0].choices["knobs"].format_help()
+    assert all(name in knobs for name in section_names())
+
+
+def test_sft_and_train_default_to_the_same_device():
+    from reflectrl.cli import build_parser
+    from reflectrl.llm.config import LLMRunConfig
+
+    llm = build_parser()._subparsers._group_actions[0].choices["llm"]
+    sft = llm._subparsers._group_actions[0].choices["sft"].format_help()
+    assert f"(default {LLMRunConfig.device}, as for llm train)" in " ".join(sft.split())

@@ -23,6 +23,11 @@ from reflectrl.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_TERMINATED, EXI
 from reflectrl.outputs import HINTS, write_error
 from reflectrl.report import BOOTSTRAP_REPS
 
+ENV_HELP = ("env id: a Gymnasium id (CartPole-v1, HalfCheetah-v5, LunarLander-v3), a MiniGrid id "
+            "(MiniGrid-DoorKey-8x8-v0), an Atari id (ALE/Breakout-v5), pettingzoo:MODULE for --algo mappo "
+            "(pettingzoo:mpe2.simple_spread_v3), or reflectrl/GridWorld-v0, the built-in maze")
+BACKEND_HELP = "where the runs go: local subprocesses (default local), or ray: one Ray task per run"
+RUN_DIR_HELP = "a run directory (the --out of 'reflectrl train')"
 WRAPPER_HELP = "reward wrapper: sparse, delayed:K or velocity-cost[:V] (a cost channel), or several joined by commas"
 
 
@@ -49,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train one run (or continue one with --resume)")
     train.add_argument("--algo", default=None, help=f"TRAINER[+SIGNAL...]: {', '.join(algo_names('control'))} "
                        f"(default {d.algo})")
-    train.add_argument("--env", default=None, help=f"Gymnasium env id (default {d.env_id})")
+    train.add_argument("--env", default=None, help=ENV_HELP + f" (default {d.env_id})")
     train.add_argument("--seed", type=int, default=None, help=f"random seed (default {d.seed})")
     train.add_argument("--total-steps", type=int, default=None,
                        help=f"env steps to train for (default {d.total_steps})")
@@ -70,16 +75,17 @@ def build_parser() -> argparse.ArgumentParser:
                      "(required without --preset)")
     cmp.add_argument("--seeds", type=int, default=None, help="seeds 1..N per (env, algo) (default 5, or the preset's)")
     cmp.add_argument("--first-seed", type=int, default=1,
-                     help="number the seeds from this one (fresh seeds for a confirmation run: --first-seed 11)")
+                     help="number the seeds from this one (fresh seeds for a confirmation run: --first-seed 11; "
+                          "default 1)")
     cmp.add_argument("--total-steps", type=int, default=None, help="env steps per run (required without --preset)")
     cmp.add_argument("--out", required=True, help="experiment directory (re-run to resume)")
     cmp.add_argument("--wrapper", default=None, help=WRAPPER_HELP + ", for every run")
     cmp.add_argument("--set", action="append", nargs="+", metavar="KEY=VALUE",
                      help="override for every run, or ALGO.KEY=VALUE for one algo's entries")
-    cmp.add_argument("--backend", default="local", choices=["local", "ray"])
+    cmp.add_argument("--backend", default="local", choices=["local", "ray"], help=BACKEND_HELP)
     cmp.add_argument("--workers", type=int, default=None, help="parallel runs (default: the cores)")
     cmp.add_argument("--ray-address", default=None, help="Ray cluster address (default: start a local one)")
-    cmp.add_argument("--no-progress", action="store_true")
+    cmp.add_argument("--no-progress", action="store_true", help="no progress bar (the runs' logs still fill)")
     cmp.add_argument("--no-report", action="store_true", help="skip writing the report at the end")
 
     sw = sub.add_parser("sweep", help="tune an algo's knobs with Optuna, then re-run the best on fresh seeds")
@@ -101,27 +107,27 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--no-prune", action="store_true", help="run every trial in full (no median pruning)")
     sw.add_argument("--wrapper", default=None, help=WRAPPER_HELP + ", for every run")
     sw.add_argument("--set", action="append", nargs="+", metavar="KEY=VALUE", help="a fixed knob for every run")
-    sw.add_argument("--backend", default="local", choices=["local", "ray"])
+    sw.add_argument("--backend", default="local", choices=["local", "ray"], help=BACKEND_HELP)
     sw.add_argument("--workers", type=int, default=None, help="parallel runs (default: the cores)")
     sw.add_argument("--ray-address", default=None, help="Ray cluster address (default: start a local one)")
     sw.add_argument("--no-progress", action="store_true", help="no progress bar for the re-run")
 
     rep = sub.add_parser("report", help="write the HTML and Markdown report of an experiment")
-    rep.add_argument("exp_dir", metavar="DIR")
+    rep.add_argument("exp_dir", metavar="DIR", help="an experiment directory (the --out of 'reflectrl compare')")
     rep.add_argument("--reps", type=int, default=BOOTSTRAP_REPS,
                      help=f"bootstrap resamples (default {BOOTSTRAP_REPS:,})")
 
     plot = sub.add_parser("plot", help="draw a run's pictures")
     plot_sub = plot.add_subparsers(dest="plot_command", parser_class=_Parser, required=True)
     cal = plot_sub.add_parser("calibration", help="predicted vs actual advantage and L_cal (refgrpo runs)")
-    cal.add_argument("run_dir", metavar="DIR")
+    cal.add_argument("run_dir", metavar="DIR", help=RUN_DIR_HELP)
     cal.add_argument("--out", default=None, help="PNG file (default DIR/calibration.png)")
     rmap = plot_sub.add_parser("reward-map", help="the learned shaping per cell and action (sdrs on the grid world)")
-    rmap.add_argument("run_dir", metavar="DIR")
+    rmap.add_argument("run_dir", metavar="DIR", help=RUN_DIR_HELP)
     rmap.add_argument("--out", default=None, help="folder for the PNGs and the GIF (default DIR/reward_map)")
     smap = plot_sub.add_parser("state-map", help="visits, env reward and each signal's term over the states, "
                                "at a few points of training (any control run)")
-    smap.add_argument("run_dir", metavar="DIR")
+    smap.add_argument("run_dir", metavar="DIR", help=RUN_DIR_HELP)
     smap.add_argument("--dims", default=None, help="two observation indices to project on, e.g. 0,1 (default: the "
                       "grid/MiniGrid cell, Montezuma's position, else obs 0,1: LunarLander's x, y)")
     smap.add_argument("--bins", type=int, default=40, help="bins per axis of a continuous projection (default 40)")
@@ -134,8 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     llm_cli.add_parser(sub)
 
     ev = sub.add_parser("eval", help="evaluate a run's latest checkpoint")
-    ev.add_argument("run_dir", metavar="DIR")
-    ev.add_argument("--episodes", type=int, default=10)
+    ev.add_argument("run_dir", metavar="DIR", help=RUN_DIR_HELP + "; an unfinished run is evaluated at its last "
+                    "checkpoint")
+    ev.add_argument("--episodes", type=int, default=10, help="episodes to run (default 10)")
     ev.add_argument("--deterministic", action="store_true", help="greedy / mean actions")
     ev.add_argument("--seed", type=int, default=None, help="seed of the evaluation episodes")
     ev.add_argument("--json", action="store_true", help="print one JSON object")
@@ -145,8 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "capped episodes are reported as such")
 
     kn = sub.add_parser("knobs", help="list every knob with its default and meaning (what --set takes)")
-    kn.add_argument("section", nargs="?", default=None,
-                    help="one section: run, ppo, env, a signal's section (calibration, shaping, gear) or grpo")
+    from reflectrl.knobs import section_names
+
+    kn.add_argument("section", nargs="?", default=None, help=f"one section: {', '.join(section_names())}")
     kn.add_argument("--algo", default=None, help="only the knobs an algo reads (e.g. refgrpo, or llm:gear)")
     kn.add_argument("--json", action="store_true", help="print one JSON object")
     return parser

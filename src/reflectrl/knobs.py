@@ -89,6 +89,13 @@ def _rows(cls: type, prefix: str, only: tuple[str, ...] | None = None,
     return rows
 
 
+def section_names() -> list[str]:
+    """The sections `sections()` lists, in its order, without building their tables (the CLI's help)."""
+    from reflectrl.registry import signals
+
+    return ["run", "ppo", "dqn", "sac", "impala", "mappo", "hppo", "env", *signals(), "grpo"]
+
+
 def sections() -> dict[str, dict]:
     """{section: {"rows": [...], "for": what reads it}} in the order they are listed."""
     from reflectrl.config import (

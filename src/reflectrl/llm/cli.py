@@ -44,7 +44,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     sft = sub.add_parser("sft", help="warm-start a model on a task's demonstrations")
     sft.add_argument("--model", required=True, help="model directory or Hugging Face name")
     sft.add_argument("--task", required=True, help="arith, rg:NAME, code, tools or rag")
-    sft.add_argument("--steps", type=int, required=True)
+    sft.add_argument("--steps", type=int, required=True, help="optimisation steps (batches of demonstrations)")
     sft.add_argument("--out", required=True, help="model directory to create")
     sft.add_argument("--batch-size", type=int, default=None, help=f"(default {sft_defaults['batch_size']})")
     sft.add_argument("--lr", type=float, default=None, help=f"(default {sft_defaults['learning_rate']})")
@@ -55,7 +55,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                      help="share of examples that read the task's reference after the prompt (in context, not "
                           "learned), so the model can serve as the divergence signal's teacher "
                           f"(default {sft_defaults['reference_share']})")
-    sft.add_argument("--no-progress", action="store_true")
+    sft.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     train = sub.add_parser("train", help="RL on a task: grpo, grpo+gear (GEAR weights), "
                                          "grpo+calibration (turn calibration bonus), grpo+verdict (stated "
@@ -72,7 +72,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     train.add_argument("--set", action="append", nargs="+", metavar="KEY=VALUE",
                        help="override a knob, e.g. --set group_size=8 loss_type=dapo gear.top_frac=0.5")
     train.add_argument("--resume", metavar="DIR", default=None, help="continue the interrupted run in DIR")
-    train.add_argument("--no-progress", action="store_true")
+    train.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     ev = sub.add_parser("eval", help="greedy accuracy of a model on a task's held-out problems")
     ev.add_argument("--model", required=True,

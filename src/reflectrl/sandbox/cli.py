@@ -4,8 +4,9 @@
                           [--memory-mb N] [--python PATH] [--unsafe-no-bwrap]
 
 TESTS.json: {"entry_point": "solve", "cases": [{"args": [...], "expected": ...}, ...]}.
-Exit code 0 whenever the run happened, whatever its verdict; bad input raises UserError
-(one line on stderr, exit code 2). With --json the last line printed is the result as one
+Exit code 0 when every case passed (status ok), 1 when the run happened and some case did not
+(any other status), as a test runner's; bad input raises UserError (one line on stderr, exit
+code 2). With --json the last line printed is the result as one
 JSON object. Wired into `reflectrl.cli` by `add_parser(sub)` and `run(args)` (through the
 alias `reflectrl.llm.sandbox_cli`); this module imports nothing heavy (the package's
 __init__ is lazy), the sandbox itself is imported when a command runs. It only reads the
@@ -18,14 +19,15 @@ import argparse
 import json
 import sys
 
-from reflectrl.errors import UserError
+from reflectrl.errors import EXIT_FAILED, UserError
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Add the `sandbox` command (with its `run` subcommand) to the CLI's subparsers."""
     sandbox = subparsers.add_parser("sandbox", help="run model-generated code against unit tests, contained")
     sub = sandbox.add_subparsers(dest="sandbox_command", metavar="{run}", required=True)
-    run_p = sub.add_parser("run", help="run one code file against one tests file")
+    run_p = sub.add_parser("run", help="run one code file against one tests file (exit 0 when every case passes, "
+                           "1 when one does not, 2 on bad input)")
     run_p.add_argument("--code", required=True, metavar="FILE.py", help="the Python code to test")
     run_p.add_argument("--tests", required=True, metavar="TESTS.json",
                        help='{"entry_point": "solve", "cases": [{"args": [...], "expected": ...}, ...]}')
@@ -74,7 +76,7 @@ def _short(value, limit: int = 80) -> str:
 
 
 def run(args) -> int:
-    """Run `reflectrl sandbox <command>`; returns the exit code (0 when the run happened)."""
+    """Run `reflectrl sandbox <command>`; returns the exit code (0: every case passed, 1: not)."""
     if args.sandbox_command != "run":
         raise UserError(f"unknown sandbox command {args.sandbox_command}")
     from reflectrl.sandbox.runner import run_code
@@ -91,9 +93,10 @@ def run(args) -> int:
     if args.unsafe_no_bwrap:
         print("reflectrl: warning: --unsafe-no-bwrap: ran with rlimits only (no filesystem, network or "
               "process isolation)", file=sys.stderr)
+    verdict = 0 if result.status == "ok" else EXIT_FAILED
     if args.json:
         print(json.dumps({**result.to_dict(), "reward": result.reward}))
-        return 0
+        return verdict
     print(f"{result.status}: {result.passed}/{result.total} cases passed in {result.duration_s:.3f}s "
           f"({result.isolation}); {result.reason}")
     failing = [c for c in result.cases if not c.passed]
@@ -111,4 +114,4 @@ def run(args) -> int:
     if result.stderr_tail:
         print("--- stderr (tail) ---")
         print(result.stderr_tail.rstrip("\n"))
-    return 0
+    return verdict
