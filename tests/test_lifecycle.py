@@ -178,7 +178,7 @@ def test_eval_caps_episodes_of_an_env_without_time_limit(cli, tmp_path):
     # an untrained greedy policy on CliffWalking walks into a wall forever: each episode is cut
     assert result["capped_episodes"] == 2 and result["mean_length"] == 300
     code, out_text, _ = cli("eval", out, "--episodes", 1, "--deterministic", "--max-steps", 50)
-    assert code == 0 and "cut at the 50-step cap" in out_text
+    assert code == 0 and "cut by a time limit (1 at eval's 50-step cap)" in out_text
     code, out_text, _ = cli("eval", out, "--episodes", 1, "--deterministic", "--json")
     assert json.loads(out_text)["max_steps"] == 10_000  # no time limit: the default cap
 

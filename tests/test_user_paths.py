@@ -474,9 +474,12 @@ def test_impala_signals_raise_no_numpy_warning(tmp_path):
     assert "warning" not in done.stderr.lower(), done.stderr
 
 
-def test_mujoco_warnings_are_said_once(capfd):
+def test_mujoco_warnings_are_said_once(capfd, monkeypatch):
     pytest.importorskip("mujoco")
+    from reflectrl import envs
     from reflectrl.envs import make_env
+
+    monkeypatch.setattr(envs, "_MUJOCO_SEEN", set())  # as in a fresh process
 
     with pytest.warns(UserWarning, match="MuJoCo: compiler attribute 'settotalmass' is deprecated") as caught:
         for _ in range(2):
