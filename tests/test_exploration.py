@@ -253,3 +253,41 @@ def test_large_observations_are_hashed_on_a_subsample_and_atari_games_on_their_r
     finally:
         env.close()
     assert isinstance(env, gym.Wrapper)
+
+
+@pytest.mark.parametrize("env_id, sets", [("CartPole-v1", []), ("Pendulum-v1", ["num_envs=3"])])
+def test_deferred_simhash_keys_equal_the_per_step_keys(env_id, sets):
+    """The training envs defer their SimHash keys to one product per rollout (issue 38): the
+    keys, the next keys and the current keys across rollouts and episode ends are the same as
+    keying every step in the wrapper (the Pendulum envs normalise their observations: the keys
+    read the raw ones)."""
+    from reflectrl.control.ppo import new_run_config
+    from reflectrl.envs import make_vector_env, statekey
+
+    cfg = new_run_config(env_id=env_id, seed=3, total_steps=4096, overrides=["num_steps=64", *sets])
+    results = []
+    for deferred in (True, False):
+        envs = make_vector_env(cfg)
+        if not deferred:
+            for env in envs.envs:
+                while not isinstance(env, statekey.StateKey):
+                    env = env.env
+                env.deferred = False
+        assert (statekey.deferred_wrappers(envs) is not None) == deferred
+        obs, info = envs.reset(seed=3)
+        keys = RolloutKeys(obs, info)
+        space = envs.single_action_space
+        space.seed(0)
+        out = []
+        for _ in range(3):  # rollouts of 80 steps: CartPole's episodes end inside them
+            keys.start(80, envs)
+            for t in range(80):
+                obs, _, _, _, info = envs.step(np.stack([space.sample() for _ in range(envs.num_envs)]))
+                keys.record(t, obs, info)
+            keys.finish()
+            out.append((keys.state_keys.copy(), keys.next_state_keys.copy(), keys.current.copy()))
+        envs.close()
+        results.append(out)
+    for (a, b, c), (x, y, z) in zip(*results):
+        assert np.array_equal(a, x) and np.array_equal(b, y) and np.array_equal(c, z)
+    assert len(np.unique(results[0][0][0])) > 10  # the keys vary: the check compares something

@@ -25,7 +25,7 @@ from collections import deque
 
 import numpy as np
 
-from reflectrl.envs.statekey import room_of_key, simhash_observations
+from reflectrl.envs.statekey import deferred_wrappers, hash_rows, room_of_key, simhash_observations
 
 WINDOW = 10  # iterations in the visitation-entropy window
 METRICS = ("unique_states", "unique_states_total", "visitation_entropy", "rooms_visited", "first_reward_step")
@@ -33,11 +33,17 @@ METRICS = ("unique_states", "unique_states_total", "visitation_entropy", "rooms_
 
 class RolloutKeys:
     """The state keys of one rollout, (T, N) int64, from `info["state_key"]` (or a SimHash of
-    the observations where the envs give none), and the key of each env's current state."""
+    the observations where the envs give none), and the key of each env's current state.
+
+    A trainer calls `start(T, envs)` before a rollout, `record(t, ...)` after each vector step
+    and `finish()` after the last, before it reads `state_keys`/`next_state_keys`. Where the envs'
+    StateKey wrappers defer their SimHash keys (envs/statekey.py), `record` only notes which envs
+    reset and `finish` hashes the rollout's observations in one product."""
 
     def __init__(self, obs: np.ndarray, info: dict):
         self.current = self._keys(obs, info)
         self.state_keys = self.next_state_keys = None
+        self.wrappers = None
 
     @staticmethod
     def _keys(obs, info: dict) -> np.ndarray:
@@ -46,13 +52,27 @@ class RolloutKeys:
             return simhash_observations(obs)
         return np.asarray(keys, dtype=np.int64).copy()
 
-    def start(self, num_steps: int) -> None:
+    def start(self, num_steps: int, envs=None) -> None:
         n = len(self.current)
         self.state_keys = np.zeros((num_steps, n), dtype=np.int64)
         self.next_state_keys = np.zeros((num_steps, n), dtype=np.int64)
+        self.wrappers = deferred_wrappers(envs) if envs is not None else None
+        if self.wrappers is not None:
+            for w in self.wrappers:
+                w.take()  # rows of steps outside a rollout (none in training) are not this rollout's
+            self.reset_keys = np.zeros((num_steps, n), dtype=np.int64)
+            self.reset_mask = np.zeros((num_steps, n), dtype=bool)
+            self.steps = 0
 
     def record(self, t: int, next_obs, info: dict) -> None:
         """After step t: keys of the states reached, and of the envs' states from now on."""
+        if self.wrappers is not None:  # deferred: only which envs reset, and their new keys
+            if "state_key" in info:
+                mask = np.asarray(info["_state_key"], dtype=bool)
+                self.reset_mask[t] = mask
+                self.reset_keys[t, mask] = np.asarray(info["state_key"], dtype=np.int64)[mask]
+            self.steps = t + 1
+            return
         self.state_keys[t] = self.current
         keys = self._keys(next_obs, info)  # after an autoreset: the next episode's first state
         self.next_state_keys[t] = keys
@@ -64,6 +84,25 @@ class RolloutKeys:
                 else:
                     self.next_state_keys[t, i] = simhash_observations(np.asarray(info["final_obs"][i])[None])[0]
         self.current = keys
+
+    def finish(self) -> None:
+        """After the rollout's last step: the deferred keys, hashed at once (a no-op otherwise)."""
+        if self.wrappers is None:
+            return
+        T = self.steps
+        rows = [w.take() for w in self.wrappers]
+        if any(len(r) != T for r in rows):
+            raise RuntimeError(f"state keys: expected {T} steps per env, got {[len(r) for r in rows]}")
+        n = len(rows)
+        if T:
+            stacked = np.stack([np.stack(r) for r in rows], axis=1)  # (T, N, D)
+            reached = hash_rows(stacked.reshape(T * n, -1)).reshape(T, n)  # the state each step reached
+            after = np.where(self.reset_mask[:T], self.reset_keys[:T], reached)  # each env's state after it
+            self.next_state_keys[:T] = reached
+            self.state_keys[0] = self.current
+            self.state_keys[1:T] = after[:-1]
+            self.current = after[-1].copy()
+        self.wrappers = None
 
 
 class ExplorationTracker:

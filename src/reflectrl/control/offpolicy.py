@@ -212,7 +212,7 @@ class ReplayTrainer(EnvStepTrainer):
         self._signal_rows = []
         step_before = self.global_step
         T = min(self.steps_per_iteration, self.budget - self.global_step) // n
-        self.keys.start(T)
+        self.keys.start(T, self.envs)
         rewards_seen = np.zeros((T, n), dtype=np.float32)
         episodes: list[tuple[float, int]] = []
         stats: list[dict] = []
@@ -237,6 +237,7 @@ class ReplayTrainer(EnvStepTrainer):
             before, self.global_step = self.global_step, self.global_step + n
             if self.global_step > self.learn_from:
                 self.learn(before, stats)
+        self.keys.finish()
         exploration = self.exploration.update(self.keys.state_keys, rewards_seen, step_before)
         returns = [r for r, _ in episodes]
         self.recent_returns.extend(returns)

@@ -272,7 +272,7 @@ class PPOTrainer(EnvStepTrainer):
         keep_trunk = self.streams is not None and self.streams.shared  # reward streams' heads read the trunk
         step_trunk = torch.zeros((T, N, self.agent.head_in_dim)) if keep_trunk else None
         next_obs = self.next_obs.numpy()
-        self.keys.start(T)
+        self.keys.start(T, self.envs)
         self.cost_tracker.start(T)
         for t in range(T):
             obs[t] = next_obs
@@ -301,6 +301,7 @@ class PPOTrainer(EnvStepTrainer):
                 if "episode" in final:
                     for i in np.flatnonzero(final["_episode"]):
                         episodes.append((float(final["episode"]["r"][i]), int(final["episode"]["l"][i])))
+        self.keys.finish()
         self.next_obs = torch.as_tensor(next_obs, dtype=torch.float32)
 
         # Values do not steer the rollout, so one batched pass after it replaces T small ones:

@@ -107,7 +107,7 @@ class Actor:
         actions, logprobs = [], np.zeros((T, E), dtype=np.float32)
         ended, episodes, nonfinite = [], [], None
         next_obs = self.next_obs
-        self.keys.start(T)
+        self.keys.start(T, self.envs)
         for t in range(T):
             obs[t] = next_obs
             action, logprob = self.policy.act(torch.as_tensor(obs[t], dtype=torch.float32), self.generator)
@@ -126,6 +126,7 @@ class Actor:
                 if "episode" in final:
                     for i in np.flatnonzero(final["_episode"]):
                         episodes.append((float(final["episode"]["r"][i]), int(final["episode"]["l"][i])))
+        self.keys.finish()
         self.next_obs = np.asarray(next_obs)
         return Unroll(self.slot, version, obs, np.stack(actions), logprobs, rewards, terminations, truncations,
                       self.next_obs.copy(), ended, episodes, self.keys.state_keys.copy(),

@@ -337,7 +337,9 @@ def _make_training_env(env_id, wrapper, env_kwargs, norm_obs, norm_reward, clip_
     env = make_env(env_id, wrapper=wrapper, env_kwargs=env_kwargs, keep_image=keep_image)
     if wrap is not None:  # what a trainer adds to each env (hppo's agent cell)
         env = wrap(env)
-    env = StateKey(env, env_id)  # info["state_key"] for the exploration metrics, from the raw observation
+    # info["state_key"] for the exploration metrics, from the raw observation; SimHash keys are
+    # deferred to the trainer, which hashes a rollout's at once (exploration.RolloutKeys)
+    env = StateKey(env, env_id, deferred=True)
     if norm_obs:
         env = NormalizeObservation(env)
         env = ClipObservation(env, clip_obs)

@@ -149,11 +149,20 @@ def simhash_observations(obs: np.ndarray) -> np.ndarray:
 
 
 class StateKey(gym.Wrapper):
-    """Adds `info["state_key"]` (an int) on reset and on every step; touches no random stream."""
+    """Adds `info["state_key"]` (an int) on reset and on every step; touches no random stream.
 
-    def __init__(self, env: gym.Env, env_id: str = ""):
+    `deferred=True` (the training envs): where the key is a SimHash of the observation, a step
+    only keeps the observation's hash input (`take()` hands them over), and the trainer hashes a
+    whole rollout's at once (exploration.RolloutKeys): one matrix product per rollout instead of
+    one per env per step, and no per-step info entry for the vector env to merge. A reset still
+    puts its key in the info (once per episode), and an env with its own key (the grid world,
+    MiniGrid, Montezuma) is keyed per step as before, its key being cheap to read."""
+
+    def __init__(self, env: gym.Env, env_id: str = "", deferred: bool = False):
         super().__init__(env)
         self.key_fn = key_function(env, env_id or (env.spec.id if env.spec else ""))
+        self.deferred = deferred and self.key_fn is None
+        self.pending: list[np.ndarray] = []  # hash inputs of the steps since the last take()
 
     def _key(self, obs) -> int:
         if self.key_fn is not None:
@@ -167,5 +176,49 @@ class StateKey(gym.Wrapper):
 
     def step(self, action):
         obs, reward, terminated, truncated, info = self.env.step(action)
-        info["state_key"] = self._key(obs)
+        if self.deferred:
+            self.pending.append(_hash_row(obs, self.env))
+        else:
+            info["state_key"] = self._key(obs)
         return obs, reward, terminated, truncated, info
+
+    def take(self) -> list[np.ndarray]:
+        rows, self.pending = self.pending, []
+        return rows
+
+    def __getstate__(self):  # a snapshot of the envs (checkpoints) never carries a rollout's rows
+        state = self.__dict__.copy()
+        state["pending"] = []
+        return state
+
+
+def _hash_row(obs, env: gym.Env) -> np.ndarray:
+    """What `hash_input` reads, kept cheaply: a copy of a small observation as it is (the dtype
+    cast and the hashing happen once per rollout), a large one's subsample, an Atari env's RAM."""
+    ale = getattr(env.unwrapped, "ale", None)
+    if ale is not None:
+        return ale.getRAM().astype(np.float32) - 128.0
+    obs = np.asarray(obs)
+    if obs.size > HASH_MAX_INPUTS:
+        return _subsample(obs[None])[0].astype(np.float32)
+    return obs.reshape(-1).copy()
+
+
+def deferred_wrappers(envs) -> list[StateKey] | None:
+    """The deferred StateKey wrapper of each env of a Gymnasium vector env (None where any env
+    has none: EnvPool, an env with its own key)."""
+    out = []
+    for env in getattr(envs, "envs", None) or []:
+        while not isinstance(env, StateKey):
+            if not isinstance(env, gym.Wrapper):
+                return None
+            env = env.env
+        if not env.deferred:
+            return None
+        out.append(env)
+    return out or None
+
+
+def hash_rows(rows: np.ndarray) -> np.ndarray:
+    """(B, D) rows kept by `_hash_row` -> (B,) keys, equal to a StateKey's per-step keys."""
+    return simhash(_subsample(np.asarray(rows)).astype(np.float32))

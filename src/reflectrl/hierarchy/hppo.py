@@ -247,7 +247,7 @@ class HPPOTrainer(EnvStepTrainer):
         low_terms = np.zeros((T, N), dtype=bool)
         low_truncs = np.zeros((T, N), dtype=bool)
         episodes, pursuits = [], []
-        self.keys.start(T)
+        self.keys.start(T, self.envs)  # grid keys: read per step (hppo uses them in the loop)
         low_in = self._low_inputs(self.next_obs, self.cells, self.goal)
         for t in range(T):
             low_obs[t] = low_in
@@ -397,6 +397,7 @@ class HPPOTrainer(EnvStepTrainer):
         start = time.perf_counter()
         step_before = self.global_step
         rollout, episodes, pursuits = self.collect()
+        self.keys.finish()
         exploration = self.exploration.update(self.keys.state_keys, rollout["env_rewards"].numpy(), step_before)
         stats = self.learn_low(rollout)
         signal_seconds = stats.pop("_signal_seconds")
