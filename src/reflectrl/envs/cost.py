@@ -86,12 +86,14 @@ class CostTracker:
 
     def record(self, t: int, info: dict, done: np.ndarray) -> None:
         """After step t: its costs (the final step's from `final_info` where an episode ended)."""
+        final = info.get("final_info")
+        if "cost" not in info and (final is None or "cost" not in final):
+            return  # no cost channel (most envs): the row stays the zeros `start` made
         cost = np.zeros(len(self.running))
         if "cost" in info:
             self.seen = True
             mask = info.get("_cost", np.ones(len(cost), dtype=bool))
             cost[mask] = np.asarray(info["cost"], dtype=np.float64)[mask]
-        final = info.get("final_info")
         if final is not None and "cost" in final:
             self.seen = True
             for i in np.flatnonzero(final["_cost"]):

@@ -163,6 +163,7 @@ class StateKey(gym.Wrapper):
         self.key_fn = key_function(env, env_id or (env.spec.id if env.spec else ""))
         self.deferred = deferred and self.key_fn is None
         self.pending: list[np.ndarray] = []  # hash inputs of the steps since the last take()
+        self._ale = getattr(env.unwrapped, "ale", None)  # an Atari env's RAM is what is hashed
 
     def _key(self, obs) -> int:
         if self.key_fn is not None:
@@ -177,7 +178,7 @@ class StateKey(gym.Wrapper):
     def step(self, action):
         obs, reward, terminated, truncated, info = self.env.step(action)
         if self.deferred:
-            self.pending.append(_hash_row(obs, self.env))
+            self.pending.append(_hash_row(obs, self._ale))
         else:
             info["state_key"] = self._key(obs)
         return obs, reward, terminated, truncated, info
@@ -192,10 +193,9 @@ class StateKey(gym.Wrapper):
         return state
 
 
-def _hash_row(obs, env: gym.Env) -> np.ndarray:
+def _hash_row(obs, ale) -> np.ndarray:
     """What `hash_input` reads, kept cheaply: a copy of a small observation as it is (the dtype
     cast and the hashing happen once per rollout), a large one's subsample, an Atari env's RAM."""
-    ale = getattr(env.unwrapped, "ale", None)
     if ale is not None:
         return ale.getRAM().astype(np.float32) - 128.0
     obs = np.asarray(obs)
