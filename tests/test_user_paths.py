@@ -537,3 +537,14 @@ def test_sft_and_train_default_to_the_same_device():
     llm = build_parser()._subparsers._group_actions[0].choices["llm"]
     sft = llm._subparsers._group_actions[0].choices["sft"].format_help()
     assert f"(default {LLMRunConfig.device}, as for llm train)" in " ".join(sft.split())
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["train", "--algo", "ppo+gear", "--resume", "NOPE"]])
+def test_help_and_parsing_import_no_torch(argv):
+    code = ("import sys, atexit\n"
+            "atexit.register(lambda: print('TORCH', 'torch' in sys.modules, 'SIGNALS', "
+            "any(m.startswith('reflectrl.signals.') for m in sys.modules)))\n"
+            "from reflectrl.cli import build_parser\n"
+            f"build_parser().parse_args({argv!r})\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "TORCH False SIGNALS False" in done.stdout, done.stdout + done.stderr

@@ -20,6 +20,7 @@ import sys
 import warnings
 
 from reflectrl.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_USAGE, UserError
+from reflectrl.lazyhelp import LazyHelp
 from reflectrl.outputs import HINTS, write_error
 from reflectrl.report import BOOTSTRAP_REPS
 
@@ -52,8 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", parser_class=_Parser, required=True)
 
     train = sub.add_parser("train", help="train one run (or continue one with --resume)")
-    train.add_argument("--algo", default=None, help=f"TRAINER[+SIGNAL...]: {', '.join(algo_names('control'))} "
-                       f"(default {d.algo})")
+    train.add_argument("--algo", default=None, help=LazyHelp(
+        "TRAINER[+SIGNAL...]", lambda: f"TRAINER[+SIGNAL...]: {', '.join(algo_names('control'))} (default {d.algo})"))
     train.add_argument("--env", default=None, help=ENV_HELP + f" (default {d.env_id})")
     train.add_argument("--seed", type=int, default=None, help=f"random seed (default {d.seed})")
     train.add_argument("--total-steps", type=int, default=None,
@@ -154,7 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     kn = sub.add_parser("knobs", help="list every knob with its default and meaning (what --set takes)")
     from reflectrl.knobs import section_names
 
-    kn.add_argument("section", nargs="?", default=None, help=f"one section: {', '.join(section_names())}")
+    kn.add_argument("section", nargs="?", default=None,
+                    help=LazyHelp("one section", lambda: f"one section: {', '.join(section_names())}"))
     kn.add_argument("--algo", default=None, help="only the knobs an algo reads (e.g. refgrpo, or llm:gear)")
     kn.add_argument("--json", action="store_true", help="print one JSON object")
     return parser

@@ -20,48 +20,61 @@ from reflectrl.errors import UserError
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
+    from reflectrl.lazyhelp import LazyHelp
     from reflectrl.llm.config import LLMRunConfig
-    from reflectrl.llm.model import init_tiny
-    from reflectrl.llm.sft import sft as sft_fn
     from reflectrl.registry import algo_names
+
+    def tiny_default(name: str, text: str = "") -> LazyHelp:  # read from init_tiny when help is printed
+        def make():
+            from reflectrl.llm.model import init_tiny
+
+            return f"{text}(default {_defaults(init_tiny)[name]})"
+
+        return LazyHelp(text or "(default ...)", make)
+
+    def sft_default(name: str, text: str = "") -> LazyHelp:  # read from sft when help is printed
+        def make():
+            from reflectrl.llm.sft import sft as sft_fn
+
+            return f"{text}(default {_defaults(sft_fn)[name]})"
+
+        return LazyHelp(text or "(default ...)", make)
 
     d = LLMRunConfig()  # help shows the dataclass's defaults; the options pass "not given" through
     llm = subparsers.add_parser("llm", help="language-model agents: tiny model, SFT, GRPO / GEAR / refgrpo")
     sub = llm.add_subparsers(dest="llm_command", metavar="{init-tiny,sft,train,eval}", required=True)
 
-    tiny_defaults = _defaults(init_tiny)
     tiny = sub.add_parser("init-tiny", help="write a tiny random causal LM and its tokenizer (no download)")
     tiny.add_argument("--out", required=True, help="model directory to create")
     tiny.add_argument("--task", action="append", default=None, metavar="SPEC",
                       help="train the tokenizer on this task's demonstrations too (repeatable), e.g. "
                            "'arith[reflect=both]' or rag")
-    tiny.add_argument("--arch", default=None, help=f"llama or qwen2 (default {tiny_defaults['arch']})")
+    tiny.add_argument("--arch", default=None, help=tiny_default("arch", "llama or qwen2 "))
     for flag, name in (("--hidden-size", "hidden_size"), ("--layers", "layers"), ("--heads", "heads"),
                        ("--vocab-size", "vocab_size"), ("--seed", "seed")):
-        tiny.add_argument(flag, type=int, default=None, help=f"(default {tiny_defaults[name]})")
+        tiny.add_argument(flag, type=int, default=None, help=tiny_default(name))
 
-    sft_defaults = _defaults(sft_fn)
     sft = sub.add_parser("sft", help="warm-start a model on a task's demonstrations")
     sft.add_argument("--model", required=True, help="model directory or Hugging Face name")
     sft.add_argument("--task", required=True, help="arith, rg:NAME, code, tools or rag")
     sft.add_argument("--steps", type=int, required=True, help="optimisation steps (batches of demonstrations)")
     sft.add_argument("--out", required=True, help="model directory to create")
-    sft.add_argument("--batch-size", type=int, default=None, help=f"(default {sft_defaults['batch_size']})")
-    sft.add_argument("--lr", type=float, default=None, help=f"(default {sft_defaults['learning_rate']})")
-    sft.add_argument("--seed", type=int, default=None, help=f"(default {sft_defaults['seed']})")
+    sft.add_argument("--batch-size", type=int, default=None, help=sft_default("batch_size"))
+    sft.add_argument("--lr", type=float, default=None, help=sft_default("learning_rate"))
+    sft.add_argument("--seed", type=int, default=None, help=sft_default("seed"))
     sft.add_argument("--device", default=None, help="auto (cuda where available), cpu, cuda or cuda:N "
                      f"(default {d.device}, as for llm train)")
     sft.add_argument("--reference-share", type=float, default=None,
-                     help="share of examples that read the task's reference after the prompt (in context, not "
-                          "learned), so the model can serve as the divergence signal's teacher "
-                          f"(default {sft_defaults['reference_share']})")
+                     help=sft_default("reference_share", "share of examples that read the task's reference after "
+                                      "the prompt (in context, not learned), so the model can serve as the "
+                                      "divergence signal's teacher "))
     sft.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     train = sub.add_parser("train", help="RL on a task: grpo, grpo+gear (GEAR weights), "
                                          "grpo+calibration (turn calibration bonus), grpo+verdict (stated "
                                          "verdict bonus), grpo+confidence (scored stated confidence)")
-    train.add_argument("--algo", default=None, help=f"TRAINER[+SIGNAL...]: {', '.join(algo_names('llm'))} "
-                       f"(default {d.algo})")
+    train.add_argument("--algo", default=None, help=LazyHelp(
+        "TRAINER[+SIGNAL...]", lambda: f"TRAINER[+SIGNAL...]: {', '.join(algo_names('llm'))} (default {d.algo})"))
     train.add_argument("--task", default=None, help=f"arith, rg:NAME, code, tools or rag (default {d.task})")
     train.add_argument("--model", default=None, help="model directory or Hugging Face name")
     train.add_argument("--steps", type=int, default=None, help=f"GRPO steps (default {d.steps})")

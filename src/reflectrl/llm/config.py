@@ -18,20 +18,28 @@ from typing import Any
 from reflectrl import overrides
 from reflectrl.config import check_budget, check_saved_config, check_seed, sections_from_dict, validate_sections
 from reflectrl.errors import UserError
-from reflectrl.llm.losses import LOSS_AGGREGATIONS
 from reflectrl.llm.tasks.reflect import require_reflect
 from reflectrl.registry import aliases, parse_algo, section_types, signal_spec
 
 
 def __getattr__(name: str):
     # the lists the project started with, now read from the registry
+    if name == "LOSS_TYPES":
+        return loss_types()
     if name == "LLM_ALGOS":
         return tuple(aliases("llm"))
     if name == "LLM_ALGO_SECTIONS":
         return {a: comp.split("+")[1] for a, comp in aliases("llm").items() if "+" in comp}
     raise AttributeError(name)
 
-LOSS_TYPES = tuple(LOSS_AGGREGATIONS)  # llm/losses.py
+def loss_types() -> tuple[str, ...]:
+    """The registered loss aggregations (llm/losses.py: imported when a config is checked, not
+    when the CLI is built)."""
+    from reflectrl.llm.losses import LOSS_AGGREGATIONS
+
+    return tuple(LOSS_AGGREGATIONS)
+
+
 SCALE_REWARDS = ("group", "batch", "none")
 PSEUDO_REWARDS = ("none", "verdict")
 
@@ -179,7 +187,7 @@ def validate_llm(cfg: LLMRunConfig) -> None:
         raise UserError(f"top_p={g.top_p}: must be in (0, 1]")
     if not 0 < g.gamma <= 1 or g.gae_lambda > 1:
         raise UserError(f"gamma={g.gamma}, gae_lambda={g.gae_lambda}: need 0 < gamma <= 1 and 0 <= gae_lambda <= 1")
-    for name, allowed in (("loss_type", LOSS_TYPES), ("scale_rewards", SCALE_REWARDS)):
+    for name, allowed in (("loss_type", loss_types()), ("scale_rewards", SCALE_REWARDS)):
         if getattr(g, name) not in allowed:
             raise UserError(f"{name}='{getattr(g, name)}': use one of {', '.join(allowed)}")
     if g.pseudo_reward not in PSEUDO_REWARDS:
