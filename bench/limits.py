@@ -90,9 +90,13 @@ def loop_rate(env_id: str, num_envs: int, sets: list[str], steps: int, backend: 
     import torch
 
     from reflectrl.control.ppo import PPOTrainer, new_run_config
-    from reflectrl.torch_setup import optimizers_without_dynamo
 
-    optimizers_without_dynamo()
+    try:  # what `reflectrl train` does (an older checkout, measured for comparison, has no such step)
+        from reflectrl.torch_setup import optimizers_without_dynamo
+
+        optimizers_without_dynamo()
+    except ImportError:
+        pass
     torch.set_num_threads(1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
