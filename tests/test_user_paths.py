@@ -13,16 +13,9 @@ import time
 
 import pytest
 import torch
+from test_resume import _metrics_rows as _rows
 
 # ---------------------------------------------------------------------------- helpers
-
-
-def _rows(path):
-    try:
-        with open(path / "metrics.jsonl") as f:
-            return sum(1 for _ in f)
-    except FileNotFoundError:
-        return 0
 
 
 def _one_line_error(code, err, *needles):

@@ -187,10 +187,14 @@ class StateKey(gym.Wrapper):
         rows, self.pending = self.pending, []
         return rows
 
-    def __getstate__(self):  # a snapshot of the envs (checkpoints) never carries a rollout's rows
+    def __getstate__(self):  # a snapshot of the envs (checkpoints): no rollout's rows, no ALE handle
         state = self.__dict__.copy()
-        state["pending"] = []
+        state["pending"], state["_ale"] = [], None
         return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._ale = getattr(self.env.unwrapped, "ale", None)
 
 
 def _hash_row(obs, ale) -> np.ndarray:
