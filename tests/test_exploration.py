@@ -291,3 +291,12 @@ def test_deferred_simhash_keys_equal_the_per_step_keys(env_id, sets):
     for (a, b, c), (x, y, z) in zip(*results):
         assert np.array_equal(a, x) and np.array_equal(b, y) and np.array_equal(c, z)
     assert len(np.unique(results[0][0][0])) > 10  # the keys vary: the check compares something
+
+
+def test_the_exploration_metrics_log_their_share_of_the_iteration(cli, tmp_path):
+    out = tmp_path / "r"
+    assert cli("train", "--env", "CartPole-v1", "--total-steps", "1024", "--out", out, "--no-progress",
+               "--set", "num_envs=2", "num_steps=128")[0] == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    shares = [r["exploration_time_fraction"] for r in rows]
+    assert len(shares) == 4 and all(0 < s < 1 for s in shares)

@@ -21,6 +21,7 @@ reached (the episode's last state where it ended, not the next episode's first).
 
 from __future__ import annotations
 
+import time
 from collections import deque
 
 import numpy as np
@@ -44,6 +45,7 @@ class RolloutKeys:
         self.current = self._keys(obs, info)
         self.state_keys = self.next_state_keys = None
         self.wrappers = None
+        self.seconds = 0.0  # time spent in record and finish (exploration_time_fraction)
 
     @staticmethod
     def _keys(obs, info: dict) -> np.ndarray:
@@ -68,11 +70,14 @@ class RolloutKeys:
         """After step t: keys of the states reached, and of the envs' states from now on."""
         if self.wrappers is not None:  # deferred: only which envs reset, and their new keys
             if "state_key" in info:
+                began = time.perf_counter()
                 mask = np.asarray(info["_state_key"], dtype=bool)
                 self.reset_mask[t] = mask
                 self.reset_keys[t, mask] = np.asarray(info["state_key"], dtype=np.int64)[mask]
+                self.seconds += time.perf_counter() - began
             self.steps = t + 1
             return
+        began = time.perf_counter()
         self.state_keys[t] = self.current
         keys = self._keys(next_obs, info)  # after an autoreset: the next episode's first state
         self.next_state_keys[t] = keys
@@ -84,11 +89,13 @@ class RolloutKeys:
                 else:
                     self.next_state_keys[t, i] = simhash_observations(np.asarray(info["final_obs"][i])[None])[0]
         self.current = keys
+        self.seconds += time.perf_counter() - began
 
     def finish(self) -> None:
         """After the rollout's last step: the deferred keys, hashed at once (a no-op otherwise)."""
         if self.wrappers is None:
             return
+        began = time.perf_counter()
         T = self.steps
         rows = [w.take() for w in self.wrappers]
         if any(len(r) != T for r in rows):
@@ -103,6 +110,7 @@ class RolloutKeys:
             self.state_keys[1:T] = after[:-1]
             self.current = after[-1].copy()
         self.wrappers = None
+        self.seconds += time.perf_counter() - began
 
 
 class ExplorationTracker:

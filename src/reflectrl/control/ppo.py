@@ -497,8 +497,11 @@ class PPOTrainer(EnvStepTrainer):
                 group["lr"] = frac * p.learning_rate
         start = time.perf_counter()
         step_before = self.global_step
+        self.keys.seconds = 0.0
         rollout, episodes = self.collect()
+        began = time.perf_counter()
         exploration = self.exploration.update(self.keys.state_keys, rollout.rewards.numpy(), step_before)
+        exploration_seconds = self.keys.seconds + time.perf_counter() - began
         if self.signal is None:
             self.estimate(rollout)
             stats = self.update(rollout)
@@ -529,6 +532,9 @@ class PPOTrainer(EnvStepTrainer):
             "learning_rate": self.optimizer.param_groups[0]["lr"],
             **stats,
             **exploration,
+            # the state keys' bookkeeping and the metrics (the wrappers' per-step copy of an observation
+            # runs inside the env step and is not counted)
+            "exploration_time_fraction": exploration_seconds / elapsed,
             **self.cost_tracker.metrics(self.cfg.cost_limit),
             "steps_per_second": p.batch_size / elapsed,
         }
