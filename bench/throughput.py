@@ -7,6 +7,12 @@ framework runs `--repeats` times, interleaved, and the best time counts (the mac
 are shared, so the least-disturbed run is the fairest). Prints a table and the ratios.
 
     python bench/throughput.py [--steps-scale 1.0] [--repeats 2] [--json FILE]
+    python bench/throughput.py --whole-process [--repeats 3]
+
+`--whole-process` times whole processes on both sides instead (issue 38): `reflectrl train`
+as a user runs it (start-up, training, its metrics log, TensorBoard and final checkpoint)
+against a fresh Python that imports SB3, builds the same PPO and learns (nothing written);
+steps per second of wall time, best of interleaved repeats.
 """
 
 from __future__ import annotations
@@ -63,21 +69,55 @@ def run_sb3(env_id, n_envs, n_steps, epochs, mb_size, total):
     return model.num_timesteps / elapsed
 
 
+def process_reflectrl(env_id, n_envs, n_steps, epochs, mb_size, total):
+    """Steps per wall second of a whole `reflectrl train` process."""
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "reflectrl", "train", "--env", env_id, "--total-steps", str(total), "--out",
+               f"{tmp}/run", "--no-progress", "--seed", "1", "--set", f"num_envs={n_envs}", f"num_steps={n_steps}",
+               f"update_epochs={epochs}", f"num_minibatches={n_envs * n_steps // mb_size}"]
+        start = time.perf_counter()
+        subprocess.run(cmd, check=True, capture_output=True)
+        return total / (time.perf_counter() - start)
+
+
+def process_sb3(env_id, n_envs, n_steps, epochs, mb_size, total):
+    """Steps per wall second of a fresh Python process running SB3's PPO on the same work."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, __file__, "--sb3-child", env_id, str(n_envs), str(n_steps), str(epochs), str(mb_size),
+           str(total)]
+    start = time.perf_counter()
+    subprocess.run(cmd, check=True, capture_output=True)
+    return total / (time.perf_counter() - start)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps-scale", type=float, default=1.0, help="multiply each case's total steps")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument("--whole-process", action="store_true", help="time whole processes on both sides")
+    parser.add_argument("--sb3-child", nargs=6, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.sb3_child:
+        env_id, *numbers = args.sb3_child
+        run_sb3(env_id, *(int(x) for x in numbers))
+        return
+    ours, theirs = (process_reflectrl, process_sb3) if args.whole_process else (run_reflectrl, run_sb3)
 
     results = []
     for env_id, n_envs, n_steps, epochs, mb, total in CASES:
         total = max(n_envs * n_steps, int(total * args.steps_scale) // (n_envs * n_steps) * (n_envs * n_steps))
         best = {"reflectrl": 0.0, "sb3": 0.0}
         for _ in range(args.repeats):
-            best["reflectrl"] = max(best["reflectrl"], run_reflectrl(env_id, n_envs, n_steps, epochs, mb, total))
-            best["sb3"] = max(best["sb3"], run_sb3(env_id, n_envs, n_steps, epochs, mb, total))
+            best["reflectrl"] = max(best["reflectrl"], ours(env_id, n_envs, n_steps, epochs, mb, total))
+            best["sb3"] = max(best["sb3"], theirs(env_id, n_envs, n_steps, epochs, mb, total))
         row = dict(env=env_id, num_envs=n_envs, num_steps=n_steps, epochs=epochs, minibatch=mb, total_steps=total,
                    reflectrl_sps=round(best["reflectrl"], 1), sb3_sps=round(best["sb3"], 1),
                    ratio=round(best["reflectrl"] / best["sb3"], 3))
@@ -86,7 +126,8 @@ def main():
               f"  sb3 {row['sb3_sps']:8.0f} steps/s  ratio {row['ratio']:.2f}x", flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"machine": platform.platform(), "torch": torch.__version__, "results": results}, f, indent=2)
+            json.dump({"machine": platform.platform(), "torch": torch.__version__, "results": results,
+                       "whole_process": args.whole_process, "repeats": args.repeats}, f, indent=2)
 
 
 if __name__ == "__main__":
