@@ -704,7 +704,7 @@ def validate_sections(text: str, algo, sections: dict, run=None) -> None:
     and each asking only for what the trainer provides."""
     check_sections(algo, sections, text)
     for name in algo.signals:
-        section = sections.get(name) or signal_spec(name).config()
+        section = sections.setdefault(name, signal_spec(name).config())  # kept: its resolved knobs are saved
         section.validate()
         signal_spec(name).check(section, algo.trainer, text, run=run)
 
