@@ -76,7 +76,8 @@ class QNetwork(nn.Module):
         return self.head.in_features
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.head(self.features(obs))
+        # the head's maths called directly: nn.Module's call machinery costs more than it at batch 1
+        return F.linear(self.features(obs), self.head.weight, self.head.bias)
 
     def act(self, obs: torch.Tensor, generator: torch.Generator, epsilon: float = EVAL_EPSILON):
         """Epsilon-greedy actions of a batch; (actions, None) as the policies' act gives (action, logprob)."""
@@ -85,7 +86,7 @@ class QNetwork(nn.Module):
         random_ = coin < epsilon
         if bool(random_.all()):  # every env explores: no forward pass needed (the same draws either way)
             return explore, None
-        greedy = self(obs).argmax(dim=1)
+        greedy = self.forward(obs).argmax(dim=1)  # not self(obs): no hooks to run, per env step
         return torch.where(random_, explore, greedy), None
 
     def deterministic_action(self, obs: torch.Tensor) -> torch.Tensor:

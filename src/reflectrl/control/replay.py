@@ -50,6 +50,13 @@ class ReplayBuffer:
     def add(self, obs, next_obs, actions, rewards, terminations) -> None:
         """Add N transitions (one vector-env step), each argument with a leading N axis."""
         n = len(rewards)
+        if n == 1:  # one env (DQN's and SAC's default): a slice, no index array per step
+            i = self.pos
+            self.obs[i], self.next_obs[i] = obs[0], next_obs[0]
+            self.actions[i], self.rewards[i], self.terminations[i] = actions[0], rewards[0], terminations[0]
+            self.pos = (i + 1) % self.capacity
+            self.size = min(self.size + 1, self.capacity)
+            return
         idx = (self.pos + np.arange(n)) % self.capacity
         self.obs[idx], self.next_obs[idx] = obs, next_obs
         self.actions[idx], self.rewards[idx], self.terminations[idx] = actions, rewards, terminations
