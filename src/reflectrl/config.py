@@ -325,7 +325,7 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> RunConfig:
-        check_saved_config(d, cls, REQUIRED_KEYS, "reflectrl train")
+        check_saved_config(d, cls, REQUIRED_KEYS, "reflectrl train", optional_sections=tuple(TRAINER_SECTIONS))
         d = dict(d)
         ppo_values = dict(d.pop("ppo", {}))
         if ppo_values and "stream_heads" not in ppo_values:  # written before the knob: its heads were separate
@@ -348,9 +348,11 @@ class RunConfig:
 REQUIRED_KEYS = ("algo", "env_id")
 
 
-def check_saved_config(d, cls, required: tuple[str, ...], command: str) -> None:
+def check_saved_config(d, cls, required: tuple[str, ...], command: str,
+                       optional_sections: tuple[str, ...] = ()) -> None:
     """One line, not a traceback, for a saved config of the wrong shape: not an object, keys
-    its writer always writes missing, or a section that is not an object."""
+    its writer always writes missing, or a section (a field with a default factory, or one of
+    `optional_sections`) that is not an object."""
     if not isinstance(d, dict):
         raise UserError(f"the saved config is a JSON {type(d).__name__}, not the object '{command}' writes")
     missing = [k for k in required if k not in d]
@@ -358,7 +360,7 @@ def check_saved_config(d, cls, required: tuple[str, ...], command: str) -> None:
         raise UserError(f"the saved config lacks {', '.join(missing)}: it was not written by '{command}' "
                         "(train the run again)")
     nested = {f.name for f in dataclasses.fields(cls) if f.default_factory is not dataclasses.MISSING}
-    for key in sorted((nested | set(TRAINER_SECTIONS)) & set(d)):
+    for key in sorted((nested | set(optional_sections)) & set(d)):
         if d[key] is not None and not isinstance(d[key], dict):
             raise UserError(f"the saved config's '{key}' is a JSON {type(d[key]).__name__}, not an object: it was "
                             f"not written by '{command}' (train the run again)")
@@ -587,6 +589,10 @@ def validate_sac(d: SACConfig, total_steps: int) -> None:
                         "would never learn; lower learning_starts or raise --total-steps")
 
 
+NEEDS_RAY = ("--algo impala with actors=ray needs Ray: pip install 'reflectrl[ray]' "
+             "(or --set actors=inline to step the actors in this process)")
+
+
 def validate_impala(d: IMPALAConfig, total_steps: int) -> None:
     for name in ("num_actors", "envs_per_actor", "unroll_length"):
         if getattr(d, name) < 1:
@@ -605,8 +611,7 @@ def validate_impala(d: IMPALAConfig, total_steps: int) -> None:
         import importlib.util
 
         if importlib.util.find_spec("ray") is None:  # said before a run directory exists
-            raise UserError("--algo impala with actors=ray needs Ray: pip install 'reflectrl[ray]' "
-                            "(or --set actors=inline to step the actors in this process)")
+            raise UserError(NEEDS_RAY)
     if d.max_actor_failures < 0:
         raise UserError(f"max_actor_failures={d.max_actor_failures}: must be >= 0")
     for name in ("actor_cpus", "rho_bar", "c_bar", "vtrace_lambda", "learning_rate", "gamma", "ent_coef", "vf_coef",

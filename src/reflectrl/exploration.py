@@ -26,7 +26,7 @@ from collections import deque
 
 import numpy as np
 
-from reflectrl.envs.statekey import deferred_wrappers, hash_rows, room_of_key, simhash_observations
+from reflectrl.envs.statekey import deferred_wrappers, room_of_key, simhash_observations
 
 WINDOW = 10  # iterations in the visitation-entropy window
 METRICS = ("unique_states", "unique_states_total", "visitation_entropy", "rooms_visited", "first_reward_step")
@@ -103,7 +103,7 @@ class RolloutKeys:
         n = len(rows)
         if T:
             stacked = np.stack([np.stack(r) for r in rows], axis=1)  # (T, N, D)
-            reached = hash_rows(stacked.reshape(T * n, -1)).reshape(T, n)  # the state each step reached
+            reached = simhash_observations(stacked.reshape(T * n, -1)).reshape(T, n)  # the state each step reached
             after = np.where(self.reset_mask[:T], self.reset_keys[:T], reached)  # each env's state after it
             self.next_state_keys[:T] = reached
             self.state_keys[0] = self.current

@@ -25,17 +25,13 @@ from dataclasses import dataclass, field
 
 from reflectrl.errors import UserError
 
-# What one step of a signal's batch is: an env step, a generated token, an agent turn, or a
-# transition a replay trainer sampled from its buffer (at learning time, out of trajectory order).
-STEP_KINDS = ("env_step", "token", "turn", "transition")
 # What a signal may ask of its trainer: the policy's features (with gradients), s' of each step,
 # the exploration state keys of each step (Batch.state_keys), value heads on its own reward streams,
 # the policy's next-token distributions and a ground-truth-conditioned teacher's (Batch.teacher_fn),
 # the env's per-step costs (Batch.costs, from info["cost"]: envs/cost.py), the current policy's actions on
 # any observations (Batch.act_fn: imagined rollouts), a multi-agent team's rewards and value (Batch.team_rewards,
 # Batch.team_value_fn: per-agent signals distilled from the team).
-WANTS = ("features", "feature_grad", "next_obs", "state_keys", "value_stream", "teacher", "costs", "policy", "team")
-# The same, in the words a refusal uses
+# Each, in the words a refusal uses:
 WANT_TEXT = {
     "features": "the policy's hidden features",
     "feature_grad": "gradients through the policy's features (a shared trunk)",
@@ -47,8 +43,13 @@ WANT_TEXT = {
     "policy": "the current policy's actions on any observation (imagined rollouts)",
     "team": "a team's rewards and value (multi-agent)",
 }
+WANTS = tuple(WANT_TEXT)
+# What one step of a signal's batch is: an env step, a generated token, an agent turn, or a
+# transition a replay trainer sampled from its buffer (at learning time, out of trajectory order);
+# each in the words a refusal uses.
 STEP_TEXT = {"env_step": "env steps", "token": "generated tokens", "turn": "agent turns",
              "transition": "replayed transitions"}
+STEP_KINDS = tuple(STEP_TEXT)
 
 
 def wants_text(wants) -> str:

@@ -90,8 +90,9 @@ class RayPool:
         try:
             import ray
         except ImportError:
-            raise UserError("--algo impala with actors=ray needs Ray: pip install 'reflectrl[ray]' "
-                            "(or --set actors=inline to step the actors in this process)") from None
+            from reflectrl.config import NEEDS_RAY
+
+            raise UserError(NEEDS_RAY) from None
         self.ray = ray
         self.reaper = None
         self.started_here = not ray.is_initialized()

@@ -138,9 +138,19 @@ def hash_input(obs: np.ndarray, env: gym.Env | None = None) -> np.ndarray:
     game's state, and hashing them costs microseconds where 28,224 pixels cost milliseconds),
     else the observation, subsampled to at most `HASH_MAX_INPUTS` values (`_subsample`)."""
     ale = getattr(env.unwrapped, "ale", None) if env is not None else None
+    return _hash_row(obs, ale)[None].astype(np.float32)
+
+
+def _hash_row(obs, ale) -> np.ndarray:
+    """`hash_input`'s row, kept cheaply per step (StateKey's deferred keys): a copy of a small
+    observation as it is (`simhash_observations` casts it once per rollout), a large one's
+    subsample, an Atari env's RAM."""
     if ale is not None:
-        return ale.getRAM().astype(np.float32)[None] - 128.0
-    return _subsample(np.asarray(obs)[None]).astype(np.float32)
+        return ale.getRAM().astype(np.float32) - 128.0
+    obs = np.asarray(obs)
+    if obs.size > HASH_MAX_INPUTS:
+        return _subsample(obs[None])[0].astype(np.float32)
+    return obs.reshape(-1).copy()
 
 
 def simhash_observations(obs: np.ndarray) -> np.ndarray:
@@ -197,17 +207,6 @@ class StateKey(gym.Wrapper):
         self._ale = getattr(self.env.unwrapped, "ale", None)
 
 
-def _hash_row(obs, ale) -> np.ndarray:
-    """What `hash_input` reads, kept cheaply: a copy of a small observation as it is (the dtype
-    cast and the hashing happen once per rollout), a large one's subsample, an Atari env's RAM."""
-    if ale is not None:
-        return ale.getRAM().astype(np.float32) - 128.0
-    obs = np.asarray(obs)
-    if obs.size > HASH_MAX_INPUTS:
-        return _subsample(obs[None])[0].astype(np.float32)
-    return obs.reshape(-1).copy()
-
-
 def deferred_wrappers(envs) -> list[StateKey] | None:
     """The deferred StateKey wrapper of each env of a Gymnasium vector env (None where any env
     has none: EnvPool, an env with its own key)."""
@@ -221,8 +220,3 @@ def deferred_wrappers(envs) -> list[StateKey] | None:
             return None
         out.append(env)
     return out or None
-
-
-def hash_rows(rows: np.ndarray) -> np.ndarray:
-    """(B, D) rows kept by `_hash_row` -> (B,) keys, equal to a StateKey's per-step keys."""
-    return simhash(_subsample(np.asarray(rows)).astype(np.float32))

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 
 from reflectrl.errors import UserError
 
@@ -24,21 +23,22 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     from reflectrl.llm.config import LLMRunConfig
     from reflectrl.registry import algo_names
 
-    def tiny_default(name: str, text: str = "") -> LazyHelp:  # read from init_tiny when help is printed
+    def default_of(where: str, name: str, text: str = "") -> LazyHelp:
+        """'TEXT(default D)', D read from the keyword defaults of `where` ("module:function") when
+        help is printed: the functions live in modules that import torch."""
         def make():
-            from reflectrl.llm.model import init_tiny
+            import importlib
 
-            return f"{text}(default {_defaults(init_tiny)[name]})"
+            module, _, function = where.partition(":")
+            return f"{text}(default {_defaults(getattr(importlib.import_module(module), function))[name]})"
 
         return LazyHelp(text or "(default ...)", make)
 
-    def sft_default(name: str, text: str = "") -> LazyHelp:  # read from sft when help is printed
-        def make():
-            from reflectrl.llm.sft import sft as sft_fn
+    def tiny_default(name: str, text: str = "") -> LazyHelp:
+        return default_of("reflectrl.llm.model:init_tiny", name, text)
 
-            return f"{text}(default {_defaults(sft_fn)[name]})"
-
-        return LazyHelp(text or "(default ...)", make)
+    def sft_default(name: str, text: str = "") -> LazyHelp:
+        return default_of("reflectrl.llm.sft:sft", name, text)
 
     d = LLMRunConfig()  # help shows the dataclass's defaults; the options pass "not given" through
     llm = subparsers.add_parser("llm", help="language-model agents: tiny model, SFT, GRPO / GEAR / refgrpo")
@@ -159,7 +159,7 @@ def _check_out(out: str) -> None:
 
 
 def _sft(args) -> int:
-    from reflectrl.llm.config import LLMRunConfig
+    from reflectrl.llm.config import LLMRunConfig, check_device
     from reflectrl.llm.model import load_model
     from reflectrl.llm.sft import sft
     from reflectrl.llm.tasks import make_task
@@ -170,8 +170,7 @@ def _sft(args) -> int:
     from reflectrl.llm.grpo import resolve_device
 
     device = args.device or LLMRunConfig.device  # the same default as llm train's
-    if device not in ("auto", "cpu", "cuda") and not re.fullmatch(r"cuda:\d+", device):
-        raise UserError(f"--device {device}: use auto, cpu, cuda or cuda:N")
+    check_device(device)
     args.device = str(resolve_device(device, "fp32")[0])
     result = sft(model, tokenizer, task, steps=args.steps, out=args.out, progress=not args.no_progress,
                  **_given(batch_size=args.batch_size, learning_rate=args.lr, seed=args.seed,

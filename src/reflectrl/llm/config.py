@@ -146,6 +146,12 @@ def apply_llm_overrides(cfg: LLMRunConfig, items: list[str]) -> LLMRunConfig:
     return cfg
 
 
+def check_device(device: str) -> None:
+    """--device of llm train and llm sft: auto, cpu, cuda or cuda:N."""
+    if device not in ("auto", "cpu", "cuda") and not re.fullmatch(r"cuda:\d+", device):
+        raise UserError(f"--device {device}: use auto, cpu, cuda or cuda:N")
+
+
 def validate_llm(cfg: LLMRunConfig) -> None:
     g = cfg.grpo
     algo = parse_algo(cfg.algo, "llm")
@@ -157,8 +163,7 @@ def validate_llm(cfg: LLMRunConfig) -> None:
         raise UserError(f"checkpoint_every={cfg.checkpoint_every}: must be a positive number of steps")
     if cfg.torch_threads is not None and cfg.torch_threads < 1:
         raise UserError(f"torch_threads={cfg.torch_threads}: must be >= 1")
-    if cfg.device not in ("auto", "cpu", "cuda") and not re.fullmatch(r"cuda:\d+", cfg.device):
-        raise UserError(f"--device {cfg.device}: use auto, cpu, cuda or cuda:N")
+    check_device(cfg.device)
     if cfg.precision not in PRECISIONS:
         raise UserError(f"precision={cfg.precision}: use one of {', '.join(PRECISIONS)}")
     for name in ("prompts_per_step", "num_iterations", "minibatches", "eval_problems"):

@@ -239,9 +239,18 @@ def _strict_json(x):
 
 def write_report(root: Path, reps: int = stats.BOOTSTRAP_REPS) -> tuple[Path, list[Claim]]:
     """Write the report; returns the HTML page's path and the claims (all of them, testable or
-    not). Warns (UserWarning) when an (env, algo entry) has fewer than MIN_SEEDS_FOR_CI seeds."""
+    not). Warns (UserWarning) when an (env, algo entry) has fewer than MIN_SEEDS_FOR_CI seeds.
+    The report is written whole or not at all: into a sibling folder that then replaces it."""
     root = Path(root)
-    check_writable(root / "report", "report", directory=True)  # before the bootstrap's minutes
+    final = check_writable(root / "report", "report", directory=True)  # before the bootstrap's minutes
+    with atomic_dir(final) as out:
+        out.mkdir()
+        claims = _write_report(root, out, reps)
+    return final / "index.html", claims
+
+
+def _write_report(root: Path, out: Path, reps: int) -> list[Claim]:
+    """The report's files, written into `out`; the claims."""
     exp = load_experiment(root)
     if not exp.runs:
         raise UserError(f"no run in {root} has logged anything yet; run 'reflectrl compare' first")
@@ -254,146 +263,137 @@ def write_report(root: Path, reps: int = stats.BOOTSTRAP_REPS) -> tuple[Path, li
     untestable = not_testable_text(claims)
     few_seeds = few_seeds_warning(table)
     if few_seeds:
-        warnings.warn(few_seeds, UserWarning, stacklevel=2)
-    final = root / "report"
-    # the report is written whole or not at all: into a sibling folder that then replaces it
-    with atomic_dir(final) as out:
-        out.mkdir()
+        warnings.warn(few_seeds, UserWarning, stacklevel=3)
 
-        keys = plots.diagnostic_keys(exp)
-        figures: list[tuple[str, str, bytes]] = []  # (section, file name, png)
-        for env_id in exp.spec.envs:
-            if not any(r.spec.env_id == env_id for r in exp.finished):
-                continue
-            s = _slug(env_id)
-            figures.append((f"{env_id}: learning curves", f"curves_{s}.png", plots.learning_curves(exp, env_id)))
-            figures.append((f"{env_id}: final return", f"final_{s}.png", plots.final_intervals(table, env_id)))
-            figures.append((f"{env_id}: diagnostics", f"diagnostics_{s}.png", plots.diagnostics(exp, env_id, keys)))
-            if plots.exploration_keys(exp, env_id):
-                figures.append((f"{env_id}: exploration", f"exploration_{s}.png", plots.exploration(exp, env_id)))
-        for _, name, png in figures:
-            atomic_write_bytes(out / name, png)
+    keys = plots.diagnostic_keys(exp)
+    figures: list[tuple[str, str, bytes]] = []  # (section, file name, png)
+    for env_id in exp.spec.envs:
+        if not any(r.spec.env_id == env_id for r in exp.finished):
+            continue
+        s = _slug(env_id)
+        figures.append((f"{env_id}: learning curves", f"curves_{s}.png", plots.learning_curves(exp, env_id)))
+        figures.append((f"{env_id}: final return", f"final_{s}.png", plots.final_intervals(table, env_id)))
+        figures.append((f"{env_id}: diagnostics", f"diagnostics_{s}.png", plots.diagnostics(exp, env_id, keys)))
+        if plots.exploration_keys(exp, env_id):
+            figures.append((f"{env_id}: exploration", f"exploration_{s}.png", plots.exploration(exp, env_id)))
+    for _, name, png in figures:
+        atomic_write_bytes(out / name, png)
 
-        rows = _table_rows(table)
-        spec = exp.spec
-        done = len(exp.finished)
-        intro = (f"{len(spec.envs)} env(s) x {len(spec.algos)} algo entries x {spec.seeds} seeds, "
-                 f"{spec.total_steps:,} env steps each; {done} of {len(spec.runs(root))} runs finished"
-                 + (f"; wrapper {spec.wrapper}" if spec.wrapper else ""))
-        notes = ("Final return: mean true episodic return over the last 10% of training. Norm. AUC: mean of the "
-                 "learning curve, min-max normalised per env over every run of the experiment. IQM and 95% "
-                 "stratified-bootstrap CIs over seeds. P(improve): probability that a run of the algo ends above a run "
-                 "of ppo. Steps to threshold: the first step from which the return, averaged over the next 10% of "
-                 "training, reaches 80% of the way from the worst to the best return seen in the env. Unique states: "
-                 "the distinct exploration state keys a run visited over training (unique_states_total: the grid "
-                 "world's or MiniGrid's cell, heading and carried object, Montezuma's room and position, else a "
-                 "SimHash of the observation).")
-        if headers(table) is not HEADERS:
-            notes = notes.replace("ends above a run of ppo", "ends above a run of its baseline")
-        parsed = {e.label: parse_algo(e.algo) for e in spec.entries()}
-        replay = sorted(label for label, a in parsed.items()
-                        if a.signals and TRAINERS[a.trainer].step_kinds == ("transition",))
-        if replay:
-            notes += (f" Replay trainers' signals ({', '.join(replay)}): their reward terms are applied to the "
-                      "transitions sampled from the replay buffer at learning time, computed with the signal's "
-                      "heads as they are then (the target shaper, the current reflection net), and never stored "
-                      "in the buffer.")
-        if few_seeds:
-            notes += " " + FEW_SEEDS_NOTE
-        versus = versus_note(table)
-        excluded = excluded_text(exp)
-        n_tested = len(tested)
-        claims_intro = (f"{n_tested} claim(s) tested; 'supported' needs the 95% CI's rule and a one-sided p-value "
-                        f"below {ALPHA / 2:g} after Holm's correction over the {n_tested}; each verdict is taken at "
-                        f"bootstrap seeds {list(stats.VERDICT_SEEDS)} ({reps:,} resamples each) and flagged where "
-                        "it changes."
-                        if tested else "")
+    rows = _table_rows(table)
+    spec = exp.spec
+    done = len(exp.finished)
+    intro = (f"{len(spec.envs)} env(s) x {len(spec.algos)} algo entries x {spec.seeds} seeds, "
+             f"{spec.total_steps:,} env steps each; {done} of {len(spec.runs(root))} runs finished"
+             + (f"; wrapper {spec.wrapper}" if spec.wrapper else ""))
+    notes = ("Final return: mean true episodic return over the last 10% of training. Norm. AUC: mean of the "
+             "learning curve, min-max normalised per env over every run of the experiment. IQM and 95% "
+             "stratified-bootstrap CIs over seeds. P(improve): probability that a run of the algo ends above a run "
+             "of ppo. Steps to threshold: the first step from which the return, averaged over the next 10% of "
+             "training, reaches 80% of the way from the worst to the best return seen in the env. Unique states: "
+             "the distinct exploration state keys a run visited over training (unique_states_total: the grid "
+             "world's or MiniGrid's cell, heading and carried object, Montezuma's room and position, else a "
+             "SimHash of the observation).")
+    if headers(table) is not HEADERS:
+        notes = notes.replace("ends above a run of ppo", "ends above a run of its baseline")
+    parsed = {e.label: parse_algo(e.algo) for e in spec.entries()}
+    replay = sorted(label for label, a in parsed.items()
+                    if a.signals and TRAINERS[a.trainer].step_kinds == ("transition",))
+    if replay:
+        notes += (f" Replay trainers' signals ({', '.join(replay)}): their reward terms are applied to the "
+                  "transitions sampled from the replay buffer at learning time, computed with the signal's heads as "
+                  "they are then (the target shaper, the current reflection net), and never stored in the buffer.")
+    if few_seeds:
+        notes += " " + FEW_SEEDS_NOTE
+    versus = versus_note(table)
+    excluded = excluded_text(exp)
+    n_tested = len(tested)
+    claims_intro = (f"{n_tested} claim(s) tested; 'supported' needs the 95% CI's rule and a one-sided p-value below "
+                    f"{ALPHA / 2:g} after Holm's correction over the {n_tested}; each verdict is taken at bootstrap "
+                    f"seeds {list(stats.VERDICT_SEEDS)} ({reps:,} resamples each) and flagged where it changes."
+                    if tested else "")
 
-        # ---- Markdown
-        md = [f"# reflectrl experiment report: {root.name}", "", intro, "", "## Results", ""]
-        md += [f"> **Warning:** {few_seeds}", ""] if few_seeds else []
-        columns = headers(table)
-        md += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-        md += ["| " + " | ".join(r) + " |" for r in rows]
-        solved = solved_text(table)
-        solved_title = "Which entries solve each env (seeds reaching the threshold):"
-        md += ["", solved_title, "", "```", solved, "```"] if solved else []
-        md += ["", notes, ""] + ([versus, ""] if versus else []) + ([f"> {excluded}", ""] if excluded else [])
-        md += ["## Claims", ""]
-        if tested:
-            md += [claims_intro, ""]
-            md += ["| claim | verdict | evidence |", "|---|---|---|"]
-            md += [f"| {c.statement} | **{c.verdict}** | {c.evidence} |" for c in tested]
-        else:
-            md += ["No claim can be tested by this experiment."]
-        md += ["", untestable] if untestable else []
-        md += ["", "## Plots", ""] + [f"### {title}\n\n![{title}]({name})\n" for title, name, _ in figures]
-        scores = per_run_scores(exp)
-        md += ["## Per-run scores", "", 'What the table above is computed from (runs.csv; stats.json holds them under '
-               '"runs"); runs not finished are listed here and left out of the table.', "",
-               "| env | algo | seed | status | final return | AUC | steps to threshold | unique states | "
-               "first reward |",
-               "|---|---|---|---|---|---|---|---|---|"]
-        md += [f"| {r['env']} | {r['algo']} | {r['seed']} | {r['status']} | {_num(r['final'])} | {_num(r['auc'])} | "
-               f"{_count(r['steps_to_threshold'])} | {_count(r['unique_states_total'])} | "
-               f"{_count(r['first_reward_step'])} |" for r in scores]
-        md += ["", "## Runs", "", "| env | algo | seed | status | command |", "|---|---|---|---|---|"]
-        md += [f"| {r.spec.env_id} | {r.spec.entry.label} | {r.spec.seed} | {r.status} | `{' '.join(r.command)}` |"
-               for r in exp.runs]
-        atomic_write_bytes(out / "report.md", ("\n".join(md) + "\n").encode())
+    # ---- Markdown
+    md = [f"# reflectrl experiment report: {root.name}", "", intro, "", "## Results", ""]
+    md += [f"> **Warning:** {few_seeds}", ""] if few_seeds else []
+    columns = headers(table)
+    md += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    md += ["| " + " | ".join(r) + " |" for r in rows]
+    solved = solved_text(table)
+    solved_title = "Which entries solve each env (seeds reaching the threshold):"
+    md += ["", solved_title, "", "```", solved, "```"] if solved else []
+    md += ["", notes, ""] + ([versus, ""] if versus else []) + ([f"> {excluded}", ""] if excluded else [])
+    md += ["## Claims", ""]
+    if tested:
+        md += [claims_intro, ""]
+        md += ["| claim | verdict | evidence |", "|---|---|---|"]
+        md += [f"| {c.statement} | **{c.verdict}** | {c.evidence} |" for c in tested]
+    else:
+        md += ["No claim can be tested by this experiment."]
+    md += ["", untestable] if untestable else []
+    md += ["", "## Plots", ""] + [f"### {title}\n\n![{title}]({name})\n" for title, name, _ in figures]
+    scores = per_run_scores(exp)
+    md += ["## Per-run scores", "", 'What the table above is computed from (runs.csv; stats.json holds them under '
+           '"runs"); runs not finished are listed here and left out of the table.', "",
+           "| env | algo | seed | status | final return | AUC | steps to threshold | unique states | first reward |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    md += [f"| {r['env']} | {r['algo']} | {r['seed']} | {r['status']} | {_num(r['final'])} | {_num(r['auc'])} | "
+           f"{_count(r['steps_to_threshold'])} | {_count(r['unique_states_total'])} | "
+           f"{_count(r['first_reward_step'])} |" for r in scores]
+    md += ["", "## Runs", "", "| env | algo | seed | status | command |", "|---|---|---|---|---|"]
+    md += [f"| {r.spec.env_id} | {r.spec.entry.label} | {r.spec.seed} | {r.status} | `{' '.join(r.command)}` |"
+           for r in exp.runs]
+    atomic_write_bytes(out / "report.md", ("\n".join(md) + "\n").encode())
 
-        # ---- HTML (self-contained)
-        e = html.escape
-        parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>reflectrl report: {e(root.name)}</title>",
-                 "<style>body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;"
-                 "color:#222}table{border-collapse:collapse;margin:1em 0;font-size:14px}"
-                 "td,th{border:1px solid #ccc;padding:4px 8px}"
-                 "th{background:#f3f3f3}.supported{color:#0a7a22;font-weight:bold}.not{color:#b00020;font-weight:bold}"
-                 ".inconclusive{color:#8a6d00;font-weight:bold}.untested{color:#777}img{max-width:100%}"
-                 ".warning{background:#fff4d6;border-left:4px solid #d9a400;padding:6px 10px}"
-                 "pre{background:#f7f7f7;padding:8px;overflow-x:auto;font-size:12px}</style></head><body>",
-                 f"<h1>reflectrl experiment report: {e(root.name)}</h1><p>{e(intro)}</p><h2>Results</h2>"]
-        if few_seeds:
-            parts.append(f"<p class='warning'><b>Warning:</b> {e(few_seeds)}</p>")
-        parts.append("<table><tr>")
-        parts += [f"<th>{e(h)}</th>" for h in headers(table)] + ["</tr>"]
-        parts += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows]
-        parts += ["</table>"] + ([f"<p>{e(solved_title)}</p><pre>{e(solved)}</pre>"] if solved else [])
-        parts += [f"<p><small>{e(notes)}</small></p>"]
-        parts += [f"<p><small>{e(versus)}</small></p>"] if versus else []
-        parts += [f"<p class='warning'>{e(excluded)}</p>"] if excluded else []
-        parts += ["<h2>Claims</h2>"]
-        css = {"supported": "supported", "not supported": "not", "inconclusive": "inconclusive",
-               "not tested": "untested"}
-        if tested:
-            parts += [f"<p>{e(claims_intro)}</p>"]
-            parts += ["<table><tr><th>claim</th><th>verdict</th><th>evidence</th></tr>"]
-            parts += [f"<tr><td>{e(c.statement)}</td><td class='{css[c.verdict]}'>{e(c.verdict)}</td>"
-                      f"<td>{e(c.evidence)}</td></tr>" for c in tested]
-            parts += ["</table>"]
-        else:
-            parts += ["<p>No claim can be tested by this experiment.</p>"]
-        if untestable:
-            parts += [f"<p class='untested'>{e(untestable)}</p>"]
-        parts += ["<h2>Plots</h2>"]
-        for title, name, png in figures:
-            data = base64.b64encode(png).decode()
-            parts.append(f"<h3>{e(title)}</h3><img class='plot' alt='{e(title)}' src='data:image/png;base64,{data}'>")
-        parts.append("<h2>Runs</h2>")
-        for r in exp.runs:
-            parts.append(f"<details><summary>{e(r.spec.env_id)} / {e(r.spec.entry.label)} / "
-                         f"seed {r.spec.seed}: {e(r.status)}</summary>"
-                         f"<p>command:</p><pre>{e(' '.join(r.command))}</pre><p>config:</p>"
-                         f"<pre>{e(json.dumps(r.config, indent=2))}</pre></details>")
-        parts.append("</body></html>")
-        atomic_write_bytes(out / "index.html", "".join(parts).encode())
+    # ---- HTML (self-contained)
+    e = html.escape
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>reflectrl report: {e(root.name)}</title>",
+             "<style>body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}"
+             "table{border-collapse:collapse;margin:1em 0;font-size:14px}td,th{border:1px solid #ccc;padding:4px 8px}"
+             "th{background:#f3f3f3}.supported{color:#0a7a22;font-weight:bold}.not{color:#b00020;font-weight:bold}"
+             ".inconclusive{color:#8a6d00;font-weight:bold}.untested{color:#777}img{max-width:100%}"
+             ".warning{background:#fff4d6;border-left:4px solid #d9a400;padding:6px 10px}"
+             "pre{background:#f7f7f7;padding:8px;overflow-x:auto;font-size:12px}</style></head><body>",
+             f"<h1>reflectrl experiment report: {e(root.name)}</h1><p>{e(intro)}</p><h2>Results</h2>"]
+    if few_seeds:
+        parts.append(f"<p class='warning'><b>Warning:</b> {e(few_seeds)}</p>")
+    parts.append("<table><tr>")
+    parts += [f"<th>{e(h)}</th>" for h in headers(table)] + ["</tr>"]
+    parts += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows]
+    parts += ["</table>"] + ([f"<p>{e(solved_title)}</p><pre>{e(solved)}</pre>"] if solved else [])
+    parts += [f"<p><small>{e(notes)}</small></p>"]
+    parts += [f"<p><small>{e(versus)}</small></p>"] if versus else []
+    parts += [f"<p class='warning'>{e(excluded)}</p>"] if excluded else []
+    parts += ["<h2>Claims</h2>"]
+    css = {"supported": "supported", "not supported": "not", "inconclusive": "inconclusive", "not tested": "untested"}
+    if tested:
+        parts += [f"<p>{e(claims_intro)}</p>"]
+        parts += ["<table><tr><th>claim</th><th>verdict</th><th>evidence</th></tr>"]
+        parts += [f"<tr><td>{e(c.statement)}</td><td class='{css[c.verdict]}'>{e(c.verdict)}</td>"
+                  f"<td>{e(c.evidence)}</td></tr>" for c in tested]
+        parts += ["</table>"]
+    else:
+        parts += ["<p>No claim can be tested by this experiment.</p>"]
+    if untestable:
+        parts += [f"<p class='untested'>{e(untestable)}</p>"]
+    parts += ["<h2>Plots</h2>"]
+    for title, name, png in figures:
+        data = base64.b64encode(png).decode()
+        parts.append(f"<h3>{e(title)}</h3><img class='plot' alt='{e(title)}' src='data:image/png;base64,{data}'>")
+    parts.append("<h2>Runs</h2>")
+    for r in exp.runs:
+        parts.append(f"<details><summary>{e(r.spec.env_id)} / {e(r.spec.entry.label)} / "
+                     f"seed {r.spec.seed}: {e(r.status)}</summary>"
+                     f"<p>command:</p><pre>{e(' '.join(r.command))}</pre><p>config:</p>"
+                     f"<pre>{e(json.dumps(r.config, indent=2))}</pre></details>")
+    parts.append("</body></html>")
+    atomic_write_bytes(out / "index.html", "".join(parts).encode())
 
-        atomic_write_bytes(out / "runs.csv", runs_csv(scores))
-        data = {"spec": spec.to_dict(), "table": table, "runs": scores, "claims": [c.__dict__ for c in claims],
-                "bootstrap": {"reps": reps, "verdict_seeds": list(stats.VERDICT_SEEDS), "alpha": ALPHA,
-                              "margin_share": MARGIN_SHARE},
-                "excluded": [{"env": sp.env_id, "algo": sp.entry.label, "seed": sp.seed, "status": st}
-                             for sp, st in exp.excluded],
-                "warnings": [w for w in (few_seeds, excluded) if w]}
-        atomic_write_bytes(out / "stats.json", (json.dumps(_strict_json(data), indent=2) + "\n").encode())
-    return final / "index.html", claims
+    atomic_write_bytes(out / "runs.csv", runs_csv(scores))
+    data = {"spec": spec.to_dict(), "table": table, "runs": scores, "claims": [c.__dict__ for c in claims],
+            "bootstrap": {"reps": reps, "verdict_seeds": list(stats.VERDICT_SEEDS), "alpha": ALPHA,
+                          "margin_share": MARGIN_SHARE},
+            "excluded": [{"env": sp.env_id, "algo": sp.entry.label, "seed": sp.seed, "status": st}
+                         for sp, st in exp.excluded],
+            "warnings": [w for w in (few_seeds, excluded) if w]}
+    atomic_write_bytes(out / "stats.json", (json.dumps(_strict_json(data), indent=2) + "\n").encode())
+    return claims

@@ -124,14 +124,9 @@ def train_new_run(out: str, config: dict, build: Callable, finish: Callable, *, 
     created = not os.path.exists(out)
     run = RunDir.create(out, config, command=["reflectrl", *sys.argv[1:]])
     try:
-        trainer = None
         try:
-            trainer = build(run)
-            if hasattr(trainer, "prepare"):
-                trainer.prepare()  # what can still be refused (IMPALA's Ray cluster) is refused here
+            trainer = _prepared(build(run))
         except BaseException:
-            if trainer is not None and hasattr(trainer, "close"):
-                trainer.close()
             if created:
                 shutil.rmtree(run.path, ignore_errors=True)
             else:  # the directory was empty before: leave it so
@@ -154,17 +149,24 @@ def resume_run(path: str, given: list[tuple[str, object]], kind: str, build: Cal
         state = run.load_checkpoint()
         trainer = build(run)
         trainer.load_state_dict(state)
-        if hasattr(trainer, "prepare"):
-            try:
-                trainer.prepare()  # refused before the run is marked running again
-            except BaseException:
-                if hasattr(trainer, "close"):
-                    trainer.close()
-                raise
+        _prepared(trainer)  # refused before the run is marked running again
         run.set_status("running")
         return _train_and_finish(trainer, run, finish, progress, resume_command)
     finally:
         run.unlock()
+
+
+def _prepared(trainer):
+    """The trainer after its `prepare()`, where what can still be refused is (IMPALA's Ray
+    cluster); closed again if that fails."""
+    if hasattr(trainer, "prepare"):
+        try:
+            trainer.prepare()
+        except BaseException:
+            if hasattr(trainer, "close"):
+                trainer.close()
+            raise
+    return trainer
 
 
 def _train_and_finish(trainer, run: RunDir, finish: Callable, progress: bool, resume_command: str) -> int:
