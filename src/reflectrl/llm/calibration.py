@@ -189,7 +189,8 @@ def plot_reliability(correct: Sequence[bool], reflections: Sequence[Reflection |
     top.set_ylim(0, 1)
     top.legend(loc="upper left", fontsize=8)
     m = calibration_metrics(correct, reflections)
-    top.set_title(f"{title}\nECE {m['ece']:.3f}  Brier {m['brier']:.3f}  n={len(correct)}".strip(), fontsize=9)
+    shown = {k: "n/a" if m[k] is None else f"{m[k]:.3f}" for k in ("ece", "brier")}  # None: no stated confidence
+    top.set_title(f"{title}\nECE {shown['ece']}  Brier {shown['brier']}  n={len(correct)}".strip(), fontsize=9)
     bottom.bar(centres, counts, width=1 / BINS, edgecolor="black", color="grey")
     bottom.set_xlabel("stated confidence")
     bottom.set_ylabel("answers")

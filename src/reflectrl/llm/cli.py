@@ -239,7 +239,9 @@ def _finish(trainer, run) -> None:
         atomic_write_bytes(run.path / "calibration.json", (json.dumps(metrics, indent=1) + "\n").encode())
         plot_reliability(*trainer.last_eval, run.path / "reliability.png",
                          title=f"{trainer.cfg.algo} on {trainer.cfg.task}")
-    run.set_status("finished", step=trainer.step, **result)
+    from reflectrl.control.policies import params_sha256
+
+    run.set_status("finished", step=trainer.step, params_sha256=params_sha256(trainer.model), **result)
     finish_signals(trainer.cfg.algo, "llm", run.path)
     acc = f", held-out greedy accuracy {result['eval_accuracy']:.3f}" if result else ""
     print(f"finished {trainer.cfg.algo} on {trainer.cfg.task}: {trainer.step} steps{acc}; run: {run.path} "

@@ -1,0 +1,89 @@
+"""Every trainer, with and without signals, trains the same weights for a fixed seed and budget:
+the params_sha256 that `reflectrl train` (and `reflectrl llm train`) records in run.json is pinned
+here. Recorded before the trainers moved into one kit (issue 37); a change to any trainer's
+arithmetic, its draws or its networks' names shows up as a changed hash. A change meant to alter
+the numbers updates the table, and says so in its commit."""
+
+import json
+
+import pytest
+
+GRID = "reflectrl/GridWorld-v0"
+SPREAD = "pettingzoo:mpe2.simple_spread_v3"
+
+RUNS = {
+    "ppo": ("--algo ppo --env CartPole-v1 --total-steps 1024", ""),
+    "ppo+calibration+gear": (f"--algo ppo+calibration+gear --env {GRID} --total-steps 1024", ""),
+    "ppo+rnd": (f"--algo ppo+rnd --env {GRID} --total-steps 1024", ""),
+    "ppo+count": (f"--algo ppo+count --env {GRID} --total-steps 1024", ""),
+    "ppo+shaping": ("--algo ppo+shaping --env Pendulum-v1 --total-steps 512 --set num_steps=256 "
+                    "--set num_minibatches=4", ""),
+    "ppo+lagrangian": (f"--algo ppo+lagrangian --env {GRID} --total-steps 1024 --set env.hazards=3", ""),
+    "dqn": ("--algo dqn --env CartPole-v1 --total-steps 1500 --set learning_starts=500 --set log_every=500", ""),
+    "dqn+shaping": ("--algo dqn+shaping --env CartPole-v1 --total-steps 1500 --set learning_starts=500 "
+                    "--set log_every=500", ""),
+    "sac": ("--algo sac --env Pendulum-v1 --total-steps 400 --set learning_starts=200 --set batch_size=32 "
+            "--set log_every=100", ""),
+    "sac+calibration": ("--algo sac+calibration --env Pendulum-v1 --total-steps 400 --set learning_starts=200 "
+                        "--set batch_size=32 --set log_every=100", ""),
+    "impala+count": (f"--algo impala+count --env {GRID} --total-steps 800 --set actors=inline "
+                     "--set unroll_length=20", ""),
+    "mappo+shaping": (f"--algo mappo+shaping --env {SPREAD} --total-steps 256 --set env.max_cycles=10 "
+                      "--set num_envs=2 --set num_steps=32 --set num_minibatches=2 --set update_epochs=2", ""),
+    "ppo+rnd atari": ("--algo ppo+rnd --env ALE/Breakout-v5 --total-steps 256 --set num_envs=2 --set num_steps=64 "
+                      "--set num_minibatches=2 --set update_epochs=1", ""),
+    "hppo+count": (f"--algo hppo+count --env {GRID} --total-steps 512", ""),
+}
+HASHES = {
+    "ppo": "a020d8a490cead570ba9e578d813bee0e0ff0e0f1eff60192c8ae1780f5cf36d",
+    "ppo+calibration+gear": "808e604ca85c6ce3a50ebab78a6a89db615f95184c790d99d591d6aa8eaf11e3",
+    "ppo+rnd": "2df7aca987a3bff7ec8f20371f10700f21ce4bd00ac718255cb691d175f7fe96",
+    "ppo+count": "eb38d60656b9e53bb1143bc8125936f6bc7af043eac19e0d520304b499b0438c",
+    "ppo+shaping": "cb6526b90c052aee64bd99676f7c2cf3cd6900ed40f82c87ed8c26d98bc90995",
+    "ppo+lagrangian": "315e8d3bef65ac1e0f4782f9ec118022a774824d3bd2f8e9f87cf213c4fa1d9f",
+    "dqn": "89013fdcae4f75d5921d750b5df0becf9566ecacb4a985ffd31d6cf9242687ef",
+    "dqn+shaping": "a64016baa1dc2df4d050ea43e3ed324620f7d392fa0ff3762054b757ffd78fb3",
+    "sac": "a6a1e6658716b651f80b943c0b9fcb1c9224bb5bc21c4a4f78f99a091c2906cc",
+    "sac+calibration": "2da51a429cd64e020441a5f1ca28ab84bc15e8c7c58dbc06933404728510e455",
+    "impala+count": "30505927c87d16cb55235bc100afc77644cc05679582de97fa70b9ce0974dfac",
+    "mappo+shaping": "1ac634f18333f1066866945f86f4e99aa50abb2125074f8078b7e07edf788bc3",
+    "ppo+rnd atari": "ecb13209c91757805378f6f6f8b024782ad7f75c465bf3acb3750e2fa4e0e429",
+    "hppo+count": "1e550c967b0a01634a52cade648201e126f52993b80e67928dd02f8702443df2",
+    "grpo": "1ffbd79821ff1103313b3c6e817e78e9f58d5404c9f0559ca5ff819f0e960cef",
+    "grpo+gear": "f28d679760f75b4c21a2fa11a16614ed3e17ddefdda644ae8357db63bd4a88c3",
+    "grpo+calibration": "ea1b0b95558731aa84552227b5b093c3afcfc1c483df918aafaeba0ad9f00808",
+}
+
+
+def _sha(run_dir) -> str:
+    return json.loads((run_dir / "run.json").read_text())["params_sha256"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(RUNS))
+def test_every_trainer_trains_the_pinned_weights(cli, tmp_path, name):
+    argv, _ = RUNS[name]
+    code, _, err = cli("train", *argv.split(), "--seed", "3", "--no-progress", "--out", tmp_path / "run")
+    assert code == 0, err
+    assert _sha(tmp_path / "run") == HASHES[name], f"{name}: the weights changed"
+
+
+LLM_RUNS = {
+    "grpo": "--algo grpo",
+    "grpo+gear": "--algo grpo+gear",
+    "grpo+calibration": "--algo grpo+calibration --task arith[max_operand=9;reflect=confidence]",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(LLM_RUNS))
+def test_grpo_trains_the_pinned_weights(cli, sft_arith_model_dir, tmp_path, name):
+    from conftest import SFT_ARITH
+
+    argv = LLM_RUNS[name].split()
+    if "--task" not in argv:
+        argv += ["--task", SFT_ARITH]
+    code, _, err = cli("llm", "train", *argv, "--model", sft_arith_model_dir, "--steps", "2", "--seed", "3",
+                       "--no-progress", "--out", tmp_path / "run")
+    assert code == 0, err
+    assert _sha(tmp_path / "run") == HASHES[name], f"{name}: the weights changed"
