@@ -18,6 +18,33 @@ def cli(capsys):
     return run
 
 
+@pytest.fixture
+def sigterm_after_rows(monkeypatch):
+    """`arm(n)`: the next `reflectrl train` in this process gets a real SIGTERM right after it logs its
+    n-th metrics row, so it stops mid-run at a known iteration boundary (with a checkpoint) and exits 143,
+    as a `kill` would make it; deterministic, no subprocess. Returns the list of rows logged so far."""
+    import signal
+
+    from reflectrl.runs import session
+    from reflectrl.runs.rundir import MetricsLogger
+
+    def arm(n: int) -> list[dict]:
+        log, logged = MetricsLogger.log, []
+
+        def log_then_terminate(self, row):
+            log(self, row)
+            logged.append(row)
+            if len(logged) == n:
+                # only inside the trainer's SIGTERM block; anywhere else SIGTERM would end pytest
+                assert signal.getsignal(signal.SIGTERM) is session._on_sigterm
+                signal.raise_signal(signal.SIGTERM)
+
+        monkeypatch.setattr(MetricsLogger, "log", log_then_terminate)
+        return logged
+
+    return arm
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A tiny random causal LM made by `reflectrl llm init-tiny` (no download), shared by the LLM tests."""

@@ -144,13 +144,27 @@ def test_resume_is_bit_identical(tmp_path, monkeypatch, algo, extra):
                            torch.cat([p.flatten() for p in full.signal.target.parameters()]))
 
 
-def test_resume_through_the_cli(cli, tmp_path):
-    out = tmp_path / "run"
-    code, _, err = cli("train", "--algo", "mappo+shaping", "--env", SPREAD, "--total-steps", 128, "--no-progress",
-                       "--set", *SMALL, "--out", out)
+def test_resume_through_the_cli(cli, tmp_path, sigterm_after_rows):
+    # 4 iterations of 64 env steps; SIGTERM after the first stops the run there, --resume trains the other 3
+    argv = ["train", "--algo", "mappo+shaping", "--env", SPREAD, "--total-steps", 256, "--no-progress", "--set", *SMALL]
+    reference, resumed = tmp_path / "reference", tmp_path / "resumed"
+    code, _, err = cli(*argv, "--out", reference)
     assert code == 0, err
-    code, stdout, err = cli("train", "--resume", out, "--no-progress")
+    sigterm_after_rows(1)
+    code, _, err = cli(*argv, "--out", resumed)
+    assert code == 143 and "--resume" in err, err
+    status = json.loads((resumed / "run.json").read_text())
+    assert status["status"] == "interrupted" and status["global_step"] == 64
+    code, _, err = cli("train", "--resume", resumed, "--no-progress")
     assert code == 0, err
+    ref, res = (json.loads((run / "run.json").read_text()) for run in (reference, resumed))
+    assert res["status"] == ref["status"] == "finished" and res["global_step"] == ref["global_step"] == 256
+    assert res["params_sha256"] == ref["params_sha256"]
+    ref, res = ([json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+                for run in (reference, resumed))
+    assert [r["global_step"] for r in res] == [r["global_step"] for r in ref] == [64, 128, 192, 256]
+    for key in ("policy_loss", "value_loss", "shaping_mean", "episodic_return", "agent_return/agent_0"):
+        assert [r[key] for r in res] == [r[key] for r in ref], key
 
 
 # ---------------------------------------------------------------------------- refusals
