@@ -441,11 +441,31 @@ def test_exiting_early_never_passes(code):
 
 
 @needs_bwrap
-def test_run_batch_keeps_order_and_runs_in_parallel():
-    items = [(GOOD, ADD), ("def solve(a, b):\n    return 0\n", ADD), ("def solve(a, b)\n", ADD), (GOOD, ADD)]
-    results = run_batch(items, max_workers=2, timeout=10)
+def test_run_batch_keeps_order_and_runs_in_parallel(monkeypatch):
+    # each sandbox is timed from the parent; the slow ones sleep 0.5 s inside it, so two that run at
+    # once overlap by about that much, and two that run one after the other never overlap
+    runner = sys.modules[run_batch.__module__]
+    real_run_code, spans = runner.run_code, {}
+
+    def timed_run_code(code, tests, **kwargs):
+        start = time.monotonic()
+        result = real_run_code(code, tests, **kwargs)
+        spans[code] = (start, time.monotonic())
+        return result
+
+    monkeypatch.setattr(runner, "run_code", timed_run_code)
+    slow = "import time\ntime.sleep(0.5)\n"
+    codes = [slow + GOOD + "# 0", slow + "def solve(a, b):\n    return 0\n", "def solve(a, b)\n", slow + GOOD + "# 3"]
+    results = run_batch([(code, ADD) for code in codes], max_workers=2, timeout=10)
     assert [r.status for r in results] == ["ok", "failed", "syntax_error", "ok"]
     assert [code_reward(r) for r in results] == [1.0, 0.0, 0.0, 1.0]
+    # in parallel: the first two (one per worker) were in their sandboxes at the same time ...
+    (start0, end0), (start1, end1) = spans[codes[0]], spans[codes[1]]
+    assert start1 < end0 and start0 < end1, spans
+    # ... and never more than max_workers at once
+    events = sorted([(s, 1) for s, _ in spans.values()] + [(e, -1) for _, e in spans.values()])
+    running = [sum(step for _, step in events[:i + 1]) for i in range(len(events))]
+    assert max(running) == 2, spans
     assert run_batch([]) == []
 
 
