@@ -4,13 +4,14 @@ calibration, multi-turn loss masks, runs (resume, errors, non-finite stop)."""
 import json
 import math
 import random
+import sys
 
 import pytest
 import torch
 
 pytest.importorskip("transformers")
 
-from reflectrl.llm.config import LLMRunConfig  # noqa: E402
+from reflectrl.llm.config import LLMRunConfig, loss_types  # noqa: E402
 from reflectrl.llm.grpo import (  # noqa: E402
     Episodes,
     GRPOTrainer,
@@ -288,13 +289,44 @@ def test_gear_infinite_temperature_is_grpo(sft_arith_model_dir):
     assert not torch.equal(plain, weighted)  # finite temperature: GEAR's weights do change the update
 
 
-@pytest.mark.parametrize("knobs", [dict(loss_type="dapo", num_iterations=2, minibatches=2, beta=0.1),
-                                   dict(loss_type="dr_grpo", scale_rewards="batch", clip_eps_high=0.28)])
-def test_gear_trains_with_every_loss_and_prepass(tiny_model_dir, knobs):
-    trainer = _trainer(tiny_model_dir, algo="gear", **knobs)
+# each loss with other knobs on top: dapo with the prepass (2 epochs of 2 minibatches) and a KL term
+LOSS_KNOBS = {"grpo": {}, "dapo": dict(num_iterations=2, minibatches=2, beta=0.1),
+              "dr_grpo": dict(scale_rewards="batch", clip_eps_high=0.28)}
+
+
+@pytest.mark.parametrize("loss_type", loss_types())
+def test_gear_trains_with_every_loss_and_prepass(tiny_model_dir, monkeypatch, loss_type):
+    trainer = _trainer(tiny_model_dir, algo="gear", loss_type=loss_type, max_new_tokens=16,
+                       **LOSS_KNOBS.get(loss_type, {}))
+    # the tiny random model solves nothing (every advantage 0, no update): reward the completions of
+    # even length instead, so each group has both outcomes
+    monkeypatch.setattr(trainer.task, "score_batch",
+                        lambda problems, episodes: [float(len("".join(t)) % 2 == 0) for t in episodes])
+    # what each update's loss was, and what every other loss type gives on the same tokens
+    trainer_module, updates = sys.modules[type(trainer).__module__], []
+
+    def recording_aggregate(per_token, mask, kind):
+        loss = aggregate(per_token, mask, kind)
+        if kind == loss_type and per_token.requires_grad:
+            updates.append({other: aggregate(per_token.detach(), mask, other).item() for other in loss_types()})
+        return loss
+
+    monkeypatch.setattr(trainer_module, "aggregate", recording_aggregate)
+    start = _params(trainer)
     rows = [trainer.train_step() for _ in range(3)]
-    assert all(math.isfinite(r["loss"]) for r in rows)
-    assert rows[-1]["weights_std"] > 0 and rows[-1]["kl"] >= 0
+    assert all(math.isfinite(r["loss"]) and r["grad_norm"] > 0 for r in rows)
+    assert any(r["loss"] != 0 for r in rows) and rows[-1]["weights_std"] > 0
+    assert not torch.equal(start, _params(trainer))  # the updates changed the weights
+    assert rows[-1]["kl"] > rows[0]["kl"] and rows[-1]["kl"] > 0  # and moved the policy off the reference
+    # every update's loss was this loss type's (the logged loss is their mean over the step), and on these
+    # completions (of different lengths) every other loss type gives another value
+    per_step = trainer.cfg.grpo.num_iterations * trainer.cfg.grpo.minibatches
+    assert len(updates) == 3 * per_step
+    for i, row in enumerate(rows):
+        assert row["loss"] == pytest.approx(sum(u[loss_type] for u in updates[i * per_step:(i + 1) * per_step])
+                                            / per_step, rel=1e-5, abs=1e-9)
+    assert any(all(u[other] != pytest.approx(u[loss_type]) for other in loss_types() if other != loss_type)
+               for u in updates)
 
 
 @pytest.mark.slow
