@@ -1,10 +1,13 @@
 """Network building blocks shared by trainers and signals: the flat-parameter helper,
-CleanRL's layer init, the signals' ReLU heads, and the image encoders (the Nature CNN and
-the small MiniGrid CNN; control/cnn.py puts actor-critic heads on them)."""
+CleanRL's layer init, the one MLP builder (`mlp`; the signals' ReLU heads are `relu_mlp`),
+the one target-network update (`update_target`: Polyak averaging or a hard copy), and the
+image encoders (the Nature CNN and the small MiniGrid CNN; trainers/cnn.py puts
+actor-critic heads on them)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -48,19 +51,70 @@ def flatten_parameters(module: nn.Module) -> nn.Parameter:
     return flat
 
 
-def relu_mlp(in_dim: int, hidden_sizes, near_zero_output: bool = True) -> nn.Sequential:
-    """A ReLU MLP with one scalar output; a head that starts near zero adds nothing until it
-    has learned something (the signals' reflection, shaping and value heads)."""
+def mlp(in_dim: int, hidden_sizes: Sequence[int], out_dim: int | None, *,
+        activation: Callable[[], nn.Module] = nn.ReLU,
+        init: Callable[[nn.Linear], nn.Module] | None = None,
+        out_init: Callable[[nn.Linear], nn.Module] | None = None) -> nn.Sequential:
+    """The one MLP builder: Linear, activation() for each width of `hidden_sizes`, then a
+    Linear to `out_dim` (None: no output layer, the trunk alone).
+
+    `init(layer)` re-initialises each hidden Linear, `out_init(layer)` the output one (default:
+    `init`); None keeps PyTorch's default initialisation. Each is applied as soon as its layer
+    is built, before the next layer is, so the random draws come in the order of the layers
+    (default init, then re-init, layer by layer) and the state_dict keys are `0.weight`,
+    `0.bias`, `2.weight`, ... (activations at the odd indices)."""
+    out_init = init if out_init is None else out_init
     layers: list[nn.Module] = []
     last = in_dim
     for width in hidden_sizes:
-        layers += [nn.Linear(last, width), nn.ReLU()]
+        layer = nn.Linear(last, width)
+        layers += [layer if init is None else init(layer), activation()]
         last = width
-    out = nn.Linear(last, 1)
-    if near_zero_output:
-        nn.init.uniform_(out.weight, -1e-3, 1e-3)
-        nn.init.zeros_(out.bias)
-    return nn.Sequential(*layers, out)
+    if out_dim is not None:
+        layer = nn.Linear(last, out_dim)
+        layers.append(layer if out_init is None else out_init(layer))
+    return nn.Sequential(*layers)
+
+
+def near_zero_init(layer: nn.Linear) -> nn.Linear:
+    """Weights uniform in [-1e-3, 1e-3], bias 0: a head whose output starts near zero."""
+    nn.init.uniform_(layer.weight, -1e-3, 1e-3)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+def relu_mlp(in_dim: int, hidden_sizes, near_zero_output: bool = True) -> nn.Sequential:
+    """A ReLU MLP with one scalar output; a head that starts near zero adds nothing until it
+    has learned something (the signals' reflection, shaping and value heads)."""
+    return mlp(in_dim, hidden_sizes, 1, out_init=near_zero_init if near_zero_output else None)
+
+
+@torch.no_grad()
+def update_target(target: nn.Module, source: nn.Module, tau: float = 1.0, *, arithmetic: str = "lerp",
+                  copy_at_one: bool = True) -> None:
+    """The one target-network update: target <- tau * source + (1 - tau) * target, parameter
+    by parameter (and in place, so optimisers and views of the target stay valid).
+
+    tau == 1 with `copy_at_one` is a hard copy: the target's parameters and buffers become
+    the source's (what `target.load_state_dict(source.state_dict())` does). Otherwise
+    `arithmetic` says how the parameters move, bit for bit as their callers always have:
+    "lerp" is `t.lerp_(s, tau)` (DQN's, SAC's, GEAR's EMA); "mul_add" is
+    `t.mul_(1 - tau).add_(s, alpha=tau)` (the shaper's target). The two round differently,
+    and at tau == 1 either differs from a copy only in the sign of a zero or where a value is
+    not finite: `copy_at_one=False` keeps a caller's own arithmetic there too."""
+    if arithmetic not in ("lerp", "mul_add"):
+        raise ValueError(f"update_target: arithmetic={arithmetic!r} is not 'lerp' or 'mul_add'")
+    if tau == 1.0 and copy_at_one:
+        for t, s in zip(target.parameters(), source.parameters(), strict=True):
+            t.copy_(s)
+        for t, s in zip(target.buffers(), source.buffers(), strict=True):
+            t.copy_(s)
+        return
+    for t, s in zip(target.parameters(), source.parameters(), strict=True):
+        if arithmetic == "lerp":
+            t.lerp_(s, tau)
+        else:
+            t.mul_(1 - tau).add_(s, alpha=tau)
 
 
 # ----------------------------------------------------------------------------- image encoders

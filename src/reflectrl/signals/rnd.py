@@ -43,7 +43,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from reflectrl.errors import UserError
-from reflectrl.nets import flatten_parameters
+from reflectrl.nets import flatten_parameters, layer_init, mlp
 from reflectrl.registry import SignalSpec, register_signal
 from reflectrl.signals.base import Batch, RewardStream, Signal, SignalContext, SignalOutput
 
@@ -141,44 +141,28 @@ class RewardForwardFilter:
         return out
 
 
-SQRT2 = math.sqrt(2.0)
-
-
-def _init(layer, std=SQRT2):
-    nn.init.orthogonal_(layer.weight, std)
-    nn.init.zeros_(layer.bias)
-    return layer
-
-
 def mlp_nets(in_dim: int, hidden_sizes, embedding_dim: int) -> tuple[nn.Module, nn.Module]:
-    """(target, predictor) MLPs: the predictor is the target's shape plus two ReLU layers."""
-    def trunk():
-        layers, last = [], in_dim
-        for width in hidden_sizes:
-            layers += [_init(nn.Linear(last, width)), nn.LeakyReLU()]
-            last = width
-        return layers, last
-
-    layers, last = trunk()
-    target = nn.Sequential(*layers, _init(nn.Linear(last, embedding_dim)))
-    layers, last = trunk()
-    predictor = nn.Sequential(*layers, _init(nn.Linear(last, embedding_dim)), nn.ReLU(),
-                              _init(nn.Linear(embedding_dim, embedding_dim)), nn.ReLU(),
-                              _init(nn.Linear(embedding_dim, embedding_dim)))
+    """(target, predictor) MLPs, LeakyReLU and orthogonally initialised (gain sqrt 2, bias 0):
+    the predictor is the target's shape plus two ReLU layers."""
+    target = mlp(in_dim, hidden_sizes, embedding_dim, activation=nn.LeakyReLU, init=layer_init)
+    last = hidden_sizes[-1] if hidden_sizes else in_dim
+    predictor = nn.Sequential(*mlp(in_dim, hidden_sizes, None, activation=nn.LeakyReLU, init=layer_init),
+                              *mlp(last, (embedding_dim, embedding_dim), embedding_dim, init=layer_init))
     return target, predictor
 
 
 def conv_nets(height: int, width: int) -> tuple[nn.Module, nn.Module]:
     """CleanRL's RND conv nets on one (1, H, W) frame; 512 outputs."""
     def trunk():
-        return [_init(nn.Conv2d(1, 32, 8, stride=4)), nn.LeakyReLU(), _init(nn.Conv2d(32, 64, 4, stride=2)),
-                nn.LeakyReLU(), _init(nn.Conv2d(64, 64, 3, stride=1)), nn.LeakyReLU(), nn.Flatten()]
+        return [layer_init(nn.Conv2d(1, 32, 8, stride=4)), nn.LeakyReLU(),
+                layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.LeakyReLU(),
+                layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.LeakyReLU(), nn.Flatten()]
 
     with torch.no_grad():
         flat = nn.Sequential(*trunk())(torch.zeros(1, 1, height, width)).shape[1]
-    target = nn.Sequential(nn.Unflatten(1, (1, height, width)), *trunk(), _init(nn.Linear(flat, 512)))
-    predictor = nn.Sequential(nn.Unflatten(1, (1, height, width)), *trunk(), _init(nn.Linear(flat, 512)), nn.ReLU(),
-                              _init(nn.Linear(512, 512)), nn.ReLU(), _init(nn.Linear(512, 512)))
+    target = nn.Sequential(nn.Unflatten(1, (1, height, width)), *trunk(), *mlp(flat, (), 512, init=layer_init))
+    predictor = nn.Sequential(nn.Unflatten(1, (1, height, width)), *trunk(),
+                              *mlp(flat, (512, 512), 512, init=layer_init))
     return target, predictor
 
 

@@ -86,7 +86,7 @@ import torch
 from torch import nn
 
 from reflectrl.errors import UserError
-from reflectrl.nets import ImageEncoder, cnn_fits, relu_mlp
+from reflectrl.nets import ImageEncoder, cnn_fits, relu_mlp, update_target
 from reflectrl.registry import SignalSpec, register_signal
 from reflectrl.signals.base import Batch, Signal, SignalContext
 from reflectrl.signals.cost_critic import CostCritic
@@ -241,10 +241,9 @@ def curriculum(step: int, warmup: int, ramp: int) -> float:
 
 
 def polyak(target: nn.Module, source: nn.Module, tau: float) -> None:
-    """target <- tau * source + (1 - tau) * target."""
-    with torch.no_grad():
-        for t, s in zip(target.parameters(), source.parameters()):
-            t.mul_(1 - tau).add_(s, alpha=tau)
+    """target <- tau * source + (1 - tau) * target: the shared update in the shaper's
+    arithmetic (a multiply then an add, at tau=1 too)."""
+    update_target(target, source, tau, arithmetic="mul_add", copy_at_one=False)
 
 
 class RewardShaper(nn.Module):
@@ -560,7 +559,7 @@ class SelfDistilledShaping(Signal):
             target = target.reshape(-1)
         obs, next_obs = self._encoded(tr["obs"], tr["next_obs"], features_fn)
         loss = self._fit(obs, tr["actions"], next_obs, tr["terminations"], target, self.cfg.prior_epochs)
-        self.target.load_state_dict(self.shaper.state_dict())
+        update_target(self.target, self.shaper)  # F_target starts from the prior's fit
         self.prior_fitted = True
         return loss
 

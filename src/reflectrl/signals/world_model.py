@@ -31,20 +31,15 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-
-def _mlp(in_dim: int, hidden_sizes, out_dim: int) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    last = in_dim
-    for width in hidden_sizes:
-        layers += [nn.Linear(last, width), nn.SiLU()]
-        last = width
-    return nn.Sequential(*layers, nn.Linear(last, out_dim))
+from reflectrl.nets import mlp
 
 
 class WorldModel:
     def __init__(self, obs_dim: int, action_dim: int, *, ensemble: int, hidden_sizes, lr: float, buffer: int):
         self.obs_dim, self.action_dim, self.capacity = obs_dim, action_dim, buffer
-        self.members = nn.ModuleList([_mlp(obs_dim + action_dim, hidden_sizes, obs_dim + 2) for _ in range(ensemble)])
+        # SiLU MLPs with PyTorch's default init
+        self.members = nn.ModuleList([mlp(obs_dim + action_dim, hidden_sizes, obs_dim + 2, activation=nn.SiLU)
+                                      for _ in range(ensemble)])
         self.optimizer = torch.optim.Adam(self.members.parameters(), lr=lr)
         self.data: dict[str, torch.Tensor] = {}
         self.stats: dict[str, torch.Tensor] = {}
