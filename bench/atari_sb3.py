@@ -26,12 +26,16 @@ N_ENVS, N_STEPS, EPOCHS, MINIBATCH = 8, 128, 4, 256
 
 
 def run_reflectrl(env_id: str, total: int, backend: str = "gymnasium", envpool_threads: int = 1) -> float:
-    from reflectrl.config import PPOConfig, RunConfig
-    from reflectrl.control.ppo import PPOTrainer, resolve_config
+    from reflectrl.config import RunConfig
+    from reflectrl.trainers.ppo.config import PPOConfig
+    from reflectrl.trainers.ppo.trainer import PPOTrainer
+
+    # EnvPool steps its envs on min(envs, cores) threads unless told: one, as every other part here
+    from reflectrl.trainers.resolve import resolve_config
 
     # EnvPool steps its envs on min(envs, cores) threads unless told: one, as every other part here
     cfg = RunConfig(env_id=env_id, seed=1, total_steps=total, backend=backend, envpool_threads=envpool_threads,
-                    ppo=PPOConfig(
+                    knobs=PPOConfig(
         num_envs=N_ENVS, num_steps=N_STEPS, update_epochs=EPOCHS, num_minibatches=N_ENVS * N_STEPS // MINIBATCH))
     resolve_config(cfg)
     assert cfg.ppo.encoder == "cnn" and cfg.ppo.clip_coef == 0.1

@@ -28,8 +28,8 @@ import torch
 def run_success(run_path, episodes_per_env: int, seed: int = 12345) -> tuple[float, int, int]:
     """(success rate, episodes counted, env steps taken) of a run's final policy."""
     from reflectrl.config import RunConfig
-    from reflectrl.control.ppo import PPOTrainer
     from reflectrl.runs import RunDir
+    from reflectrl.trainers.ppo.trainer import PPOTrainer
 
     run = RunDir.open(run_path, kind="control")
     cfg = RunConfig.from_dict(run.config())

@@ -118,8 +118,8 @@ def overhead(steps: int = 40_000) -> str:
     import time
 
     from reflectrl.config import trainer_name
-    from reflectrl.control.ppo import new_run_config
     from reflectrl.registry import trainer_class
+    from reflectrl.trainers.resolve import new_run_config
 
     lines = [f"15x15 maze, {steps:,} env steps each, one process, one torch thread", "",
              "| entry | steps/s | / ppo | signal_time_fraction |", "|---|---|---|---|"]

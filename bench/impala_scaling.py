@@ -33,8 +33,8 @@ import numpy as np
 
 
 def one_run(env: str, actors: int, mode: str, steps: int, warmup: int, extra: list[str]) -> dict:
-    from reflectrl.control.ppo import new_run_config
-    from reflectrl.distributed.impala import IMPALATrainer
+    from reflectrl.trainers.impala.trainer import IMPALATrainer
+    from reflectrl.trainers.resolve import new_run_config
 
     knobs = [f"num_actors={actors}", *extra]
     knobs.append("actors=inline" if mode == "inline" else f"synchronous={'true' if mode == 'sync' else 'false'}")

@@ -85,7 +85,7 @@ def summarise(out: Path, names: list[str], seeds: int) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from reflectrl.control.evaluate import evaluate
+    from reflectrl.evaluate import evaluate
 
     lines = ["| env | steps | seeds | final training return (mean +- std) | per seed | deterministic eval, 20 episodes "
              "(mean +- std over seeds) | sps (median) | reference |",

@@ -1,5 +1,7 @@
 """How close reflectrl's training loop runs to each env family's own limit (issue 38).
 
+    from reflectrl.trainers.ppo.trainer import PPOTrainer
+    from reflectrl.trainers.resolve import new_run_config
 For each family it prints, with the same number of envs on every line of a family:
 
 - raw: the env's own rate, random actions, no wrappers (`gym.make_vec` with same-step
@@ -89,7 +91,9 @@ def loop_rate(env_id: str, num_envs: int, sets: list[str], steps: int, backend: 
     """reflectrl PPO's training loop in this process: env steps per second of trainer.train()."""
     import torch
 
-    from reflectrl.control.ppo import PPOTrainer, new_run_config
+    from reflectrl.trainers.ppo.trainer import PPOTrainer
+    from reflectrl.trainers.resolve import new_run_config
+
 
     try:  # what `reflectrl train` does (an older checkout, measured for comparison, has no such step)
         from reflectrl.torch_setup import optimizers_without_dynamo

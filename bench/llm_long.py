@@ -125,10 +125,10 @@ def teacher_check(out: Path, tasks: list[str], problems: int = 128) -> dict:
     import dataclasses
     import random
 
-    from reflectrl.llm.grpo import EVAL_SEED, rollout
     from reflectrl.llm.model import load_model
     from reflectrl.llm.tasks import make_task
     from reflectrl.llm.tasks.base import reference_hint
+    from reflectrl.trainers.grpo.trainer import EVAL_SEED, rollout
 
     path = out / "teacher_check.json"
     done = json.loads(path.read_text()) if path.exists() else {}

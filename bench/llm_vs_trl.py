@@ -50,10 +50,10 @@ def make_model(workdir: Path, sft_steps: int, seed: int) -> Path:
 
 def run_ours(path: Path, a, gear: bool) -> list[tuple[float, int]]:
     """(seconds, completion tokens) of each timed step."""
-    from reflectrl.llm.config import GRPOConfig, LLMRunConfig
-    from reflectrl.llm.grpo import GRPOTrainer
     from reflectrl.llm.model import load_model
-    from reflectrl.signals.reweighting import GEARConfig
+    from reflectrl.signals.gear import GEARConfig
+    from reflectrl.trainers.grpo.config import GRPOConfig, LLMRunConfig
+    from reflectrl.trainers.grpo.trainer import GRPOTrainer
 
     model, tokenizer = load_model(str(path))
     cfg = LLMRunConfig(

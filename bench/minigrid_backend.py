@@ -36,7 +36,7 @@ BACKENDS = ("gymnasium", "envpool")
 
 
 def _config(env_id: str, backend: str, total_steps: int, num_envs: int = 8):
-    from reflectrl.control.ppo import new_run_config
+    from reflectrl.trainers.resolve import new_run_config
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -62,7 +62,7 @@ def env_steps_per_second(env_id: str, backend: str, env_steps: int, num_envs: in
 
 
 def training_steps_per_second(env_id: str, backend: str, total_steps: int) -> float:
-    from reflectrl.control.ppo import PPOTrainer
+    from reflectrl.trainers.ppo.trainer import PPOTrainer
 
     trainer = PPOTrainer(_config(env_id, backend, total_steps))
     start = time.perf_counter()

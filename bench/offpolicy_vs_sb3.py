@@ -56,8 +56,8 @@ DQN_LOSS = "huber"  # --dqn-loss
 
 
 def ours(algo: str, env_id: str, steps: int, seed: int, learning_starts: int | None):
-    from reflectrl.control.ppo import new_run_config
     from reflectrl.registry import trainer_class
+    from reflectrl.trainers.resolve import new_run_config
 
     if algo == "dqn":
         overrides = [f"loss={DQN_LOSS}"]

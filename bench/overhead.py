@@ -42,10 +42,12 @@ def parse_env(spec: str) -> tuple[str, list[str]]:
 
 
 def seconds_per_step(algo: str, env_id: str, steps: int, sets: list[str]) -> tuple[float, float]:
-    from reflectrl.config import PPOConfig, RunConfig, apply_overrides
-    from reflectrl.control.ppo import PPOTrainer, resolve_config
+    from reflectrl.config import RunConfig, apply_overrides
+    from reflectrl.trainers.ppo.config import PPOConfig
+    from reflectrl.trainers.ppo.trainer import PPOTrainer
+    from reflectrl.trainers.resolve import resolve_config
 
-    cfg = RunConfig(algo=algo, env_id=env_id, seed=1, total_steps=steps, ppo=PPOConfig())
+    cfg = RunConfig(algo=algo, env_id=env_id, seed=1, total_steps=steps, knobs=PPOConfig())
     apply_overrides(cfg, sets)
     resolve_config(cfg)
     trainer = PPOTrainer(cfg)

@@ -23,8 +23,8 @@ from torch.nn import functional as F
 
 def distillation_set(run_dir: Path):
     from reflectrl.config import RunConfig
-    from reflectrl.control.gae import compute_gae
-    from reflectrl.control.ppo import PPOTrainer
+    from reflectrl.estimators import compute_gae
+    from reflectrl.trainers.ppo.trainer import PPOTrainer
 
     cfg = RunConfig.from_dict(json.loads((run_dir / "config.json").read_text()))
     if cfg.algo != "sdrs":

@@ -32,10 +32,12 @@ CASES = [
 
 
 def run_reflectrl(env_id, n_envs, n_steps, epochs, mb_size, total):
-    from reflectrl.config import PPOConfig, RunConfig
-    from reflectrl.control.ppo import PPOTrainer, resolve_config
+    from reflectrl.config import RunConfig
+    from reflectrl.trainers.ppo.config import PPOConfig
+    from reflectrl.trainers.ppo.trainer import PPOTrainer
+    from reflectrl.trainers.resolve import resolve_config
 
-    cfg = RunConfig(env_id=env_id, seed=1, total_steps=total, ppo=PPOConfig(
+    cfg = RunConfig(env_id=env_id, seed=1, total_steps=total, knobs=PPOConfig(
         num_envs=n_envs, num_steps=n_steps, update_epochs=epochs,
         num_minibatches=n_envs * n_steps // mb_size))
     resolve_config(cfg)

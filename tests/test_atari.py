@@ -15,12 +15,14 @@ import torch
 pytest.importorskip("ale_py")
 pytest.importorskip("cv2")
 
-from reflectrl.config import PPOConfig, RunConfig  # noqa: E402
-from reflectrl.control.cnn import CNNActorCritic, make_policy  # noqa: E402
-from reflectrl.control.policies import ActorCritic, params_sha256  # noqa: E402
-from reflectrl.control.ppo import PPOTrainer, new_run_config, resolve_config  # noqa: E402
+from reflectrl.config import RunConfig  # noqa: E402
 from reflectrl.envs import atari, episode_step_limit, has_time_limit, make_env, make_vector_env  # noqa: E402
 from reflectrl.errors import UserError  # noqa: E402
+from reflectrl.trainers.cnn import CNNActorCritic, make_policy  # noqa: E402
+from reflectrl.trainers.policies import ActorCritic, params_sha256  # noqa: E402
+from reflectrl.trainers.ppo.config import PPOConfig
+from reflectrl.trainers.ppo.trainer import PPOTrainer  # noqa: E402
+from reflectrl.trainers.resolve import new_run_config, resolve_config  # noqa: E402
 
 # ------------------------------------------------------------------------- preprocessing
 
@@ -222,7 +224,7 @@ TINY = ["num_envs=2", "num_steps=32", "num_minibatches=2", "update_epochs=1"]
 
 def _trainer(total_steps=192, algo="ppo"):
     cfg = RunConfig(algo=algo, env_id="ALE/Breakout-v5", seed=3, total_steps=total_steps,
-                    ppo=PPOConfig(num_envs=2, num_steps=32, num_minibatches=2, update_epochs=1))
+                    knobs=PPOConfig(num_envs=2, num_steps=32, num_minibatches=2, update_epochs=1))
     return PPOTrainer(resolve_config(cfg))
 
 
@@ -306,7 +308,13 @@ def test_signals_read_the_cnn_features(algo):
     # the features (and the one-hot action), never the 147 inputs of the view
     n = signal.ctx.action_dim
     assert width == {"ppo+calibration": 64 + n, "ppo+gear": 64, "ppo+shaping": 2 * 64 + n}[algo]
-    assert signal.wants_features or algo == "ppo+shaping"
+    # what it asks of the trainer is its registry entry's for its knobs, fixed when it was built: calibration
+    # (inputs=obs_action) asks for no features and reads them through Batch.features_fn on images
+    from reflectrl.registry import signal_spec
+
+    name = algo.split("+")[1]
+    assert signal.wants == signal_spec(name).wants_for(cfg.sections[name])
+    assert signal.wants_features == (algo == "ppo+gear")
     while not trainer.finished():
         row = trainer.run_iteration()
     assert np.isfinite(row["policy_loss"])

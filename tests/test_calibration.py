@@ -135,7 +135,8 @@ def hand_gae(rewards, values, next_values, terms, truncs, gamma, lam):
 
 def trainer_with_fixed_reflection(recompute):
     from reflectrl.config import RunConfig, apply_overrides
-    from reflectrl.control.ppo import PPOTrainer, resolve_config
+    from reflectrl.trainers.ppo.trainer import PPOTrainer
+    from reflectrl.trainers.resolve import resolve_config
 
     cfg = RunConfig(algo="refgrpo", env_id="CartPole-v1", seed=2, total_steps=128)
     apply_overrides(cfg, ["num_envs=2", "num_steps=32", "num_minibatches=2", "calibration.alpha=0.3",

@@ -68,7 +68,7 @@ def test_aliases_and_names_come_from_the_registry():
 
 
 def test_signal_knob_that_needs_what_a_trainer_lacks(cli, tmp_path):
-    from reflectrl.llm.config import LLMRunConfig, apply_llm_overrides, validate_llm
+    from reflectrl.trainers.grpo.config import LLMRunConfig, apply_llm_overrides, validate_llm
 
     cfg = LLMRunConfig(algo="grpo+calibration", model="m")
     apply_llm_overrides(cfg, ["calibration.shared_trunk=true", "calibration.inputs=features_action"])
@@ -101,11 +101,13 @@ class _Fixed(Signal):
 
 
 def _ppo(signal, seed=1):
-    from reflectrl.config import PPOConfig, RunConfig
-    from reflectrl.control.ppo import PPOTrainer, resolve_config
+    from reflectrl.config import RunConfig
+    from reflectrl.trainers.ppo.config import PPOConfig
+    from reflectrl.trainers.ppo.trainer import PPOTrainer
+    from reflectrl.trainers.resolve import resolve_config
 
     cfg = resolve_config(RunConfig(algo="ppo", env_id="CartPole-v1", seed=seed, total_steps=256,
-                                   ppo=PPOConfig(num_envs=2, num_steps=16, num_minibatches=2, update_epochs=1)))
+                                   knobs=PPOConfig(num_envs=2, num_steps=16, num_minibatches=2, update_epochs=1)))
     return PPOTrainer(cfg, signal=signal)
 
 
@@ -155,11 +157,12 @@ def test_neutral_composition_is_ppo_bit_for_bit(cli, tmp_path):
 
 
 def test_composed_run_resumes_bit_identically(tmp_path, monkeypatch):
-    from reflectrl.control.policies import params_sha256
-    from reflectrl.control.ppo import PPOTrainer, new_run_config
     from reflectrl.runs import RunDir
-    from reflectrl.runs import loop as loop_module
     from reflectrl.runs.session import Terminated
+    from reflectrl.trainers import base as loop_module
+    from reflectrl.trainers.policies import params_sha256
+    from reflectrl.trainers.ppo.trainer import PPOTrainer
+    from reflectrl.trainers.resolve import new_run_config
 
     cfg = lambda: new_run_config(algo="ppo+calibration+gear", env_id="CartPole-v1", total_steps=512,  # noqa: E731
                                  overrides=["num_envs=2", "num_steps=32", "num_minibatches=2", "update_epochs=1"])

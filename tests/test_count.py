@@ -68,8 +68,8 @@ def test_bad_beta():
 
 
 def test_neutral_count_is_ppo_bit_for_bit_and_default_is_not():
-    from reflectrl.control.policies import params_sha256
-    from reflectrl.control.ppo import PPOTrainer
+    from reflectrl.trainers.policies import params_sha256
+    from reflectrl.trainers.ppo.trainer import PPOTrainer
 
     sha = {}
     for name, algo, extra in (("ppo", "ppo", ()), ("neutral", "ppo+count", ("count.beta=0",)),

@@ -162,10 +162,10 @@ def test_divergence_is_refused_off_language_models():
 # ---------------------------------------------------------------------------- the teacher pass
 
 def test_teacher_inputs_put_the_reference_between_prompt_and_completion(tiny_model_dir):
-    from reflectrl.llm.grpo import rollout, teacher_inputs, teacher_logprobs, token_logprobs
     from reflectrl.llm.model import load_model
     from reflectrl.llm.tasks import make_task
     from reflectrl.llm.tasks.base import reference_hint
+    from reflectrl.trainers.grpo.trainer import rollout, teacher_inputs, teacher_logprobs, token_logprobs
 
     model, tok = load_model(str(tiny_model_dir))
     task = make_task("tools")
@@ -260,7 +260,7 @@ def test_divergence_trains_with_a_frozen_teacher_and_resumes(tiny_model_dir):
 # ---------------------------------------------------------------------------- GEAR's seed items
 
 def _gear(**knobs):
-    from reflectrl.signals.reweighting import GEARConfig, GEARReweighting
+    from reflectrl.signals.gear import GEARConfig, GEARReweighting
 
     sig = GEARReweighting(GEARConfig(**knobs))
     sig.bind(SignalContext(obs_dim=3, action_dim=0, discrete=False, feature_dim=3, learning_rate=1e-3, gamma=1.0,
@@ -303,7 +303,7 @@ def test_rank_groups_replaces_each_advantage_by_the_standardised_mean_reweighted
 
 def test_rank_groups_is_refused_where_there_are_no_groups():
     from reflectrl.registry import signal_spec
-    from reflectrl.signals.reweighting import GEARConfig
+    from reflectrl.signals.gear import GEARConfig
 
     with pytest.raises(UserError, match="rank_groups"):
         signal_spec("gear").check(GEARConfig(rank_groups=True), "ppo", "ppo+gear")
@@ -339,7 +339,7 @@ def test_target_ema_moves_the_frozen_head_part_of_the_way():
 # ---------------------------------------------------------------------------- device and precision
 
 def test_device_and_precision_choices():
-    from reflectrl.llm.grpo import resolve_device
+    from reflectrl.trainers.grpo.trainer import resolve_device
 
     assert resolve_device("cpu", "auto") == (torch.device("cpu"), False)
     assert resolve_device("cpu", "fp32") == (torch.device("cpu"), False)

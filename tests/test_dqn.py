@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from reflectrl.control.dqn import DQNTrainer, linear_schedule, td_targets
-from reflectrl.control.ppo import new_run_config
-from reflectrl.control.replay import ReplayBuffer
+from reflectrl.trainers.replay.buffer import ReplayBuffer
+from reflectrl.trainers.replay.dqn import DQNTrainer, linear_schedule, td_targets
+from reflectrl.trainers.resolve import new_run_config
 
 
 def test_td_targets_by_hand():

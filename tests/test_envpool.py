@@ -11,12 +11,13 @@ import pytest
 
 pytest.importorskip("envpool")
 
-from reflectrl.control.policies import params_sha256  # noqa: E402
-from reflectrl.control.ppo import PPOTrainer, new_run_config  # noqa: E402
 from reflectrl.envs import envpool_backend, make_vector_env, snapshot  # noqa: E402
 from reflectrl.envs.envpool_backend import EnvPoolVectorEnv, minigrid_keys  # noqa: E402
 from reflectrl.envs.statekey import minigrid_key, room_of_key  # noqa: E402
 from reflectrl.errors import UserError  # noqa: E402
+from reflectrl.trainers.policies import params_sha256  # noqa: E402
+from reflectrl.trainers.ppo.trainer import PPOTrainer  # noqa: E402
+from reflectrl.trainers.resolve import new_run_config  # noqa: E402
 
 
 def _envs(env_id, backend, *overrides, num_envs=2):

@@ -5,7 +5,6 @@ kind of episode end stops the sum."""
 import pytest
 import torch
 
-from reflectrl.control import gae as control_gae
 from reflectrl.estimators import (
     compute_gae,
     discounted_backward,
@@ -13,7 +12,7 @@ from reflectrl.estimators import (
     discounted_returns_from_ends,
     episode_continues,
 )
-from reflectrl.signals.reweighting import returns_to_go, trajectory_ids
+from reflectrl.signals.gear import returns_to_go, trajectory_ids
 
 
 def col(*xs, dtype=torch.float32):
@@ -22,10 +21,6 @@ def col(*xs, dtype=torch.float32):
 
 def flags(*xs):
     return col(*xs).bool()
-
-
-def test_compute_gae_is_reexported_where_trainers_import_it():
-    assert control_gae.compute_gae is compute_gae
 
 
 def test_backward_recursion_by_hand():

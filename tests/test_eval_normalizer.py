@@ -8,9 +8,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from reflectrl.control import evaluate as evaluate_module
-from reflectrl.control.policies import ActorCritic
+from reflectrl import evaluate as evaluate_module
 from reflectrl.runs import RunDir
+from reflectrl.trainers.policies import ActorCritic
 
 EPISODES = 2
 

@@ -20,7 +20,7 @@ from reflectrl.envs.statekey import (
     room_of_key,
     simhash,
 )
-from reflectrl.exploration import METRICS, ExplorationTracker, RolloutKeys
+from reflectrl.trainers.exploration_metrics import METRICS, ExplorationTracker, RolloutKeys
 
 UP, RIGHT, DOWN, LEFT = 0, 1, 2, 3
 
@@ -134,7 +134,7 @@ def test_simhash_is_fixed_and_sign_sensitive():
 
 
 def _config(algo, env="reflectrl/GridWorld-v0", extra=()):
-    from reflectrl.control.ppo import new_run_config
+    from reflectrl.trainers.resolve import new_run_config
 
     return new_run_config(algo=algo, env_id=env, total_steps=640,
                           overrides=["num_envs=2", "num_steps=64", "num_minibatches=2", "update_epochs=1",
@@ -145,12 +145,12 @@ def _config(algo, env="reflectrl/GridWorld-v0", extra=()):
 def resume_matches(tmp_path, monkeypatch, algo, env="reflectrl/GridWorld-v0", extra=(), stop_at=2):
     """A run stopped after `stop_at` iterations and resumed from its checkpoint ends with the
     weights and metrics of an uninterrupted one; returns (uninterrupted rows, the trainer resumed)."""
-    from reflectrl.control.policies import params_sha256
-    from reflectrl.control.ppo import PPOTrainer
     from reflectrl.runs import RunDir
-    from reflectrl.runs import loop as loop_module
     from reflectrl.runs.rundir import read_metrics
     from reflectrl.runs.session import Terminated
+    from reflectrl.trainers import base as loop_module
+    from reflectrl.trainers.policies import params_sha256
+    from reflectrl.trainers.ppo.trainer import PPOTrainer
 
     full_run = RunDir.create(tmp_path / "full", _config(algo, env, extra).to_dict())
     full = PPOTrainer(_config(algo, env, extra), full_run)
@@ -261,8 +261,8 @@ def test_deferred_simhash_keys_equal_the_per_step_keys(env_id, sets):
     keys, the next keys and the current keys across rollouts and episode ends are the same as
     keying every step in the wrapper (the Pendulum envs normalise their observations: the keys
     read the raw ones)."""
-    from reflectrl.control.ppo import new_run_config
     from reflectrl.envs import make_vector_env, statekey
+    from reflectrl.trainers.resolve import new_run_config
 
     cfg = new_run_config(env_id=env_id, seed=3, total_steps=4096, overrides=["num_steps=64", *sets])
     results = []

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from reflectrl.control.gae import compute_gae
+from reflectrl.estimators import compute_gae
 
 
 def col(*xs):

@@ -19,14 +19,14 @@ SHAPING = ["shaping.update_every=1", "shaping.buffer_rollouts=2"]
 
 
 def _config(algo="hppo", total_steps=512, extra=(), env_id=GRID):
-    from reflectrl.control.ppo import new_run_config
+    from reflectrl.trainers.resolve import new_run_config
 
     knobs = SMALL if env_id == GRID else KNOBS
     return new_run_config(algo=algo, env_id=env_id, total_steps=total_steps, overrides=[*knobs, *extra])
 
 
 def _trainer(algo="hppo", total_steps=512, extra=(), env_id=GRID):
-    from reflectrl.hierarchy.hppo import HPPOTrainer
+    from reflectrl.trainers.hppo.trainer import HPPOTrainer
 
     return HPPOTrainer(_config(algo, total_steps, extra, env_id))
 
@@ -38,7 +38,7 @@ def _params(trainer) -> torch.Tensor:
 # ---------------------------------------------------------------------------- the goal space
 
 def _space(kind="relative", region=3, reach=1, free=None):
-    from reflectrl.hierarchy.goals import GoalSpace
+    from reflectrl.trainers.hppo.goals import GoalSpace
 
     free = np.ones((9, 9), dtype=bool) if free is None else free
     return GoalSpace(free, region, kind, reach, position_features=False)
@@ -50,7 +50,7 @@ def test_regions_tile_the_grid():
     cells = np.array([[0, 0], [2, 2], [0, 3], [4, 4], [8, 8], [8, 0]])
     assert space.region_of(cells).tolist() == [0, 0, 1, 4, 8, 6]
     # a side that the region does not divide: the last regions are smaller
-    from reflectrl.hierarchy.goals import GoalSpace
+    from reflectrl.trainers.hppo.goals import GoalSpace
 
     odd = GoalSpace(np.ones((10, 10), dtype=bool), 4, "absolute", 1, False)
     assert odd.n_regions == 9 and odd.region_of(np.array([[9, 9]])).tolist() == [8]
@@ -101,7 +101,7 @@ def test_the_agent_cell_is_in_every_info():
     import gymnasium as gym
 
     from reflectrl.envs import make_env
-    from reflectrl.hierarchy.goals import AgentCell
+    from reflectrl.trainers.hppo.goals import AgentCell
 
     env = AgentCell(make_env(GRID, env_kwargs={"size": 5, "layout": "empty"}))
     _, info = env.reset(seed=0)
@@ -162,7 +162,7 @@ def test_sub_goals_are_only_open_ones():
 
 
 def test_masked_choices_are_never_sampled():
-    from reflectrl.hierarchy.hppo import SubgoalPolicy
+    from reflectrl.trainers.hppo.trainer import SubgoalPolicy
 
     torch.manual_seed(0)
     policy = SubgoalPolicy(4, 6, (8,))
@@ -203,7 +203,7 @@ def test_hppo_run_via_the_cli_logs_both_levels(cli, tmp_path):
 
 
 def test_eval_agent_keeps_and_renews_its_sub_goal():
-    from reflectrl.hierarchy.hppo import HierarchicalAgent
+    from reflectrl.trainers.hppo.trainer import HierarchicalAgent
 
     trainer = _trainer()
     agent = HierarchicalAgent(trainer.low.policy, trainer.high.policy, trainer.goals, horizon=3)
@@ -286,11 +286,11 @@ def test_other_signals_compose(algo):
 
 @pytest.mark.parametrize("algo, extra", [("hppo", []), ("hppo+shaping", SHAPING)])
 def test_resume_is_bit_identical(tmp_path, monkeypatch, algo, extra):
-    from reflectrl.control.policies import params_sha256
-    from reflectrl.hierarchy.hppo import HPPOTrainer
     from reflectrl.runs import RunDir
-    from reflectrl.runs import loop as loop_module
     from reflectrl.runs.session import Terminated
+    from reflectrl.trainers import base as loop_module
+    from reflectrl.trainers.hppo.trainer import HPPOTrainer
+    from reflectrl.trainers.policies import params_sha256
 
     full = HPPOTrainer(_config(algo, 640, extra))
     full.train(progress=False)
@@ -377,7 +377,7 @@ def test_bad_input_gets_one_line(cli, tmp_path, argv, needles):
 
 
 def test_hppo_knobs_are_refused_on_other_trainers():
-    from reflectrl.control.ppo import new_run_config
+    from reflectrl.trainers.resolve import new_run_config
 
     with pytest.raises(UserError, match="apply to --algo hppo"):
         new_run_config(algo="ppo", env_id=GRID, overrides=["hppo.horizon=4"])

@@ -5,7 +5,7 @@ import json
 
 import torch
 
-from reflectrl.control.gae import compute_gae
+from reflectrl.estimators import compute_gae
 from reflectrl.signals.world_model import WorldModel, imagined_advantages
 
 
@@ -47,8 +47,8 @@ def test_sdrs_with_imagination_logs_the_model_and_held_out_r2(cli, tmp_path):
 
 
 def test_imagined_labels_are_normalised_on_their_own_so_they_cannot_shift_the_real_ones():
-    from reflectrl.control.dqn import DQNTrainer
-    from reflectrl.control.ppo import new_run_config
+    from reflectrl.trainers.replay.dqn import DQNTrainer
+    from reflectrl.trainers.resolve import new_run_config
 
     cfg = new_run_config(algo="dqn+shaping", env_id="CartPole-v1", total_steps=1000,
                          overrides=["learning_starts=200", "log_every=100", "train_frequency=2", "batch_size=32",

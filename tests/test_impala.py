@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from reflectrl.control.policies import params_sha256
-from reflectrl.control.ppo import new_run_config
-from reflectrl.distributed.impala import IMPALATrainer
 from reflectrl.estimators import compute_gae, vtrace
+from reflectrl.trainers.impala.trainer import IMPALATrainer
+from reflectrl.trainers.policies import params_sha256
+from reflectrl.trainers.resolve import new_run_config
 
 
 def _random_batch(T=7, N=3, seed=0):

@@ -235,8 +235,8 @@ def test_report_of_a_missing_directory(cli, tmp_path):
 # ---------------------------------------------------------------------------- 8, 9, 10, 13: run kinds, models
 
 def _fake_llm_run(path):
-    from reflectrl.llm.config import LLMRunConfig
     from reflectrl.runs import RunDir
+    from reflectrl.trainers.grpo.config import LLMRunConfig
 
     run = RunDir.create(path, LLMRunConfig(model="m").to_dict())
     run.unlock()
@@ -353,9 +353,10 @@ def test_a_sane_run_gets_no_health_warning(cli, tmp_path):
 def test_knobs_lists_every_field_with_its_default_and_meaning(cli):
     import dataclasses
 
-    from reflectrl.config import SECTION_TYPES, PPOConfig
+    from reflectrl.config import SECTION_TYPES
     from reflectrl.knobs import field_docs
-    from reflectrl.llm.config import GRPOConfig
+    from reflectrl.trainers.grpo.config import GRPOConfig
+    from reflectrl.trainers.ppo.config import PPOConfig
 
     for cls in (PPOConfig, GRPOConfig, *SECTION_TYPES.values()):
         missing = [f.name for f in dataclasses.fields(cls) if not field_docs(cls).get(f.name)]
@@ -401,7 +402,7 @@ def test_eval_video_is_quiet_and_works_without_a_display(cli, tmp_path, env_id):
 def test_resume_from_the_step0_checkpoint_drops_the_rows_logged_after_it(cli, tmp_path, monkeypatch):
     """Killed before its first periodic checkpoint, a run resumes from step 0: the rows it had
     logged must go, or metrics.jsonl repeats steps (and the report reads a step count going back)."""
-    from reflectrl.control.ppo import PPOTrainer
+    from reflectrl.trainers.ppo.trainer import PPOTrainer
 
     out = tmp_path / "run"
     real = PPOTrainer.run_iteration

@@ -11,8 +11,10 @@ import torch
 
 pytest.importorskip("transformers")
 
-from reflectrl.llm.config import LLMRunConfig, loss_types  # noqa: E402
-from reflectrl.llm.grpo import (  # noqa: E402
+from reflectrl.signals import SignalContext  # noqa: E402
+from reflectrl.signals.gear import GEARConfig, GEARReweighting  # noqa: E402
+from reflectrl.trainers.grpo.config import LLMRunConfig, loss_types  # noqa: E402
+from reflectrl.trainers.grpo.trainer import (  # noqa: E402
     Episodes,
     GRPOTrainer,
     aggregate,
@@ -22,8 +24,6 @@ from reflectrl.llm.grpo import (  # noqa: E402
     token_batch,
     turn_batch,
 )
-from reflectrl.signals import SignalContext  # noqa: E402
-from reflectrl.signals.reweighting import GEARConfig, GEARReweighting  # noqa: E402
 
 # ---------------------------------------------------------------------------- advantages
 
@@ -243,8 +243,8 @@ def test_sft_demonstration_mask_covers_turns_only(tiny_model_dir):
 # ---------------------------------------------------------------------------- trainer
 
 def _trainer(tiny_model_dir, algo="grpo", steps=4, run=None, task="arith", **grpo):
-    from reflectrl.llm.config import apply_llm_overrides, validate_llm
     from reflectrl.llm.model import load_model
+    from reflectrl.trainers.grpo.config import apply_llm_overrides, validate_llm
 
     cfg = LLMRunConfig(algo=algo, task=task, model=str(tiny_model_dir), steps=steps, seed=3)
     apply_llm_overrides(cfg, ["prompts_per_step=2", "group_size=4", "eval_every=0", "max_new_tokens=4",

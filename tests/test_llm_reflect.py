@@ -253,9 +253,9 @@ def reflect_model_dirs(tiny_model_dir, tmp_path_factory):
 
 
 def _trainer(model_dir, algo, task, steps=4, **knobs):
-    from reflectrl.llm.config import LLMRunConfig, apply_llm_overrides, validate_llm
-    from reflectrl.llm.grpo import GRPOTrainer
     from reflectrl.llm.model import load_model
+    from reflectrl.trainers.grpo.config import LLMRunConfig, apply_llm_overrides, validate_llm
+    from reflectrl.trainers.grpo.trainer import GRPOTrainer
 
     cfg = LLMRunConfig(algo=algo, task=task, model=str(model_dir), steps=steps, seed=3)
     apply_llm_overrides(cfg, ["prompts_per_step=4", "group_size=4", "eval_every=0", "log_kl=false",
@@ -289,8 +289,8 @@ def test_zero_coef_is_grpo_bit_for_bit_and_a_positive_one_is_not(reflect_model_d
 
 @pytest.mark.slow
 def test_reward_terms_join_the_outcome_before_group_normalisation(reflect_model_dirs):
-    from reflectrl.llm.grpo import group_advantages, token_logprobs
-    from reflectrl.runs.loop import Stopwatch
+    from reflectrl.trainers.base import Stopwatch
+    from reflectrl.trainers.grpo.trainer import group_advantages, token_logprobs
 
     trainer = _trainer(reflect_model_dirs["arith"], "grpo+verdict", "arith[max_operand=9]",
                        **{"verdict.coef": 0.5, "verdict.schedule": "constant"})

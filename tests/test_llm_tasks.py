@@ -6,8 +6,8 @@ import random
 
 import pytest
 
+from reflectrl import sandbox
 from reflectrl.errors import UserError
-from reflectrl.llm import sandbox
 from reflectrl.llm.tasks import TASK_NAMES, make_task, parse_spec
 
 RG_SMALL = ("rg:basic_arithmetic[min_terms=2;max_terms=2;max_digits=2;operators=+,-;"

@@ -18,13 +18,13 @@ SMALL = ["env.max_cycles=10", "num_envs=2", "num_steps=32", "num_minibatches=2",
 
 
 def _config(algo="mappo", total_steps=256, extra=()):
-    from reflectrl.control.ppo import new_run_config
+    from reflectrl.trainers.resolve import new_run_config
 
     return new_run_config(algo=algo, env_id=SPREAD, total_steps=total_steps, overrides=[*SMALL, *extra])
 
 
 def _trainer(algo="mappo", total_steps=256, extra=()):
-    from reflectrl.multiagent.mappo import MAPPOTrainer
+    from reflectrl.trainers.mappo.trainer import MAPPOTrainer
 
     return MAPPOTrainer(_config(algo, total_steps, extra))
 
@@ -32,7 +32,7 @@ def _trainer(algo="mappo", total_steps=256, extra=()):
 # ---------------------------------------------------------------------------- the env adapter
 
 def test_adapter_on_simple_spread_gives_an_agent_axis():
-    from reflectrl.multiagent.envs import ParallelVecEnv
+    from reflectrl.trainers.mappo.envs import ParallelVecEnv
 
     envs = ParallelVecEnv(SPREAD, {"max_cycles": 5, "N": 3}, num_envs=2)
     assert envs.agents == AGENTS
@@ -54,7 +54,7 @@ def test_adapter_on_simple_spread_gives_an_agent_axis():
 
 
 def test_adapter_is_seeded():
-    from reflectrl.multiagent.envs import ParallelVecEnv
+    from reflectrl.trainers.mappo.envs import ParallelVecEnv
 
     a, b = (ParallelVecEnv(SPREAD, {"max_cycles": 5}, num_envs=1) for _ in range(2))
     assert np.array_equal(a.reset(seed=7), b.reset(seed=7))
@@ -119,11 +119,11 @@ def test_runs_are_deterministic():
     ("mappo+shaping", ["shaping.labels=team", "shaping.update_every=1", "shaping.buffer_rollouts=2"]),
 ])
 def test_resume_is_bit_identical(tmp_path, monkeypatch, algo, extra):
-    from reflectrl.control.policies import params_sha256
-    from reflectrl.multiagent.mappo import MAPPOTrainer
     from reflectrl.runs import RunDir
-    from reflectrl.runs import loop as loop_module
     from reflectrl.runs.session import Terminated
+    from reflectrl.trainers import base as loop_module
+    from reflectrl.trainers.mappo.trainer import MAPPOTrainer
+    from reflectrl.trainers.policies import params_sha256
 
     full = MAPPOTrainer(_config(algo, 384, extra))
     full.train(progress=False)
@@ -204,7 +204,7 @@ def test_bad_input_gets_one_line(cli, tmp_path, argv, needles):
 
 
 def test_mappo_knobs_are_refused_on_other_trainers():
-    from reflectrl.control.ppo import new_run_config
+    from reflectrl.trainers.resolve import new_run_config
 
     with pytest.raises(UserError, match="apply to --algo mappo"):
         new_run_config(algo="ppo", env_id="CartPole-v1", overrides=["mappo.critic=local"])
@@ -224,7 +224,7 @@ def _shaper(labels):
 
 def _hand_batch(team: bool):
     """One env, two agents (columns 0 and 1), 6 steps: agent 0 is paid 1 at step 2, agent 1 nothing."""
-    from reflectrl.control.gae import compute_gae
+    from reflectrl.estimators import compute_gae
     from reflectrl.signals.base import Batch
 
     T, N = 6, 2

@@ -7,11 +7,11 @@ import copy
 import pytest
 import torch
 
-from reflectrl.control.dqn import DQNTrainer
-from reflectrl.control.policies import params_sha256
-from reflectrl.control.ppo import new_run_config
-from reflectrl.control.sac import SACTrainer
 from reflectrl.signals import Signal, SignalOutput
+from reflectrl.trainers.policies import params_sha256
+from reflectrl.trainers.replay.dqn import DQNTrainer
+from reflectrl.trainers.replay.sac import SACTrainer
+from reflectrl.trainers.resolve import new_run_config
 
 DQN = ["learning_starts=200", "log_every=100", "train_frequency=2", "batch_size=32", "buffer_size=2000",
        "target_network_frequency=100"]

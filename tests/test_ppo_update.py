@@ -16,8 +16,9 @@ import torch
 from torch.distributions import Categorical
 
 from reflectrl.config import RunConfig, apply_overrides
-from reflectrl.control.policies import ActorCritic
-from reflectrl.control.ppo import PPOTrainer, resolve_config
+from reflectrl.trainers.policies import ActorCritic
+from reflectrl.trainers.ppo.trainer import PPOTrainer
+from reflectrl.trainers.resolve import resolve_config
 
 BASE = ["num_envs=2", "num_steps=32", "num_minibatches=2", "update_epochs=2", "hidden_sizes=16,16",
         "learning_rate=0.003"]

@@ -93,8 +93,8 @@ def test_bad_knobs():
 
 
 def test_neutral_rnd_is_ppo_bit_for_bit_and_default_is_not():
-    from reflectrl.control.policies import params_sha256
-    from reflectrl.control.ppo import PPOTrainer
+    from reflectrl.trainers.policies import params_sha256
+    from reflectrl.trainers.ppo.trainer import PPOTrainer
 
     sha = {}
     for name, algo, extra in (("ppo", "ppo", ()), ("neutral", "ppo+rnd", ("rnd.int_coef=0",)),
@@ -125,8 +125,8 @@ class _Stream(Signal):
 
 @pytest.mark.parametrize("episodic", [True, False])
 def test_a_stream_gets_its_own_value_head_and_gae(episodic):
-    from reflectrl.control.gae import compute_gae
-    from reflectrl.control.ppo import PPOTrainer
+    from reflectrl.estimators import compute_gae
+    from reflectrl.trainers.ppo.trainer import PPOTrainer
 
     trainer = PPOTrainer(_config("ppo", env="CartPole-v1"), signal=_Stream(episodic))
     rollout, _ = trainer.collect()
@@ -187,7 +187,8 @@ _SMALL_CNN = ("encoder=cnn",)
 def test_stream_heads_sit_on_the_cnn_trunk_by_default_and_separate_is_the_old_layout():
     from torch import nn
 
-    from reflectrl.control.ppo import PPOTrainer
+    from reflectrl.trainers.ppo.trainer import PPOTrainer
+
 
     shared = PPOTrainer(_config("ppo+rnd", env="MiniGrid-Empty-5x5-v0", extra=_SMALL_CNN))
     assert shared.cfg.ppo.stream_heads == "shared" and shared.streams.shared
@@ -210,8 +211,8 @@ def test_shared_stream_heads_need_a_cnn_policy():
 
 
 def test_shared_heads_read_the_trunk_kept_from_collection_and_train_the_trunk():
-    from reflectrl.control.gae import compute_gae
-    from reflectrl.control.ppo import PPOTrainer
+    from reflectrl.estimators import compute_gae
+    from reflectrl.trainers.ppo.trainer import PPOTrainer
 
     trainer = PPOTrainer(_config("ppo", env="MiniGrid-Empty-5x5-v0", extra=_SMALL_CNN), signal=_Stream(False))
     assert trainer.streams.shared
@@ -238,12 +239,12 @@ def test_shared_heads_read_the_trunk_kept_from_collection_and_train_the_trunk():
 
 
 def test_rnd_on_a_cnn_trunk_resumes_bit_identically(tmp_path, monkeypatch):
-    from reflectrl.control.policies import params_sha256
+    from reflectrl.trainers.policies import params_sha256
+    from reflectrl.trainers.ppo.trainer import PPOTrainer
 
     rows, resumed = resume_matches(tmp_path, monkeypatch, "ppo+rnd", env="MiniGrid-Empty-5x5-v0", extra=_SMALL_CNN,
                                    stop_at=3)
     assert resumed.streams.shared and all(r["rnd_value_loss"] > 0 for r in rows)
-    from reflectrl.control.ppo import PPOTrainer
 
     full = PPOTrainer(_config("ppo+rnd", env="MiniGrid-Empty-5x5-v0", extra=_SMALL_CNN))
     full.train(progress=False)
@@ -259,7 +260,7 @@ def test_a_config_written_before_stream_heads_resumes_with_separate_heads():
 
 
 def test_shared_heads_in_an_edited_config_of_an_mlp_run_are_refused():
-    from reflectrl.control.ppo import PPOTrainer
+    from reflectrl.trainers.ppo.trainer import PPOTrainer
 
     cfg = _config("ppo+rnd", env="MiniGrid-Empty-5x5-v0")
     cfg.ppo.stream_heads = "shared"  # as an edited config.json would have it (resume does not re-validate)

@@ -86,7 +86,7 @@ def state_sha256(state):
 
 
 def test_params_sha256_tells_weights_apart():
-    from reflectrl.control.policies import ActorCritic, params_sha256
+    from reflectrl.trainers.policies import ActorCritic, params_sha256
 
     torch.manual_seed(0)
     a = ActorCritic(4, 2, False, (8, 8))

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from reflectrl.control.ppo import new_run_config
-from reflectrl.control.sac import Actor, SACTrainer, temperature_loss
+from reflectrl.trainers.replay.sac import Actor, SACTrainer, temperature_loss
+from reflectrl.trainers.resolve import new_run_config
 
 SMALL = ["hidden_sizes=32,32", "learning_starts=200", "log_every=100", "batch_size=32", "buffer_size=2000"]
 

@@ -133,7 +133,7 @@ def test_lagrange_multiplier_rises_above_the_limit_and_falls_to_zero_below():
 
 
 def test_lagrangian_advantage_is_omnisafes_combination():
-    from reflectrl.control.gae import compute_gae
+    from reflectrl.estimators import compute_gae
     from reflectrl.signals.base import Batch
 
     signal = _lagrangian(0.0, lambda_init=1.0, lambda_lr=0.0)  # lambda stays 1
@@ -184,7 +184,7 @@ def test_algos_that_need_costs_are_refused_on_an_env_without_a_cost_channel(cli,
 
 
 def test_cost_knob_errors():
-    from reflectrl.control.ppo import new_run_config
+    from reflectrl.trainers.resolve import new_run_config
 
     with pytest.raises(UserError, match="cost_limit=-1.0"):
         new_run_config(algo="ppo_lag", overrides=["env.hazards=3", "cost_limit=-1"])
@@ -197,11 +197,12 @@ def test_cost_knob_errors():
 
 
 def test_ppo_lag_resumes_bit_identically(tmp_path, monkeypatch):
-    from reflectrl.control.policies import params_sha256
-    from reflectrl.control.ppo import PPOTrainer, new_run_config
     from reflectrl.runs import RunDir
-    from reflectrl.runs import loop as loop_module
     from reflectrl.runs.session import Terminated
+    from reflectrl.trainers import base as loop_module
+    from reflectrl.trainers.policies import params_sha256
+    from reflectrl.trainers.ppo.trainer import PPOTrainer
+    from reflectrl.trainers.resolve import new_run_config
 
     cfg = lambda: new_run_config(algo="ppo+lagrangian+shaping", total_steps=640, overrides=[  # noqa: E731
         "env.size=6", "env.hazards=0.3", "cost_limit=1", "shaping.safety_beta=1", "shaping.update_every=1",
@@ -225,7 +226,8 @@ def test_ppo_lag_resumes_bit_identically(tmp_path, monkeypatch):
 def test_safety_shaper_learns_that_hazards_cost(tmp_path):
     """F_safety, distilled from the negated cost advantages, pays less for a step onto a hazard
     than for a step onto a free cell."""
-    from reflectrl.control.ppo import PPOTrainer, new_run_config
+    from reflectrl.trainers.ppo.trainer import PPOTrainer
+    from reflectrl.trainers.resolve import new_run_config
 
     cfg = new_run_config(algo="ppo+shaping", total_steps=12288, overrides=[
         "env.size=6", "env.layout=empty", "env.hazards=0.3", "shaping.safety_beta=1", "shaping.update_every=1",

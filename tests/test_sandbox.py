@@ -528,33 +528,10 @@ def test_invalid_tests_are_user_errors(tests, message):
 # --------------------------------------------------------------------------- package and old paths
 
 
-def test_old_import_paths_still_work():
-    """reflectrl.llm.sandbox / sandbox_cli are aliases: the same objects, and a run through them works."""
-    import reflectrl.sandbox as new
-    from reflectrl.llm import sandbox as old
-    from reflectrl.llm import sandbox_cli as old_cli
-    from reflectrl.llm.sandbox import SandboxResult as OldResult
-    from reflectrl.llm.sandbox import code_reward as old_reward
-    from reflectrl.llm.sandbox import load_tests as old_load
-    from reflectrl.sandbox import cli as new_cli
-
-    assert sorted(new.__all__) == sorted(old.__all__) == sorted(new._WHERE)
-    for name in new.__all__:
-        assert getattr(old, name) is getattr(new, name), name
-    assert old._python_layout is isolation.python_layout and old._bwrap_path is isolation._bwrap_path
-    assert (old_cli.add_parser, old_cli.run) == (new_cli.add_parser, new_cli.run)
-    assert old_reward(OldResult(passed=1, total=2, status="failed", duration_s=0.1)) == 0.5
-    with pytest.raises(InvalidTests, match="no 'cases'"):
-        old_load({"entry_point": "solve"})
-    if bwrap_available():
-        result = old.run_code(GOOD, ADD, timeout=10)
-        assert isinstance(result, SandboxResult) and (result.status, result.passed) == ("ok", 3), result
-
-
 def test_importing_the_cli_does_not_import_the_sandbox():
     import subprocess
 
-    probe = ("import sys, reflectrl.llm.sandbox_cli, reflectrl.sandbox.cli\n"
+    probe = ("import sys, reflectrl.sandbox.cli, reflectrl.sandbox.cli\n"
              "print(sorted(m for m in sys.modules if m.startswith('reflectrl.sandbox.')))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "['reflectrl.sandbox.cli']", out

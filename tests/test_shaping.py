@@ -208,7 +208,8 @@ def test_reward_map_on_minigrid_by_agent_position(cli, tmp_path, mode):
 def _trainer(env, *extra, algo="ppo+shaping"):
     from test_exploration import _config
 
-    from reflectrl.control.ppo import PPOTrainer
+    from reflectrl.trainers.ppo.trainer import PPOTrainer
+
 
     return PPOTrainer(_config(algo, env=env, extra=("shaping.update_every=1", *extra)))
 
@@ -266,8 +267,8 @@ def test_shaping_encoder_cnn_needs_an_image(cli, tmp_path):
 def test_shaper_with_its_own_cnn_resumes_bit_identically(tmp_path, monkeypatch):
     from test_exploration import resume_matches
 
-    from reflectrl.control.policies import params_sha256
-    from reflectrl.control.ppo import PPOTrainer
+    from reflectrl.trainers.policies import params_sha256
+    from reflectrl.trainers.ppo.trainer import PPOTrainer
 
     extra = ("shaping.update_every=1", "shaping.encoder=cnn", "encoder=cnn")
     rows, resumed = resume_matches(tmp_path, monkeypatch, "ppo+shaping", env="MiniGrid-Empty-5x5-v0", extra=extra,

@@ -10,7 +10,8 @@ import pytest
 
 from reflectrl.errors import UserError
 from reflectrl.experiments.spec import read_spec
-from reflectrl.experiments.sweep import (
+from reflectrl.runs.rundir import METRICS
+from reflectrl.sweep import (
     PruneCheck,
     SweepSpec,
     check_baseline,
@@ -19,7 +20,6 @@ from reflectrl.experiments.sweep import (
     parse_space,
     rerun_spec,
 )
-from reflectrl.runs.rundir import METRICS
 
 GRID = "reflectrl/GridWorld-v0"
 TINY_SETS = ["env.size=5", "num_envs=2", "num_steps=64", "num_minibatches=2", "update_epochs=1"]
@@ -238,7 +238,7 @@ def test_tiny_sweep_writes_its_outputs_and_resumes_without_retraining(cli, tmp_p
 
 def test_the_median_rule_reads_the_current_value_after_the_startup_trials():
     optuna = pytest.importorskip("optuna")
-    from reflectrl.experiments.sweep import PRUNE_STARTUP_TRIALS, below_median
+    from reflectrl.sweep import PRUNE_STARTUP_TRIALS, below_median
 
     study = optuna.create_study(direction="maximize")
     for i in range(PRUNE_STARTUP_TRIALS):

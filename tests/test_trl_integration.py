@@ -15,7 +15,7 @@ from trl import GRPOConfig, GRPOTrainer
 from reflectrl.integrations.trl import GEARGRPOTrainer
 from reflectrl.llm.model import init_tiny, load_model
 from reflectrl.llm.tasks import make_task
-from reflectrl.signals.reweighting import GEARConfig
+from reflectrl.signals.gear import GEARConfig
 
 
 @pytest.fixture(scope="module")

@@ -91,7 +91,7 @@ def test_llm_sigkill_and_resume_gives_identical_weights(cli, sft_arith_model_dir
 
 
 def test_llm_config_round_trips_with_sections():
-    from reflectrl.llm.config import LLMRunConfig, apply_llm_overrides, validate_llm
+    from reflectrl.trainers.grpo.config import LLMRunConfig, apply_llm_overrides, validate_llm
 
     cfg = LLMRunConfig(algo="gear", model="m")
     apply_llm_overrides(cfg, ["gear.top_frac=0.5"])
@@ -206,7 +206,7 @@ def test_mappo_gear_runs_with_defaults(cli, tmp_path):
 
 
 def test_gear_auto_inputs_resolve_to_features_on_ppo():
-    from reflectrl.control.ppo import new_run_config
+    from reflectrl.trainers.resolve import new_run_config
 
     cfg = new_run_config(algo="gear", env_id="CartPole-v1", total_steps=1024)
     assert cfg.sections["gear"].inputs == "features"
@@ -526,7 +526,7 @@ def test_help_names_every_env_family_and_every_knob_section(cli):
 
 def test_sft_and_train_default_to_the_same_device():
     from reflectrl.cli import build_parser
-    from reflectrl.llm.config import LLMRunConfig
+    from reflectrl.trainers.grpo.config import LLMRunConfig
 
     llm = build_parser()._subparsers._group_actions[0].choices["llm"]
     sft = llm._subparsers._group_actions[0].choices["sft"].format_help()

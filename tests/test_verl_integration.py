@@ -13,10 +13,10 @@ core_algos = pytest.importorskip(
 
 rv = importlib.import_module("reflectrl.integrations.verl")
 
-from reflectrl.llm.grpo import group_advantages, token_batch  # noqa: E402
 from reflectrl.signals.base import SignalContext  # noqa: E402
 from reflectrl.signals.divergence import DivergenceConfig, divergence_weights  # noqa: E402
-from reflectrl.signals.reweighting import GEARConfig, GEARReweighting  # noqa: E402
+from reflectrl.signals.gear import GEARConfig, GEARReweighting  # noqa: E402
+from reflectrl.trainers.grpo.trainer import group_advantages, token_batch  # noqa: E402
 
 GROUP = 4
 

@@ -164,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(args):
     """The resolved, validated RunConfig of `reflectrl train` arguments (no --resume)."""
-    from reflectrl.control.ppo import new_run_config
+    from reflectrl.trainers.resolve import new_run_config
 
     overrides = _flatten(args.set)
     if getattr(args, "ray_address", None) is not None:
@@ -175,11 +175,15 @@ def config_from_args(args):
 
 
 def _check_ray_address(algo: str | None) -> None:
-    from reflectrl.registry import parse_algo
+    import dataclasses
 
-    if algo is None or parse_algo(algo, "control").trainer != "impala":
-        raise UserError(f"--ray-address places an --algo impala run's actors on a Ray cluster; --algo "
-                        f"{algo or 'ppo'} runs in this process (to spread whole runs over Ray: "
+    from reflectrl.registry import DEFAULT_TRAINER, TRAINERS, parse_algo
+
+    hosts = [t.name for t in TRAINERS.values() if t.family == "control" and t.config
+             and "ray_address" in {f.name for f in dataclasses.fields(t.config_class())}]
+    if algo is None or parse_algo(algo, "control").trainer not in hosts:
+        raise UserError(f"--ray-address places an --algo {' or '.join(hosts)} run's actors on a Ray cluster; --algo "
+                        f"{algo or DEFAULT_TRAINER['control']} runs in this process (to spread whole runs over Ray: "
                         "reflectrl compare --backend ray --ray-address ...)")
 
 
@@ -227,8 +231,8 @@ def _train_resume(args) -> int:
 def _finish(trainer, run) -> None:
     import numpy as np
 
-    from reflectrl.control.policies import params_sha256
     from reflectrl.registry import finish_signals
+    from reflectrl.trainers.policies import params_sha256
 
     run.set_status("finished", global_step=trainer.global_step, params_sha256=params_sha256(trainer.policy_module))
     finish_signals(trainer.cfg.algo, "control", run.path)
@@ -242,7 +246,7 @@ def _finish(trainer, run) -> None:
 
 
 def _eval(args) -> int:
-    from reflectrl.control.evaluate import evaluate
+    from reflectrl.evaluate import evaluate
 
     result = evaluate(args.run_dir, episodes=args.episodes, deterministic=args.deterministic,
                       seed=args.seed, video=args.video, max_steps=args.max_steps)
@@ -303,7 +307,7 @@ def _compare(args) -> int:
 def _sweep(args) -> int:
     from pathlib import Path
 
-    from reflectrl.experiments import sweep as sw
+    from reflectrl import sweep as sw
     from reflectrl.experiments.runner import run_experiment
 
     try:

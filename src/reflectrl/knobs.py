@@ -16,6 +16,7 @@ import functools
 import inspect
 import json
 import math
+import sys
 import textwrap
 
 from reflectrl.errors import UserError
@@ -69,77 +70,53 @@ def _show(value) -> str:
     return str(value)
 
 
-def _rows(cls: type, prefix: str, only: tuple[str, ...] | None = None,
-          per_action: dict[str, tuple] | None = None) -> list[dict]:
+def _rows(cls: type, prefix: str, only: tuple[str, ...] | None = None) -> list[dict]:
     docs = field_docs(cls)
+    per_env = cls.env_defaults() if hasattr(cls, "env_defaults") else {}
+    labels = getattr(cls, "ENV_DEFAULTS", ())
     rows = []
     for f in dataclasses.fields(cls):
         if only is not None and f.name not in only:
             continue
-        default = _default(f)
-        shown = _show(default)
-        if per_action and f.name in per_action:
-            values = per_action[f.name]
-            if len(values) == 2:  # (classic control, Atari): DQN's
-                shown = f"{_show(values[0])}, Atari {_show(values[1])}"
-            else:
-                discrete, continuous, atari = values
-                shown = f"discrete {_show(discrete)}, continuous {_show(continuous)}, Atari {_show(atari)}"
+        shown = _show(_default(f))
+        if f.name in per_env:  # a default that depends on the env: each, as the trainer's config names them
+            shown = ", ".join(f"{label} {_show(v)}".strip() for label, v in zip(labels, per_env[f.name]))
         rows.append({"key": prefix + f.name, "default": shown, "help": docs.get(f.name, "")})
     return rows
+
+
+def _trainers(family: str):
+    from reflectrl.registry import TRAINERS
+
+    return [t for t in TRAINERS.values() if t.family == family]
 
 
 def section_names() -> list[str]:
     """The sections `sections()` lists, in its order, without building their tables (the CLI's help)."""
     from reflectrl.registry import signals
 
-    return ["run", "ppo", "dqn", "sac", "impala", "mappo", "hppo", "env", *signals(), "grpo"]
+    return ["run", *(t.name for t in _trainers("control")), "env", *signals(), *(t.name for t in _trainers("llm"))]
 
 
 def sections() -> dict[str, dict]:
     """{section: {"rows": [...], "for": what reads it}} in the order they are listed."""
-    from reflectrl.config import (
-        ATARI_DEFAULTS,
-        CONTINUOUS_DEFAULTS,
-        DISCRETE_DEFAULTS,
-        DQN_ATARI_DEFAULTS,
-        DQN_DEFAULTS,
-        RUN_KNOBS,
-        SECTION_TYPES,
-        DQNConfig,
-        HPPOConfig,
-        IMPALAConfig,
-        MAPPOConfig,
-        PPOConfig,
-        RunConfig,
-        SACConfig,
-    )
-    from reflectrl.llm.config import RUN_KNOBS as LLM_RUN_KNOBS
-    from reflectrl.llm.config import GRPOConfig, LLMRunConfig
+    from reflectrl.config import RUN_KNOBS, SECTION_TYPES, RunConfig
+    from reflectrl.registry import DEFAULT_TRAINER
 
-    per_action = {k: (DISCRETE_DEFAULTS[k], CONTINUOUS_DEFAULTS[k], ATARI_DEFAULTS[k]) for k in DISCRETE_DEFAULTS}
-    out = {
-        "run": {"rows": _rows(RunConfig, "", RUN_KNOBS), "for": "reflectrl train"},
-        "ppo": {"rows": _rows(PPOConfig, "", per_action=per_action),
-                "for": "reflectrl train: bare names, or ppo.NAME"},
-        "dqn": {"rows": _rows(DQNConfig, "", per_action={k: (DQN_DEFAULTS[k], DQN_ATARI_DEFAULTS[k])
-                                                          for k in DQN_DEFAULTS}),
-                "for": "reflectrl train --algo dqn: bare names, or dqn.NAME"},
-        "sac": {"rows": _rows(SACConfig, ""), "for": "reflectrl train --algo sac: bare names, or sac.NAME"},
-        "impala": {"rows": _rows(IMPALAConfig, ""),
-                   "for": "reflectrl train --algo impala: bare names, or impala.NAME"},
-        "mappo": {"rows": _rows(MAPPOConfig, ""),
-                  "for": "reflectrl train --algo mappo: bare names, or mappo.NAME"},
-        "hppo": {"rows": _rows(HPPOConfig, ""),
-                 "for": "reflectrl train --algo hppo: bare names, or hppo.NAME"},
-        "env": {"rows": [{"key": "env.NAME", "default": "", "help": "a keyword for the env's constructor "
-                          "(e.g. env.size=12 for reflectrl/GridWorld-v0, env.max_episode_steps=500)"}],
-                "for": "reflectrl train"},
-    }
+    out = {"run": {"rows": _rows(RunConfig, "", RUN_KNOBS), "for": "reflectrl train"}}
+    for t in _trainers("control"):
+        algo = "" if t.name == DEFAULT_TRAINER["control"] else f" --algo {t.name}"
+        out[t.name] = {"rows": _rows(t.config_class(), ""),
+                       "for": f"reflectrl train{algo}: bare names, or {t.name}.NAME"}
+    out["env"] = {"rows": [{"key": "env.NAME", "default": "", "help": "a keyword for the env's constructor "
+                            "(e.g. env.size=12 for reflectrl/GridWorld-v0, env.max_episode_steps=500)"}],
+                  "for": "reflectrl train"}
     for name, cls in SECTION_TYPES.items():
         out[name] = {"rows": _rows(cls, f"{name}."), "for": f"any --algo with the {name} signal: {name}.KNOB"}
-    out["grpo"] = {"rows": _rows(GRPOConfig, "") + _rows(LLMRunConfig, "", LLM_RUN_KNOBS),
-                   "for": "reflectrl llm train: bare names"}
+    for t in _trainers("llm"):  # the LLM run's knobs join its trainer's: `llm train` takes both bare
+        module = sys.modules[t.config_class().__module__]  # its run config sits beside its knobs
+        out[t.name] = {"rows": _rows(t.config_class(), "") + _rows(module.LLMRunConfig, "", module.RUN_KNOBS),
+                       "for": "reflectrl llm train: bare names"}
     return out
 
 
@@ -150,7 +127,7 @@ def sections_for_algo(algo: str) -> list[str]:
     llm = algo.startswith("llm:")
     parsed = parse_algo(algo.removeprefix("llm:"), "llm" if llm else "control")
     if llm:
-        return ["grpo", *parsed.signals]
+        return [parsed.trainer, *parsed.signals]
     return ["run", parsed.trainer, "env", *parsed.signals]
 
 
@@ -183,7 +160,9 @@ def print_knobs(section: str | None = None, algo: str | None = None, as_json: bo
 def markdown_table(section: str) -> str:
     """The README's table of a section's knobs (tests/test_readme.py keeps the README in step)."""
     rows = sections()[section]["rows"]
-    bare = ("run", "ppo", "dqn", "sac", "impala", "mappo", "hppo", "env", "grpo")
+    from reflectrl.registry import TRAINERS
+
+    bare = ("run", "env", *TRAINERS)
     prefix = f"{section}." if section not in bare else ""
     lines = ["| knob | default | meaning |", "|---|---|---|"]
     for r in rows:

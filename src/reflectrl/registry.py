@@ -18,6 +18,7 @@ The names the project started with stay as aliases: `refgrpo` = `ppo+calibration
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
 import pkgutil
 from collections.abc import Callable
@@ -98,50 +99,75 @@ class SignalSpec:
 
 @dataclass(frozen=True)
 class TrainerSpec:
+    """A trainer: what it gives signals, and where its parts are. The parts are named as
+    "module:attribute" and imported on first use, so listing or checking algos imports no trainer.
+
+    config        its knob dataclass (the run's `knobs`: --set NAME.KNOB or bare names, config.json's NAME
+                  section), with validate(total_steps) and env_settings() (what building its envs reads)
+    resolve       resolve(cfg) -> cfg: the env-dependent defaults filled in (by probing the env) and the
+                  trainer's own refusals (e.g. continuous actions for dqn); the shared checks follow it
+    entry         the trainer class: Trainer(cfg, run) runs the train loop (trainers/base.py)
+    load_policy   load_policy(cfg, state) -> a policy with act(obs, generator) and deterministic_action(obs)
+                  that `reflectrl eval` steps ("" where eval does not take its runs: `no_eval` says why)
+    """
+
     name: str
     family: str                        # "control" (reflectrl train) or "llm" (reflectrl llm train)
     step_kinds: tuple[str, ...]        # what it can give a signal as a step
     provides: frozenset                # what signals may ask of it (WANTS)
     summary: str
-    entry: str = ""                    # "module:Class" of the trainer (built by trainer_class)
+    entry: str = ""
+    config: str = ""
+    resolve: str = ""
+    load_policy: str = ""
+    no_eval: str = ""                  # why `reflectrl eval` does not take its runs (with load_policy "")
+    multiagent: bool = False           # trains multi-agent (PettingZoo) envs
     runs_signals: bool = True          # False: --algo takes the trainer alone (no +SIGNAL yet)
 
+    def load(self, part: str):
+        """One of its parts (config, resolve, entry, load_policy), imported."""
+        target = getattr(self, part)
+        if not target:
+            raise UserError(f"trainer '{self.name}' has no {part}")
+        module, _, attr = target.partition(":")
+        return getattr(importlib.import_module(module), attr)
 
-TRAINERS: dict[str, TrainerSpec] = {
-    "ppo": TrainerSpec("ppo", "control", ("env_step",),
-                       frozenset({"features", "feature_grad", "next_obs", "state_keys", "value_stream", "costs",
-                                  "policy"}),
-                       "PPO on Gymnasium envs (CleanRL's details)", "reflectrl.control.ppo:PPOTrainer"),
-    "dqn": TrainerSpec("dqn", "control", ("transition",), frozenset({"features", "next_obs"}),
-                       "DQN on Gymnasium envs with discrete actions (CleanRL's dqn.py / dqn_atari.py)",
-                       "reflectrl.control.dqn:DQNTrainer"),
-    "sac": TrainerSpec("sac", "control", ("transition",), frozenset({"next_obs"}),
-                       "SAC on Gymnasium envs with continuous actions (CleanRL's sac_continuous_action.py)",
-                       "reflectrl.control.sac:SACTrainer"),
-    "impala": TrainerSpec("impala", "control", ("env_step",),
-                          frozenset({"features", "next_obs", "state_keys", "value_stream"}),
-                          "IMPALA on Ray: actors step envs in parallel, one learner applies V-trace "
-                          "(Espeholt et al. 2018)", "reflectrl.distributed.impala:IMPALATrainer"),
-    "mappo": TrainerSpec("mappo", "control", ("env_step",), frozenset({"next_obs", "team"}),
-                         "MAPPO on PettingZoo parallel envs (--env pettingzoo:MODULE): PPO per agent, shared weights, "
-                         "a centralised critic (Yu et al. 2022)", "reflectrl.multiagent.mappo:MAPPOTrainer"),
-    "hppo": TrainerSpec("hppo", "control", ("env_step",), frozenset({"features", "next_obs", "state_keys"}),
-                        "two-level PPO on grids (the grid world, MiniGrid): a sub-goal policy over regions and a "
-                        "goal-conditioned one that reaches them; a signal runs at each level (seed 002 section 6.1)",
-                        "reflectrl.hierarchy.hppo:HPPOTrainer"),
-    "grpo": TrainerSpec("grpo", "llm", ("token", "turn"), frozenset({"features", "teacher"}),
-                        "GRPO on language models (group-normalised advantages, clipped token objective)"),
-}
+    def config_class(self) -> type:
+        return self.load("config")
+
+
+# The trainers. A new one is its package under reflectrl/trainers/ (or anywhere importable) and one
+# entry here, or one register_trainer(TrainerSpec(...)) call from outside this package.
+_T = "reflectrl.trainers."
+TRAINERS: dict[str, TrainerSpec] = {}
+
+
+def register_trainer(spec: TrainerSpec) -> TrainerSpec:
+    """Add a trainer to the registry (its name joins --algo, `reflectrl knobs` and the checks)."""
+    if "+" in spec.name or "[" in spec.name or spec.name in _SIGNALS:
+        raise ValueError(f"trainer name '{spec.name}' clashes with a signal or the --algo syntax")
+    if spec.family not in FAMILY_COMMANDS:
+        raise ValueError(f"trainer '{spec.name}': family must be one of {', '.join(FAMILY_COMMANDS)}")
+    bad = [k for k in spec.step_kinds if k not in STEP_KINDS] + [w for w in spec.provides if w not in WANTS]
+    if bad:
+        raise ValueError(f"trainer '{spec.name}' declares unknown step kinds or provides: {bad}")
+    TRAINERS[spec.name] = spec
+    _parse_cached.cache_clear()
+    return spec
+
+
 FAMILY_COMMANDS = {"control": "reflectrl train", "llm": "reflectrl llm train"}
+# the trainer each family's command runs when --algo names none, and the legacy names' trainer
+DEFAULT_TRAINER = {"control": "ppo", "llm": "grpo"}
 
 _SIGNALS: dict[str, SignalSpec] = {}
 _loaded = False
 
 
+
 def trainer_class(name: str) -> type:
     """The class of a registered trainer (imported on first use)."""
-    module, _, cls = TRAINERS[name].entry.partition(":")
-    return getattr(importlib.import_module(module), cls)
+    return TRAINERS[name].load("entry")
 
 
 def register_signal(spec: SignalSpec) -> SignalSpec:
@@ -156,6 +182,7 @@ def register_signal(spec: SignalSpec) -> SignalSpec:
     if old is not None and old.factory is not spec.factory:
         raise ValueError(f"two signals are named '{spec.name}'")
     _SIGNALS[spec.name] = spec
+    _parse_cached.cache_clear()
     return spec
 
 
@@ -164,8 +191,8 @@ def _load() -> None:
     if _loaded:
         return
     _loaded = True
-    import reflectrl.signals as package
-
+    # found by name, as an entry point is: the signals sit above the registry and import it
+    package = importlib.import_module("reflectrl.signals")
     for info in pkgutil.iter_modules(package.__path__):
         if info.name not in ("base", "fit", "compose", "cost_critic", "world_model") and not info.name.startswith("_"):
             importlib.import_module(f"{package.__name__}.{info.name}")
@@ -248,7 +275,13 @@ def step_kind(signal: str, trainer: str) -> str:
 
 
 def parse_algo(text: str, family: str = "control") -> Algo:
-    """Read an --algo for a family's command; one line naming what is wrong otherwise."""
+    """Read an --algo for a family's command; one line naming what is wrong otherwise. Read once per
+    text (an Algo is immutable); a registration empties the memo."""
+    return _parse_cached(text, family)
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_cached(text: str, family: str) -> Algo:
     command = FAMILY_COMMANDS[family]
     raw = text.strip()
     names = aliases(family)
@@ -331,3 +364,40 @@ def finish_signals(algo_text: str, family: str, run_dir) -> None:
                 import warnings
 
                 warnings.warn(f"the {name} signal's end-of-run step ({target}) failed: {err}")
+
+
+# the built-in trainers
+for _spec in (
+    TrainerSpec("ppo", "control", ("env_step",),
+                frozenset({"features", "feature_grad", "next_obs", "state_keys", "value_stream", "costs", "policy"}),
+                "PPO on Gymnasium envs (CleanRL's details)", entry=_T + "ppo.trainer:PPOTrainer",
+                config=_T + "ppo.config:PPOConfig", resolve=_T + "ppo.resolve:resolve",
+                load_policy=_T + "ppo.resolve:load_policy"),
+    TrainerSpec("dqn", "control", ("transition",), frozenset({"features", "next_obs"}),
+                "DQN on Gymnasium envs with discrete actions (CleanRL's dqn.py / dqn_atari.py)",
+                entry=_T + "replay.dqn:DQNTrainer", config=_T + "replay.config:DQNConfig",
+                resolve=_T + "replay.resolve:resolve_dqn", load_policy=_T + "replay.resolve:load_dqn_policy"),
+    TrainerSpec("sac", "control", ("transition",), frozenset({"next_obs"}),
+                "SAC on Gymnasium envs with continuous actions (CleanRL's sac_continuous_action.py)",
+                entry=_T + "replay.sac:SACTrainer", config=_T + "replay.config:SACConfig",
+                resolve=_T + "replay.resolve:resolve_sac", load_policy=_T + "replay.resolve:load_sac_policy"),
+    TrainerSpec("impala", "control", ("env_step",), frozenset({"features", "next_obs", "state_keys", "value_stream"}),
+                "IMPALA on Ray: actors step envs in parallel, one learner applies V-trace (Espeholt et al. 2018)",
+                entry=_T + "impala.trainer:IMPALATrainer", config=_T + "impala.config:IMPALAConfig",
+                resolve=_T + "impala.config:resolve", load_policy=_T + "ppo.resolve:load_policy"),
+    TrainerSpec("mappo", "control", ("env_step",), frozenset({"next_obs", "team"}),
+                "MAPPO on PettingZoo parallel envs (--env pettingzoo:MODULE): PPO per agent, shared weights, "
+                "a centralised critic (Yu et al. 2022)", entry=_T + "mappo.trainer:MAPPOTrainer",
+                config=_T + "mappo.config:MAPPOConfig", resolve=_T + "mappo.envs:resolve_multiagent",
+                no_eval="is a multi-agent (mappo) run, which `reflectrl eval` does not evaluate yet; its "
+                        "metrics.jsonl holds the team's and each agent's returns over training", multiagent=True),
+    TrainerSpec("hppo", "control", ("env_step",), frozenset({"features", "next_obs", "state_keys"}),
+                "two-level PPO on grids (the grid world, MiniGrid): a sub-goal policy over regions and a "
+                "goal-conditioned one that reaches them; a signal runs at each level (seed 002 section 6.1)",
+                entry=_T + "hppo.trainer:HPPOTrainer", config=_T + "hppo.config:HPPOConfig",
+                resolve=_T + "hppo.goals:resolve", load_policy=_T + "hppo.trainer:load_policy"),
+    TrainerSpec("grpo", "llm", ("token", "turn"), frozenset({"features", "teacher"}),
+                "GRPO on language models (group-normalised advantages, clipped token objective)",
+                entry=_T + "grpo.trainer:GRPOTrainer", config=_T + "grpo.config:GRPOConfig"),
+):
+    register_trainer(_spec)

@@ -61,7 +61,7 @@ from reflectrl.errors import UserError
 __all__ = [
     "make_env", "make_vector_env", "GridWorldEnv", "SparseReward", "DelayedReward",
     "parse_reward_wrapper", "is_continuous", "episode_step_limit", "has_time_limit",
-    "DEFAULT_ENV", "is_image_space", "is_minigrid", "is_atari_id",
+    "DEFAULT_ENV", "is_image_space", "is_minigrid", "is_atari_id", "is_pettingzoo_id", "PETTINGZOO_PREFIX",
 ]
 
 DEFAULT_ENV = "reflectrl/GridWorld-v0"
@@ -212,6 +212,14 @@ def _is_minigrid(env: gym.Env) -> bool:
 
 
 is_image_space, is_minigrid, is_atari_id = _is_image, _is_minigrid, atari.is_atari_id  # public names
+
+
+# multi-agent envs: a PettingZoo parallel env's module, named after this prefix (trainers/mappo/envs.py)
+PETTINGZOO_PREFIX = "pettingzoo:"
+
+
+def is_pettingzoo_id(env_id: str) -> bool:
+    return env_id.startswith(PETTINGZOO_PREFIX)
 
 
 def episode_step_limit(env: gym.Env) -> int | None:

@@ -7,12 +7,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from reflectrl.errors import UserError
+from reflectrl.registry import DEFAULT_TRAINER
 
 # the seed signals alone, and each on top of the episodic count bonus (the baseline that
 # published work on MiniGrid says a new bonus must beat, and the best one on the 15x15 maze)
-_SEED_SIGNALS = ("ppo+calibration", "ppo+shaping[mode=potential]", "ppo+gear")
-_ENTRIES = ("ppo", "ppo+count", "ppo+rnd", *_SEED_SIGNALS,
-            *(s.replace("ppo+", "ppo+count+", 1) for s in _SEED_SIGNALS))
+_BASE = DEFAULT_TRAINER["control"]
+_SEED_SIGNALS = tuple(f"{_BASE}+{s}" for s in ("calibration", "shaping[mode=potential]", "gear"))
+_ENTRIES = (_BASE, f"{_BASE}+count", f"{_BASE}+rnd", *_SEED_SIGNALS,
+            *(s.replace(f"{_BASE}+", f"{_BASE}+count+", 1) for s in _SEED_SIGNALS))
 
 
 @dataclass(frozen=True)

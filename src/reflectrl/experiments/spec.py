@@ -24,12 +24,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from reflectrl.config import RUN_KNOBS, TRAINER_SECTIONS, PPOConfig
+from reflectrl.config import RUN_KNOBS
 from reflectrl.errors import UserError
-from reflectrl.registry import aliases, parse_algo, signal_spec, signals
+from reflectrl.registry import DEFAULT_TRAINER, TRAINERS, aliases, parse_algo, signal_spec, signals
 from reflectrl.runs.jsonfile import read_json_object
-
-_PPO_KNOBS = {f.name for f in dataclasses.fields(PPOConfig)}
 
 
 @dataclass(frozen=True)
@@ -60,7 +58,7 @@ class RunSpec:
 
     def config(self):
         """The resolved, validated RunConfig of this run (built directly, no command line)."""
-        from reflectrl.control.ppo import new_run_config
+        from reflectrl.trainers.resolve import new_run_config
 
         return new_run_config(algo=self.entry.algo, env_id=self.env_id, seed=self.seed,
                               total_steps=self.total_steps, wrapper=self.wrapper, overrides=list(self.overrides))
@@ -78,12 +76,11 @@ class RunSpec:
 
 
 def _trainer_knobs(trainer: str) -> set[str]:
-    """The bare knob names of a trainer: its own section's (hppo, mappo, dqn, ...) or PPO's."""
-    own = TRAINER_SECTIONS.get(trainer)
-    return _PPO_KNOBS if own is None else {f.name for f in dataclasses.fields(own)}
+    """The bare knob names of a trainer: its config's fields."""
+    return {f.name for f in dataclasses.fields(TRAINERS[trainer].config_class())}
 
 
-def _knob_of(section: str | None, item: str, signal_first: bool, trainer: str = "ppo") -> str:
+def _knob_of(section: str | None, item: str, signal_first: bool, trainer: str = DEFAULT_TRAINER["control"]) -> str:
     """A bare key in brackets: a knob of `section` (a signal) or a knob of the trainer / the run."""
     key = item.split("=", 1)[0].strip()
     if "." in key or section is None:

@@ -2,7 +2,7 @@
 
     from trl import GRPOConfig
     from reflectrl.integrations.trl import GEARGRPOTrainer
-    from reflectrl.signals.reweighting import GEARConfig
+    from reflectrl.signals.gear import GEARConfig
 
     trainer = GEARGRPOTrainer(model, reward_funcs=reward, args=GRPOConfig(...), train_dataset=dataset,
                               gear_config=GEARConfig(temperature=2.0))
@@ -14,7 +14,7 @@ only turns its per-sequence advantages (B,) into per-token ones (B, T), at two p
 - `_generate_and_score_completions` (TRL's batch: completions, rewards, advantages): after
   TRL's, one no-grad forward of the policy gives the last hidden state *from which* each
   completion token was sampled. reflectrl's token `Batch` is built from it exactly as
-  reflectrl's own GRPO trainer builds it (`reflectrl.llm.grpo.token_batch`: time-major, mask =
+  reflectrl's own GRPO trainer builds it (`reflectrl.trainers.grpo.trainer.token_batch`: time-major, mask =
   TRL's loss mask, groups = the prompt, the outcome reward on the last completion token,
   V_orig = the group's mean reward). `GEARReweighting.after_advantages` gives weights from
   the head frozen at the previous distillation (all 1 until then), and `advantages` becomes
@@ -45,12 +45,12 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 from trl.trainer.utils import nanstd
 
-from reflectrl.llm.grpo import token_batch
 from reflectrl.llm.model import hidden_size
 from reflectrl.llm.tasks.base import REFERENCE_TEMPLATE
 from reflectrl.signals.base import Batch, SignalContext
 from reflectrl.signals.divergence import DivergenceConfig, divergence_weights, segment_stats, token_divergence
-from reflectrl.signals.reweighting import GEARConfig, GEARReweighting
+from reflectrl.signals.gear import GEARConfig, GEARReweighting
+from reflectrl.trainers.grpo.trainer import token_batch
 
 try:
     from trl.models.utils import disable_gradient_checkpointing
@@ -93,7 +93,7 @@ class GEARGRPOTrainer(GRPOTrainer):
     """TRL's GRPOTrainer with GEAR's per-token advantage weights (see the module docstring).
 
     Takes every argument of `trl.GRPOTrainer`, plus `gear_config` (a
-    `reflectrl.signals.reweighting.GEARConfig`) and `gear_gamma`, the per-token discount of
+    `reflectrl.signals.gear.GEARConfig`) and `gear_gamma`, the per-token discount of
     the returns the head is distilled on (reflectrl's LLM GRPO default, 0.99)."""
 
     def __init__(self, *args, gear_config: GEARConfig | None = None, gear_gamma: float = 0.99, **kwargs):

@@ -37,7 +37,7 @@ before computing advantages; add `token_weights` / `teacher_log_prob` there too
 Wiring, legacy `RayPPOTrainer` (`algorithm.adv_estimator=reflectrl_gear`):
 
     import reflectrl.integrations.verl as rv       # registers both estimators
-    from reflectrl.signals.reweighting import GEARConfig
+    from reflectrl.signals.gear import GEARConfig
     rv.patch_verl_compute_advantage()              # in the trainer's process
     gear = rv.GEARTokenWeights(GEARConfig(temperature=2.0), hidden_size=model.config.hidden_size,
                                learning_rate=actor_lr)
@@ -72,10 +72,10 @@ try:
 except ImportError as err:  # verl is an optional extra
     raise ImportError(f"reflectrl.integrations.verl needs verl: pip install 'reflectrl[verl]' ({err})") from err
 
-from reflectrl.llm.grpo import token_batch
 from reflectrl.signals.base import Batch, SignalContext
 from reflectrl.signals.divergence import DivergenceConfig, divergence_weights
-from reflectrl.signals.reweighting import GEARConfig, GEARReweighting
+from reflectrl.signals.gear import GEARConfig, GEARReweighting
+from reflectrl.trainers.grpo.trainer import token_batch
 
 __all__ = ["GEAR_ESTIMATOR", "DIVERGENCE_ESTIMATOR", "ESTIMATORS", "TOKEN_WEIGHTS_KEY", "TEACHER_LOG_PROB_KEY",
            "compute_gear_advantage", "compute_divergence_advantage", "grpo_outcome", "group_ids",
@@ -257,7 +257,7 @@ class GEARTokenWeights:
     states, and the head's distillation after the update.
 
     `weights(hidden, response_mask, token_level_rewards, index)` builds reflectrl's token `Batch`
-    as `reflectrl.llm.grpo.token_batch` does for reflectrl's GRPO trainer (the hidden state from
+    as `reflectrl.trainers.grpo.trainer.token_batch` does for reflectrl's GRPO trainer (the hidden state from
     which each response token was sampled, the outcome reward on the last response token, V_orig
     = the group's mean reward, verl's GRPO advantages), groups = the uid groups, and returns
     `GEARReweighting.after_advantages`' weights (B, R) (all 1 until the head is distilled once);

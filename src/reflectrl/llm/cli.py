@@ -20,8 +20,8 @@ from reflectrl.errors import UserError
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     from reflectrl.lazyhelp import LazyHelp
-    from reflectrl.llm.config import LLMRunConfig
     from reflectrl.registry import algo_names
+    from reflectrl.trainers.grpo.config import LLMRunConfig
 
     def default_of(where: str, name: str, text: str = "") -> LazyHelp:
         """'TEXT(default D)', D read from the keyword defaults of `where` ("module:function") when
@@ -159,15 +159,15 @@ def _check_out(out: str) -> None:
 
 
 def _sft(args) -> int:
-    from reflectrl.llm.config import LLMRunConfig, check_device
     from reflectrl.llm.model import load_model
     from reflectrl.llm.sft import sft
     from reflectrl.llm.tasks import make_task
+    from reflectrl.trainers.grpo.config import LLMRunConfig, check_device
 
     task = make_task(args.task)
     _check_out(args.out)
     model, tokenizer = load_model(args.model)
-    from reflectrl.llm.grpo import resolve_device
+    from reflectrl.trainers.grpo.trainer import resolve_device
 
     device = args.device or LLMRunConfig.device  # the same default as llm train's
     check_device(device)
@@ -181,8 +181,8 @@ def _sft(args) -> int:
 
 
 def _config(args):
-    from reflectrl.llm.config import LLMRunConfig, apply_llm_overrides, validate_llm
     from reflectrl.llm.tasks import make_task
+    from reflectrl.trainers.grpo.config import LLMRunConfig, apply_llm_overrides, validate_llm
 
     given = dict(algo=args.algo, task=args.task, model=args.model, steps=args.steps, seed=args.seed,
                  device=args.device)
@@ -193,8 +193,14 @@ def _config(args):
     return cfg
 
 
+def _trainer(cfg, model, tokenizer, run):
+    """The LLM trainer --algo names (the registry's), built for a resolved config."""
+    from reflectrl.registry import parse_algo, trainer_class
+
+    return trainer_class(parse_algo(cfg.algo, "llm").trainer)(cfg, model, tokenizer, run)
+
+
 def _train_new(args) -> int:
-    from reflectrl.llm.grpo import GRPOTrainer
     from reflectrl.llm.model import load_model
     from reflectrl.runs.session import train_new_run
 
@@ -202,20 +208,19 @@ def _train_new(args) -> int:
         raise UserError("llm train needs --out DIR (a new run directory), or --resume DIR to continue a run")
     cfg = _config(args)
     model, tokenizer = load_model(cfg.model)
-    return train_new_run(args.out, cfg.to_dict(), lambda run: GRPOTrainer(cfg, model, tokenizer, run), _finish,
+    return train_new_run(args.out, cfg.to_dict(), lambda run: _trainer(cfg, model, tokenizer, run), _finish,
                          progress=not args.no_progress, resume_command="reflectrl llm train")
 
 
 def _train_resume(args) -> int:
-    from reflectrl.llm.config import LLMRunConfig
-    from reflectrl.llm.grpo import GRPOTrainer
     from reflectrl.llm.model import load_model
     from reflectrl.runs.session import resume_run
+    from reflectrl.trainers.grpo.config import LLMRunConfig
 
     def build(run):
         cfg = LLMRunConfig.from_dict(run.config())
         model, tokenizer = load_model(cfg.model)  # the reference policy is the starting model
-        return GRPOTrainer(cfg, model, tokenizer, run)
+        return _trainer(cfg, model, tokenizer, run)
 
     given = [("--algo", args.algo), ("--task", args.task), ("--model", args.model), ("--steps", args.steps),
              ("--seed", args.seed), ("--out", args.out), ("--set", args.set), ("--device", args.device)]
@@ -239,7 +244,7 @@ def _finish(trainer, run) -> None:
         atomic_write_bytes(run.path / "calibration.json", (json.dumps(metrics, indent=1) + "\n").encode())
         plot_reliability(*trainer.last_eval, run.path / "reliability.png",
                          title=f"{trainer.cfg.algo} on {trainer.cfg.task}")
-    from reflectrl.control.policies import params_sha256
+    from reflectrl.trainers.policies import params_sha256
 
     run.set_status("finished", step=trainer.step, params_sha256=params_sha256(trainer.model), **result)
     finish_signals(trainer.cfg.algo, "llm", run.path)
@@ -254,9 +259,9 @@ def _eval(args) -> int:
     import torch
 
     from reflectrl.llm.calibration import calibration_metrics, plot_reliability, relevance_metrics
-    from reflectrl.llm.grpo import EVAL_SEED, rollout
     from reflectrl.llm.model import load_model
     from reflectrl.llm.tasks import make_task
+    from reflectrl.trainers.grpo.trainer import EVAL_SEED, rollout
 
     if args.problems < 1:
         raise UserError(f"--problems {args.problems}: must be a positive integer")

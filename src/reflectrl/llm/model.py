@@ -158,24 +158,25 @@ def _load_checkpoint_policy(run, name: str, *, dtype, device):
     its last checkpoint; says so on stderr (DIR/model appears only once a run finishes)."""
     import sys
 
-    from reflectrl.llm.config import LLMRunConfig
-
-    cfg = LLMRunConfig.from_dict(run.config())
+    saved = run.config()  # the run's config.json: the model it started from, and its budget
+    if not isinstance(saved, dict) or not isinstance(saved.get("model"), str):
+        raise UserError(f"--model {name}: its config.json names no starting model; was it written by "
+                        "'reflectrl llm train'?")
     if not run.has_checkpoint():
         raise UserError(f"--model {name} is a run directory without a saved policy or a checkpoint; "
                         f"continue it with 'reflectrl llm train --resume {name}' or pass a model directory")
     state = run.load_checkpoint()
-    model, tokenizer = load_model(cfg.model, dtype=dtype, device="cpu")
+    model, tokenizer = load_model(saved["model"], dtype=dtype, device="cpu")
     try:
         model.load_state_dict(state["model"])
     except (KeyError, RuntimeError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise UserError(f"--model {name}: its checkpoint does not fit its starting model {cfg.model} ({first}); "
+        raise UserError(f"--model {name}: its checkpoint does not fit its starting model {saved['model']} ({first}); "
                         "was that model directory changed since the run started?") from None
     model.to(device)
     model.checkpoint_step = int(state["step"])  # what `llm eval --json` reports as checkpoint_step
     print(f"reflectrl: note: {name} is unfinished (status '{run.status().get('status', '?')}'): using the policy of "
-          f"its last checkpoint, step {state['step']} of {cfg.steps}", file=sys.stderr)
+          f"its last checkpoint, step {state['step']} of {saved.get('steps', '?')}", file=sys.stderr)
     return model, tokenizer
 
 

@@ -26,12 +26,12 @@ import numpy as np
 
 from reflectrl.errors import UserError
 from reflectrl.experiments.spec import ExperimentSpec, RunSpec, read_spec
-from reflectrl.registry import parse_algo
+from reflectrl.registry import DEFAULT_TRAINER, parse_algo
 from reflectrl.report import stats
 from reflectrl.runs.files import has_metrics, read_logged_rows, run_config, run_status
 
 GRID = 50
-BASELINE = "ppo"
+BASELINE = DEFAULT_TRAINER["control"]  # the algo every method is compared with: the plain trainer
 # The margin of the non-inferiority and equivalence tests, as a share of each env's observed
 # return range (the report states it in the env's return units).
 MARGIN_SHARE = 0.05
@@ -47,7 +47,7 @@ STANDARD_METRICS = {
     "policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac",
     "explained_variance", "update_epochs_done", "steps_per_second",
 }
-# The exploration metrics every control run logs (reflectrl/exploration.py), drawn in their own figure.
+# The exploration metrics every control run logs (trainers/exploration_metrics.py), drawn in their own figure.
 EXPLORATION_SERIES = ("unique_states_total", "unique_states", "visitation_entropy", "rooms_visited")
 STANDARD_METRICS |= {*EXPLORATION_SERIES, "first_reward_step"}
 

@@ -22,7 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from reflectrl.config import RunConfig  # noqa: E402
+from reflectrl.config import RunConfig, env_settings  # noqa: E402
 from reflectrl.envs import make_env  # noqa: E402
 from reflectrl.errors import UserError  # noqa: E402
 from reflectrl.outputs import check_writable, write_files  # noqa: E402
@@ -59,7 +59,7 @@ def reward_maps(run_path) -> tuple[RunConfig, list[dict], list[np.ndarray], Layo
         raise UserError(f"the reward map is drawn for reflectrl/GridWorld-v0 and MiniGrid runs; "
                         f"{run.path} ran {cfg.env_id}")
     shaping = cfg.sections["shaping"]
-    if cfg.ppo.encoder == "cnn":
+    if env_settings(cfg).encoder == "cnn":
         raise UserError(f"{run.path} ran with encoder=cnn: its shaper reads the policy's CNN features, which the "
                         "reward map does not rebuild; train with encoder=mlp to draw one")
     if shaping.mode == "off":
@@ -73,7 +73,7 @@ def reward_maps(run_path) -> tuple[RunConfig, list[dict], list[np.ndarray], Layo
     obs_dim, n_actions = env.observation_space.shape[0], env.action_space.n
     env.close()
     shaper = RewardShaper(obs_dim, n_actions, shaping.hidden_sizes, shaping.mode, shaping.eta,
-                          cfg.ppo.gamma, shaping.hard_clip)
+                          env_settings(cfg).gamma, shaping.hard_clip)
     obs, acts, next_obs, terms, where = queries
     panels = 1 if shaping.mode == "potential" else len(layout.actions)
     maps = []

@@ -25,7 +25,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from reflectrl.config import RunConfig  # noqa: E402
+from reflectrl.config import RunConfig, env_settings  # noqa: E402
 from reflectrl.envs.statekey import is_montezuma, room_of_key  # noqa: E402
 from reflectrl.errors import UserError  # noqa: E402
 from reflectrl.outputs import check_writable, write_files  # noqa: E402
@@ -70,7 +70,7 @@ def projection(cfg: RunConfig, sample: dict, dims: tuple[int, int] | None):
     if max(dims) >= obs.shape[1]:
         raise UserError(f"--dims {dims[0]},{dims[1]}: the observation has {obs.shape[1]} dimensions "
                         f"(indices 0 to {obs.shape[1] - 1})")
-    norm = " (normalised)" if cfg.ppo.norm_obs else ""
+    norm = " (normalised)" if env_settings(cfg).norm_obs else ""
     return obs[:, dims[0]], obs[:, dims[1]], f"obs[{dims[0]}]{norm}", f"obs[{dims[1]}]{norm}", False
 
 

@@ -46,7 +46,7 @@ would run anyway; without bubblewrap the default mode raises `SandboxUnavailable
 than run unconfined. Details: `reflectrl.sandbox.isolation` and docs/sandbox.md.
 
 The names below are imported lazily (on first use), so importing `reflectrl.sandbox.cli`
-(the CLI's parser) stays cheap. `reflectrl.llm.sandbox` and `reflectrl.llm.sandbox_cli` are
+(the CLI's parser) stays cheap. `reflectrl.sandbox` and `reflectrl.sandbox.cli` are
 aliases of this package kept for older imports.
 """
 

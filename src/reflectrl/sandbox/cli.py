@@ -8,7 +8,7 @@ Exit code 0 when every case passed (status ok), 1 when the run happened and some
 (any other status), as a test runner's; bad input raises UserError (one line on stderr, exit
 code 2). With --json the last line printed is the result as one
 JSON object. Wired into `reflectrl.cli` by `add_parser(sub)` and `run(args)` (through the
-alias `reflectrl.llm.sandbox_cli`); this module imports nothing heavy (the package's
+alias `reflectrl.sandbox.cli`); this module imports nothing heavy (the package's
 __init__ is lazy), the sandbox itself is imported when a command runs. It only reads the
 two files, checks the flags and prints the result; running and judging is `runner`.
 """

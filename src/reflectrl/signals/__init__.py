@@ -11,13 +11,18 @@ __all__ = ["Batch", "RewardStream", "Signal", "SignalContext", "SignalOutput", "
 
 
 def build_signals(signal_names, sections: dict) -> list[Signal]:
-    """One configured signal per name, in order (each from its section of `sections`)."""
+    """One configured signal per name, in order (each from its section of `sections`), each
+    needing what its registry entry says for its section (fixed by its constructor; here for a
+    signal whose constructor does not, and an error where the constructor fixed something else)."""
     from reflectrl.registry import signal_spec
 
     out = []
     for name in signal_names:
         spec = signal_spec(name)
-        out.append(spec.factory(sections.get(name) or spec.config()))
+        config = sections.get(name) or spec.config()
+        signal = spec.factory(config)
+        signal.fix_wants(spec.wants_for(config))
+        out.append(signal)
     return out
 
 

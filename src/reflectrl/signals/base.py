@@ -21,7 +21,7 @@ TD targets, `td_error_fn` its TD errors of any transitions under its current net
 reward terms a signal gives (shape_rewards, after_advantages) join the sampled rewards in the
 TD target at learning time, and weights multiply each transition's TD loss; an advantage term
 or a reward stream has no meaning there (the registry refuses such signals). See
-control/offpolicy.py.
+trainers/replay/base.py.
 
 Tensors in a `Batch` are time-major, (T, N, ...): T steps of N envs (the PPO trainer), or
 the L token positions of N sequences, or the K agent turns of N episodes (the LLM
@@ -39,7 +39,11 @@ weights, bit-identical to the plain trainer's.
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
+import functools
 import hashlib
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -198,14 +202,102 @@ def snapshot_iterations(total_iterations: int, k: int) -> list[int]:
     return sorted({1 + (total_iterations - 1) * i // (k - 1) for i in range(k)})
 
 
+# ------------------------------------------------------------------ a signal's knobs, checked once
+
+# A run's config check validates each signal's knob section, then its trainer builds the signals
+# from those very sections; a signal built by hand is validated when it is built. So that a
+# section is validated once either way, a validate() that passed is remembered (by the section's
+# id, with the values it passed on: a section changed since is validated again).
+_PASSED: dict[int, tuple] = {}
+
+
+def _values(config) -> tuple:
+    return copy.deepcopy(tuple(getattr(config, f.name) for f in dataclasses.fields(config)))
+
+
+def remember_valid(config) -> None:
+    """Record that `config`, as it is now, is valid."""
+    key = id(config)
+    if key not in _PASSED:
+        weakref.finalize(config, _PASSED.pop, key, None)
+    _PASSED[key] = _values(config)
+
+
+def passed(config) -> bool:
+    """Whether `config`, as it is now, passed its validate()."""
+    return _PASSED.get(id(config)) == _values(config)
+
+
+def checked_once(cls: type) -> type:
+    """Class decorator of a signal's knob dataclass: a validate() that passes is remembered, and
+    `validate_once` does not run it again on the same values."""
+    check = cls.validate
+
+    @functools.wraps(check)
+    def validate(self, *args, **kwargs):
+        check(self, *args, **kwargs)
+        remember_valid(self)
+
+    cls.validate = validate
+    return cls
+
+
+def validate_once(config) -> None:
+    """`config.validate()`, unless this config passed it already with the values it has now."""
+    if not passed(config):
+        config.validate()
+
+
 class Signal:
-    """Base class: every hook is optional and does nothing by default."""
+    """Base class: every hook is optional and does nothing by default.
+
+    What a signal needs of its trainer (`wants`: names of registry.WANTS) is declared once, by
+    its registry entry (SignalSpec.wants: a set, or a function of the signal's config), and is
+    fixed when the signal is built: its constructor calls `self.built_from(config, spec)`
+    (make_signal fixes it for a signal whose constructor does not). The `wants_*` flags the
+    trainers read are read-only views of that one set."""
 
     name = "signal"
-    wants_features = False       # the trainer fills Batch.features
-    wants_feature_grad = False   # the trainer calls auxiliary_loss with features carrying gradients
-    wants_next_obs = False       # the trainer fills Batch.next_obs
-    wants_teacher = False        # the trainer fills Batch.teacher_fn
+    _wants: frozenset = frozenset()  # a signal that declares nothing needs nothing
+
+    def built_from(self, config, spec) -> None:
+        """What a registered signal's constructor does first: check its knobs (once: a run's
+        config check has usually done it) and fix what it needs, `spec.wants_for(config)`."""
+        validate_once(config)
+        self.fix_wants(spec.wants_for(config))
+
+    def fix_wants(self, wants) -> None:
+        """Fix what this signal needs of its trainer; once: a later call may only repeat it."""
+        wants = frozenset(wants)
+        if "_wants" in vars(self) and wants != self._wants:
+            raise AttributeError(f"signal {self.name}: what it needs of its trainer is fixed when it is built "
+                                 f"({sorted(self._wants)}); it cannot become {sorted(wants)}")
+        self._wants = wants
+
+    @property
+    def wants(self) -> frozenset:
+        """What it needs of its trainer (registry.WANTS), fixed when it was built."""
+        return self._wants
+
+    @property
+    def wants_features(self) -> bool:
+        """The trainer fills Batch.features."""
+        return "features" in self._wants
+
+    @property
+    def wants_feature_grad(self) -> bool:
+        """The trainer calls auxiliary_loss with features carrying gradients."""
+        return "feature_grad" in self._wants
+
+    @property
+    def wants_next_obs(self) -> bool:
+        """The trainer fills Batch.next_obs."""
+        return "next_obs" in self._wants
+
+    @property
+    def wants_teacher(self) -> bool:
+        """The trainer fills Batch.teacher_fn."""
+        return "teacher" in self._wants
 
     def bind(self, ctx: SignalContext) -> None:
         self.ctx = ctx

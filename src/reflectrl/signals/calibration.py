@@ -25,7 +25,7 @@ weighs in fully while the reflection net is uncalibrated and fades as it calibra
 
 On a replay trainer (DQN, SAC) the batch is a sampled minibatch and the advantage is
 Q(s, a) - V(s) (V = max_a Q for DQN; E_pi[Q - alpha log pi], one sampled action, for SAC):
-the bonus joins the sampled rewards in the TD target at learning time (control/offpolicy.py).
+the bonus joins the sampled rewards in the TD target at learning time (trainers/replay/base.py).
 
 Inputs: `obs_action` (observation and action, one-hot if discrete), `obs_action_features`
 (plus the actor's last hidden layer) or `features_action`. On images read by a CNN encoder
@@ -48,7 +48,7 @@ from torch.nn import functional as F
 from reflectrl.errors import UserError
 from reflectrl.nets import relu_mlp
 from reflectrl.registry import SignalSpec, register_signal
-from reflectrl.signals.base import Batch, Signal, SignalContext, SignalOutput
+from reflectrl.signals.base import Batch, Signal, SignalContext, SignalOutput, checked_once
 from reflectrl.signals.fit import HeadFitter, OneHotRows, mse, one_hot_rows
 
 INPUTS = ("obs_action", "obs_action_features", "features_action")
@@ -56,6 +56,7 @@ CLIPS = ("relative", "absolute", "none")
 TARGETS = ("denormalized", "seed")
 
 
+@checked_once
 @dataclass
 class CalibrationConfig:
     RENAMED: ClassVar[dict[str, str]] = {"reflection_epochs": "epochs"}  # old knob names still accepted, with a warning
@@ -128,11 +129,10 @@ class CalibrationBonus(Signal):
     name = "calibration"
 
     def __init__(self, cfg: CalibrationConfig):
-        cfg.validate()
+        self.built_from(cfg, SPEC)  # needs: features unless inputs=obs_action; feature_grad with shared_trunk
         self.cfg = cfg
         self.inputs = cfg.inputs  # as bound: features_action on images read by a CNN
-        self.wants_features = cfg.inputs != "obs_action"
-        self.wants_feature_grad = cfg.shared_trunk
+        self._features_fn = False  # as bound: the features come from Batch.features_fn (see bind)
         self._last: dict = {}
         self.previous: tuple[torch.Tensor, torch.Tensor] | None = None
         self.snapshots: list[dict] = []
@@ -144,7 +144,10 @@ class CalibrationBonus(Signal):
     def bind(self, ctx: SignalContext) -> None:
         super().bind(ctx)
         if ctx.image_obs:  # an MLP head on raw pixels is no use: it reads the CNN's features
-            self.inputs, self.wants_features = "features_action", True
+            self.inputs = "features_action"
+            # with inputs=obs_action it asked for no features (what it needs is fixed by its knobs):
+            # it reads them through the policy's features_fn, as the trainer computes Batch.features
+            self._features_fn = not self.wants_features
         width = {"obs_action": ctx.obs_dim, "obs_action_features": ctx.obs_dim + ctx.feature_dim,
                  "features_action": ctx.feature_dim}[self.inputs] + ctx.action_dim
         with self.own_rng():
@@ -173,6 +176,17 @@ class CalibrationBonus(Signal):
             return x.scatter_(1, actions.reshape(-1, 1).long() + width, 1.0)
         return torch.cat([*parts, self.encode_actions(actions)], -1)
 
+    def _features(self, batch: Batch, obs: torch.Tensor) -> torch.Tensor | None:
+        """The policy's features of the batch's steps, (B, feature_dim): the trainer's, or on
+        images read by a CNN with inputs=obs_action, the policy's features_fn of the steps."""
+        if batch.features is not None or not self._features_fn:
+            return batch.features.reshape(obs.shape[0], -1) if batch.features is not None else None
+        if batch.features_fn is None:
+            raise ValueError("calibration on images reads the policy's features, and this trainer gives no "
+                             "Batch.features_fn; set calibration.inputs=features_action")
+        with torch.no_grad():
+            return batch.features_fn(obs).reshape(obs.shape[0], -1)
+
     # -------------------------------------------------------------------------- hooks
 
     def after_advantages(self, batch: Batch) -> SignalOutput:
@@ -182,7 +196,7 @@ class CalibrationBonus(Signal):
         valid = batch.mask.reshape(-1) if batch.mask is not None else None
         adv = batch.advantages.reshape(-1)
         obs = batch.obs.reshape(adv.shape[0], -1)
-        features = batch.features.reshape(adv.shape[0], -1) if batch.features is not None else None
+        features = self._features(batch, obs)
         x = self._inputs(obs, features, batch.actions)
         x = x.detach() if isinstance(x, torch.Tensor) else x
         rewards = batch.rewards.reshape(-1)
@@ -314,7 +328,7 @@ def _wants(cfg: CalibrationConfig) -> set[str]:
     return wants | ({"feature_grad"} if cfg.shared_trunk else set())
 
 
-register_signal(SignalSpec(
+SPEC = register_signal(SignalSpec(
     name="calibration", config=CalibrationConfig, factory=CalibrationBonus,
     step_kinds=("env_step", "turn", "transition"),
     summary="RefGRPO's calibration bonus: a reflection head fit to the advantages; its miscalibration is a reward",

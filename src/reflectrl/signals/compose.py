@@ -33,23 +33,8 @@ class SignalStack(Signal):
         self.members = list(members)
         self.name = "+".join(m.name for m in self.members)
         self.terms: dict[str, torch.Tensor] = {}
-
-    # the trainer fills what any member asks for
-    @property
-    def wants_features(self) -> bool:
-        return any(m.wants_features for m in self.members)
-
-    @property
-    def wants_feature_grad(self) -> bool:
-        return any(m.wants_feature_grad for m in self.members)
-
-    @property
-    def wants_next_obs(self) -> bool:
-        return any(m.wants_next_obs for m in self.members)
-
-    @property
-    def wants_teacher(self) -> bool:
-        return any(m.wants_teacher for m in self.members)
+        # the trainer fills what any member asks for: the union of their needs, fixed as theirs are
+        self.fix_wants(frozenset().union(*(m.wants for m in self.members)))
 
     def bind(self, ctx: SignalContext) -> None:
         self.ctx = ctx

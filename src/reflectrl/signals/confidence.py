@@ -23,12 +23,13 @@ import torch
 
 from reflectrl.errors import UserError
 from reflectrl.registry import SignalSpec, register_signal
-from reflectrl.signals.base import Batch, Signal, scheduled
+from reflectrl.signals.base import Batch, Signal, checked_once, scheduled
 from reflectrl.signals.verdict import check_schedule
 
 SCORES = ("brier", "log")
 
 
+@checked_once
 @dataclass
 class ConfidenceConfig:
     coef: float = 1.0
@@ -76,7 +77,7 @@ class ConfidenceReward(Signal):
     name = "confidence"
 
     def __init__(self, config: ConfidenceConfig):
-        config.validate()
+        self.built_from(config, SPEC)
         self.config = config
         self._metrics: dict = {}
 
@@ -97,7 +98,7 @@ class ConfidenceReward(Signal):
         return dict(self._metrics)
 
 
-register_signal(SignalSpec(
+SPEC = register_signal(SignalSpec(
     name="confidence", config=ConfidenceConfig, factory=ConfidenceReward, step_kinds=("turn",),
     summary="RLCR's stated confidence scored by a proper scoring rule (Brier or log) joins the reward",
     neutral="coef=0", task_options={"reflect": "confidence"},

@@ -25,9 +25,10 @@ import torch
 
 from reflectrl.errors import UserError
 from reflectrl.registry import SignalSpec, register_signal
-from reflectrl.signals.base import Batch, Signal, SignalContext
+from reflectrl.signals.base import Batch, Signal, SignalContext, checked_once
 
 
+@checked_once
 @dataclass
 class CountConfig:
     beta: float = 0.01
@@ -44,7 +45,7 @@ class CountBonus(Signal):
     name = "count"
 
     def __init__(self, cfg: CountConfig):
-        cfg.validate()
+        self.built_from(cfg, SPEC)
         self.cfg = cfg
         self.counts: dict | None = None  # {env: its episode's counts} (episodic), or {0: all of training's}
         self.starting: dict | None = None  # {env: its next step starts an episode}
@@ -102,7 +103,7 @@ class CountBonus(Signal):
         self.counts, self.starting = counts, starting
 
 
-register_signal(SignalSpec(
+SPEC = register_signal(SignalSpec(
     name="count", config=CountConfig, factory=CountBonus, step_kinds=("env_step",),
     summary="episodic count bonus beta / sqrt(N_episode(s)) on the state key (the exploration baseline)",
     wants=frozenset({"state_keys"}), neutral="beta=0",

@@ -50,12 +50,13 @@ import torch
 
 from reflectrl.errors import UserError
 from reflectrl.registry import SignalSpec, register_signal
-from reflectrl.signals.base import Batch, Signal, SignalOutput
+from reflectrl.signals.base import Batch, Signal, SignalOutput, checked_once
 
 MEASURES = ("kl", "logp_gap")
 REFERENCES = ("solution", "answer")
 
 
+@checked_once
 @dataclass
 class DivergenceConfig:
     measure: str = "kl"
@@ -182,10 +183,9 @@ def segment_stats(departure: torch.Tensor, mask: torch.Tensor) -> dict:
 
 class DivergenceReweighting(Signal):
     name = "divergence"
-    wants_teacher = True
 
     def __init__(self, cfg: DivergenceConfig):
-        cfg.validate()
+        self.built_from(cfg, SPEC)
         self.cfg = cfg
         self._last: dict = {}
 
@@ -219,7 +219,7 @@ class DivergenceReweighting(Signal):
         return dict(self._last)
 
 
-register_signal(SignalSpec(
+SPEC = register_signal(SignalSpec(
     name="divergence", config=DivergenceConfig, factory=DivergenceReweighting, step_kinds=("token",),
     summary="the GEAR paper's segments: a ground-truth-conditioned teacher's divergence from the student marks "
             "the departure, from which one weight covers the rest of the completion",

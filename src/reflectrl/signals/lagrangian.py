@@ -32,10 +32,11 @@ import torch
 
 from reflectrl.errors import UserError
 from reflectrl.registry import SignalSpec, register_signal
-from reflectrl.signals.base import Batch, Signal, SignalContext, SignalOutput
+from reflectrl.signals.base import Batch, Signal, SignalContext, SignalOutput, checked_once
 from reflectrl.signals.cost_critic import CostCritic
 
 
+@checked_once
 @dataclass
 class LagrangianConfig:
     lambda_init: float = 0.001
@@ -85,10 +86,9 @@ def cost_rows(signal: Signal, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]
 
 class Lagrangian(Signal):
     name = "lagrangian"
-    wants_next_obs = True
 
     def __init__(self, cfg: LagrangianConfig):
-        cfg.validate()
+        self.built_from(cfg, SPEC)
         self.cfg = cfg
         self._last: dict = {}
 
@@ -148,7 +148,7 @@ class Lagrangian(Signal):
         self.lambda_optimizer.load_state_dict(state["lambda_optimizer"])
 
 
-register_signal(SignalSpec(
+SPEC = register_signal(SignalSpec(
     name="lagrangian", config=LagrangianConfig, factory=Lagrangian, step_kinds=("env_step",),
     summary="PPO-Lagrangian (OmniSafe's PPOLag): a cost critic and a Lagrange multiplier keep the expected "
             "episode cost below cost_limit",

@@ -14,7 +14,7 @@ Distillation"), as CleanRL's ppo_rnd_envpool.py does it (issue 15 item 5).
   time, as in Burda et al.'s code (CleanRL iterates over the transposed (T, N) buffer, i.e.
   over envs, which looks like a slip).
 - The intrinsic reward is its own reward stream (signals/base.py RewardStream; the trainer's
-  second value head, control/streams.py): non-episodic, gamma `int_gamma` (0.99), and the
+  second value head, trainers/streams.py): non-episodic, gamma `int_gamma` (0.99), and the
   policy's advantage is ext_coef * A_ext + int_coef * A_int (2 and 1). The extrinsic gamma
   is the trainer's `gamma`; Burda et al. and CleanRL use 0.999 on Atari (set gamma=0.999 for
   a like-for-like run there; the Atari defaults are the trainer's).
@@ -45,11 +45,12 @@ from torch.nn import functional as F
 from reflectrl.errors import UserError
 from reflectrl.nets import flatten_parameters, layer_init, mlp
 from reflectrl.registry import SignalSpec, register_signal
-from reflectrl.signals.base import Batch, RewardStream, Signal, SignalContext, SignalOutput
+from reflectrl.signals.base import Batch, RewardStream, Signal, SignalContext, SignalOutput, checked_once
 
 PIXEL_MIN_SIDE = 36  # images at least this big get CleanRL's conv nets (the Nature CNN's smallest input)
 
 
+@checked_once
 @dataclass
 class RndConfig:
     int_coef: float = 1.0
@@ -168,10 +169,9 @@ def conv_nets(height: int, width: int) -> tuple[nn.Module, nn.Module]:
 
 class RND(Signal):
     name = "rnd"
-    wants_next_obs = True
 
     def __init__(self, cfg: RndConfig):
-        cfg.validate()
+        self.built_from(cfg, SPEC)
         self.cfg = cfg
         self._last: dict = {}
         self._train_obs: np.ndarray | None = None
@@ -306,7 +306,7 @@ class RND(Signal):
         self.initialised = state["initialised"]
 
 
-register_signal(SignalSpec(
+SPEC = register_signal(SignalSpec(
     name="rnd", config=RndConfig, factory=RND, step_kinds=("env_step",),
     summary="Random Network Distillation (Burda et al. 2018): a predictor's error on a fixed random net is an "
             "intrinsic reward, learnt on its own non-episodic value head",

@@ -40,7 +40,7 @@ chosen by `encoder`:
   alone.
 Either way the buffer keeps the observations, which the critic's labels need anyway.
 
-On a replay trainer (DQN, SAC: control/offpolicy.py) the hooks run at every gradient step on
+On a replay trainer (DQN, SAC: trainers/replay/base.py) the hooks run at every gradient step on
 the sampled minibatch: f comes from F_target as it is then and joins the sampled rewards in the
 TD target (never stored in the buffer), the distillation buffer holds the last
 `buffer_rollouts` minibatches, and the labels are the trainer's TD errors under its networks
@@ -88,7 +88,7 @@ from torch import nn
 from reflectrl.errors import UserError
 from reflectrl.nets import ImageEncoder, cnn_fits, relu_mlp, update_target
 from reflectrl.registry import SignalSpec, register_signal
-from reflectrl.signals.base import Batch, Signal, SignalContext
+from reflectrl.signals.base import Batch, Signal, SignalContext, checked_once
 from reflectrl.signals.cost_critic import CostCritic
 from reflectrl.signals.fit import HeadFitter, predict_in_chunks
 from reflectrl.signals.world_model import WorldModel, imagined_advantages
@@ -97,6 +97,7 @@ MODES = ("direct", "potential", "bootstrap", "advice", "off")
 ENCODERS = ("policy", "cnn")
 
 
+@checked_once
 @dataclass
 class ShapingConfig:
     RENAMED: ClassVar[dict[str, str]] = {"map_snapshots": "snapshots"}  # old knob names still accepted, with a warning
@@ -274,10 +275,9 @@ class RewardShaper(nn.Module):
 
 class SelfDistilledShaping(Signal):
     name = "shaping"
-    wants_next_obs = True
 
     def __init__(self, cfg: ShapingConfig):
-        cfg.validate()
+        self.built_from(cfg, SPEC)
         self.cfg = cfg
         self.prior = load_prior(cfg.prior) if cfg.prior else None
         self.buffer: list[dict] = []
@@ -604,7 +604,7 @@ def _check_encoder(cfg: ShapingConfig, run) -> None:
                         "or use shaping.encoder=policy")
 
 
-register_signal(SignalSpec(
+SPEC = register_signal(SignalSpec(
     name="shaping", config=ShapingConfig, factory=SelfDistilledShaping, step_kinds=("env_step", "transition"),
     summary="SDRS: a shaper (or potential) distilled from the agent's own advantages adds a dense reward",
     wants=lambda cfg: ({"next_obs"} | ({"costs"} if cfg.safety_beta > 0 else set())

@@ -12,7 +12,7 @@ then 0 (`schedule=step`, `until=0.667`, the defaults); `constant` keeps c throug
 `linear` brings it from c to 0 at `until`. A task with several reflections per episode (the
 `rag` task's "relevant" / "not relevant" after each search) gets a term for each, every one
 judged against the episode's final outcome, of c / (the episode's number of reflections),
-and the GRPO trainer credits the terms back over turns (see llm/grpo.py: the undiscounted
+and the GRPO trainer credits the terms back over turns (see trainers/grpo/trainer.py: the undiscounted
 return-to-go, so c = 0 is plain GRPO bit for bit).
 
 DECISION (measured, docs/llm.md): an episode's bonus is at most c. With c per judgement, a
@@ -32,9 +32,10 @@ import torch
 
 from reflectrl.errors import UserError
 from reflectrl.registry import SignalSpec, register_signal
-from reflectrl.signals.base import SCHEDULES, Batch, Signal, scheduled
+from reflectrl.signals.base import SCHEDULES, Batch, Signal, checked_once, scheduled
 
 
+@checked_once
 @dataclass
 class VerdictConfig:
     coef: float = 0.1
@@ -75,7 +76,7 @@ class VerdictBonus(Signal):
     name = "verdict"
 
     def __init__(self, config: VerdictConfig):
-        config.validate()
+        self.built_from(config, SPEC)
         self.config = config
         self.coef = config.coef
         self._metrics: dict = {}
@@ -98,7 +99,7 @@ class VerdictBonus(Signal):
         return dict(self._metrics)
 
 
-register_signal(SignalSpec(
+SPEC = register_signal(SignalSpec(
     name="verdict", config=VerdictConfig, factory=VerdictBonus, step_kinds=("turn",),
     summary="the RefGRPO paper's verbal verdict: c * 1[stated 'solved'/'not solved' == outcome] joins the reward",
     neutral="coef=0", task_options={"reflect": "verdict"},
