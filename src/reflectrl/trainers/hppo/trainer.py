@@ -60,6 +60,7 @@ from reflectrl.signals import Batch, Signal, SignalContext, make_signal
 from reflectrl.trainers.base import (
     EnvStepTrainer,
     Stopwatch,
+    apply_signals,
     exploration_state,
     global_rngs,
     restore_envs,
@@ -120,30 +121,6 @@ class Level:
     optimizer: torch.optim.Optimizer
     signal: Signal | None
     gamma: float
-
-
-def apply_level_signal(signal: Signal, batch: Batch, estimate) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
-                                                                          torch.Tensor | None, Stopwatch]:
-    """A signal's hooks around one level's advantage estimate (signals/base.py): returns the rewards
-    learnt from, the advantages and returns, the per-step weights, and the time of the estimate the
-    level makes without a signal too."""
-    own = Stopwatch()
-    extra = signal.shape_rewards(batch)
-    rewards = batch.rewards if extra is None else batch.rewards + extra
-    with own:
-        advantages, returns = estimate(rewards)
-    batch.rewards, batch.advantages, batch.returns = rewards, advantages, returns
-    out = signal.after_advantages(batch)
-    weights = None
-    if out is not None:
-        if out.reward is not None:
-            rewards = rewards + out.reward
-            if out.recompute:
-                advantages, returns = estimate(rewards)
-        if out.advantage is not None:
-            advantages = advantages + out.advantage
-        weights = out.weights
-    return rewards, advantages, returns, weights, own
 
 
 class HPPOTrainer(EnvStepTrainer):
@@ -326,8 +303,9 @@ class HPPOTrainer(EnvStepTrainer):
         else:
             batch.estimate, batch.gae = estimate, gae
             with signal_time:
-                _, advantages, returns, weights, own = apply_level_signal(level.signal, batch, estimate)
-            signal_time.seconds -= own.seconds
+                result = apply_signals(level.signal, batch, estimate)
+                advantages, returns, weights = result.advantages, result.returns, result.weights
+            signal_time.seconds -= result.own_estimate.seconds
         b = {"logprobs": extra["logprobs"].reshape(-1), "advantages": advantages.reshape(-1),
              "returns": returns.reshape(-1), "values": batch.values.reshape(-1),
              "weights": None if weights is None else weights.reshape(-1)}

@@ -56,8 +56,8 @@ from reflectrl.estimators import vtrace
 from reflectrl.nets import flatten_parameters
 from reflectrl.runs import MetricsLogger, RunDir
 from reflectrl.runs.state_samples import StateSampler
-from reflectrl.signals import Batch, Signal, SignalContext, make_signal, signal_terms
-from reflectrl.trainers.base import EnvStepTrainer, Stopwatch, global_rngs, restore_global_rngs
+from reflectrl.signals import Batch, Signal, SignalContext, make_signal
+from reflectrl.trainers.base import EnvStepTrainer, Stopwatch, apply_signals, global_rngs, restore_global_rngs
 from reflectrl.trainers.cnn import make_policy
 from reflectrl.trainers.exploration_metrics import ExplorationTracker
 from reflectrl.trainers.impala.actor import Unroll
@@ -328,29 +328,18 @@ class IMPALATrainer(EnvStepTrainer):
                       next_obs=next_obs, iteration=self.iteration, global_step=self.global_step, estimate=estimate,
                       value_fn=self.agent.value, gae=gae, features_fn=self.agent.features,
                       state_keys=b.state_keys, next_state_keys=b.next_state_keys, env_ids=b.env_ids)
-        extra = signal.shape_rewards(batch)
-        learn_rewards = b.rewards if extra is None else b.rewards + extra
-        with self._own_estimate:  # the estimate the trainer makes with or without a signal
-            advantages, targets, vstats = estimator(learn_rewards, values, next_values, b.terminations, b.truncations)
-        batch.rewards, batch.advantages, batch.returns = learn_rewards, advantages, targets
-        out = signal.after_advantages(batch)
-        weights = None
-        if out is not None:
-            if out.reward is not None:
-                learn_rewards = learn_rewards + out.reward
-                if out.recompute:
-                    advantages, targets = estimate(learn_rewards)
-            if out.advantage is not None:
-                advantages = advantages + out.advantage
-            weights = out.weights
-        terms = signal_terms(signal, extra, out)
+        result = apply_signals(signal, batch, lambda rewards: estimator(rewards, values, next_values, b.terminations,
+                                                                         b.truncations))
+        self._own_estimate.seconds += result.own_estimate.seconds  # the estimate made with or without a signal
+        advantages, targets, vstats = result.advantages, result.returns, result.estimated[2]
+        weights, terms = result.weights, result.terms
         if self.streams is not None:
             self.streams.estimator = gae
             rollout = SimpleNamespace(obs=b.obs, last_obs=b.last_obs, terminations=b.terminations,
                                       truncations=b.truncations, trunk=None,
                                       truncated_final=([(t, i) for t, i, _ in truncated], final_obs)
                                       if truncated else None)
-            advantages = self.streams.advantages(rollout, {} if out is None else out.streams, advantages)
+            advantages = self.streams.advantages(rollout, result.streams, advantages)
         return batch, advantages, targets, vstats, weights, terms
 
     # ------------------------------------------------------------------ what the shared loop needs

@@ -49,7 +49,7 @@ from reflectrl.estimators import compute_gae
 from reflectrl.nets import flatten_parameters
 from reflectrl.runs import MetricsLogger, RunDir
 from reflectrl.signals import Batch, Signal, SignalContext, make_signal
-from reflectrl.trainers.base import EnvStepTrainer, Stopwatch, global_rngs, restore_global_rngs
+from reflectrl.trainers.base import EnvStepTrainer, Stopwatch, apply_signals, global_rngs, restore_global_rngs
 from reflectrl.trainers.mappo import envs as envs_snapshot
 from reflectrl.trainers.mappo.envs import ParallelVecEnv
 from reflectrl.trainers.onpolicy.update import ClipKnobs, clipped_update
@@ -262,23 +262,16 @@ class MAPPOTrainer(EnvStepTrainer):
                       team_value_fn=self.team_value)
         batch.estimate = lambda r: self._gae_with(r, batch.values, batch.next_values, batch.terminations,
                                                   batch.truncations)
-        extra = signal.shape_rewards(batch)
-        rollout.learn_rewards = rollout.rewards if extra is None else rollout.rewards + extra.reshape(shape)
-        with self._own_estimate:
-            self.estimate(rollout)
-        batch.rewards = c(rollout.learn_rewards)
-        batch.team_rewards = self._team_rewards(rollout.learn_rewards)
-        batch.advantages, batch.returns = c(rollout.advantages), c(rollout.returns)
-        out = signal.after_advantages(batch)
-        if out is not None:
-            if out.reward is not None:
-                rollout.learn_rewards = rollout.learn_rewards + out.reward.reshape(shape)
-                if out.recompute:
-                    self.estimate(rollout)
-            if out.advantage is not None:
-                rollout.advantages = rollout.advantages + out.advantage.reshape(shape)
-            if out.weights is not None:
-                rollout.weights = out.weights.reshape(shape)
+
+        def team(batch):  # the team's rewards, the signals' terms included, in each agent's column
+            batch.team_rewards = self._team_rewards(batch.rewards.reshape(shape))
+
+        result = apply_signals(signal, batch, batch.estimate, on_rewards=team)
+        self._own_estimate.seconds += result.own_estimate.seconds  # the estimate made with or without a signal
+        rollout.learn_rewards = result.rewards.reshape(shape)
+        rollout.advantages, rollout.returns = result.advantages.reshape(shape), result.returns.reshape(shape)
+        if result.weights is not None:
+            rollout.weights = result.weights.reshape(shape)
         return batch
 
     # ------------------------------------------------------------------ update

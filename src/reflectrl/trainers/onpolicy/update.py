@@ -1,10 +1,8 @@
-"""PPO's update over one batch, for trainers whose policy is evaluated by a closure: MAPPO's agents and
-HPPO's two levels (CleanRL's ppo.py: advantage normalisation per minibatch, the clipped objective,
-optional value clipping, entropy bonus, the global grad-norm clip, an optional target-KL stop).
-
-PPOTrainer keeps its own loop (trainers/ppo/trainer.py): it adds the signals' auxiliary losses and the reward
-streams' value heads, which these trainers do not have.
-"""
+"""PPO's clipped update over one batch, the one PPO, MAPPO's agents and HPPO's two levels all run
+(CleanRL's ppo.py: advantage normalisation per minibatch, the clipped objective, optional value
+clipping, entropy bonus, the global grad-norm clip, an optional target-KL stop). The policy is
+evaluated by a closure, which may add loss terms of its own (PPO's: a signal's auxiliary loss, the
+reward streams' value heads, whose parameters join the clip)."""
 
 from __future__ import annotations
 
@@ -35,23 +33,26 @@ class ClipKnobs:
         return cls(**{name: changes.get(name, getattr(config, name)) for name in cls.__dataclass_fields__})
 
 
-def clipped_update(flat: torch.Tensor, optimizer: torch.optim.Optimizer, evaluate, b: dict, k: ClipKnobs,
-                   generator: torch.Generator, global_step: int) -> dict:
+def clipped_update(flat: torch.Tensor | list[torch.Tensor], optimizer: torch.optim.Optimizer, evaluate, b: dict,
+                   k: ClipKnobs, generator: torch.Generator, global_step: int, grad_norm=None) -> dict:
     """Epochs of minibatch steps over rows of `b` (a dict of tensors with the rows first: "logprobs",
     "advantages", "returns", "values", optionally "weights"; a row may hold several steps, e.g. one per
     agent). `evaluate(idx)` gives (logprob, entropy, value) of rows idx, with gradients into `flat`
-    (the policy's one flat parameter, whose gradient is clipped as a whole). Returns PPO's metrics."""
+    (the policy's one flat parameter, whose gradient is clipped as a whole), or (logprob, entropy, value,
+    extra losses) whose terms join the loss in order. `flat` may be several flat parameters clipped
+    together, with `grad_norm()` their global norm. Returns PPO's metrics."""
+    flats = list(flat) if isinstance(flat, (list, tuple)) else [flat]
     n = b["advantages"].shape[0]
     mb_size = n // k.num_minibatches
     weights = b.get("weights")
-    grad = flat.grad
+    grad = flats[0].grad
     logratios = torch.empty(b["advantages"].shape)
     clipfracs = []
     for epoch in range(k.update_epochs):
         order = torch.randperm(n, generator=generator)
         for start in range(0, n, mb_size):
             idx = order[start:start + mb_size]
-            newlogprob, entropy, newvalue = evaluate(idx)
+            newlogprob, entropy, newvalue, *extras = evaluate(idx)
             logratio = newlogprob - b["logprobs"][idx]
             ratio = logratio.exp()
             logratios[start:start + mb_size] = logratio.detach()
@@ -71,14 +72,19 @@ def clipped_update(flat: torch.Tensor, optimizer: torch.optim.Optimizer, evaluat
                 v_loss = 0.5 * (newvalue - returns).square().mean()
             entropy_loss = entropy.mean()
             loss = pg_loss - k.ent_coef * entropy_loss + k.vf_coef * v_loss
+            for term in (extras[0] if extras else ()):
+                loss = loss + term
             if not torch.isfinite(loss).all():
                 raise NonFiniteError("loss", global_step)
-            grad.zero_()
+            for f in flats:
+                f.grad.zero_()
             loss.backward()
-            grad_norm = torch.linalg.vector_norm(grad)
-            if not torch.isfinite(grad_norm).all():
+            norm = torch.linalg.vector_norm(grad) if grad_norm is None else grad_norm()
+            if not torch.isfinite(norm).all():
                 raise NonFiniteError("gradient", global_step)
-            grad.mul_(torch.clamp(k.max_grad_norm / (grad_norm + 1e-6), max=1.0))
+            scale = torch.clamp(k.max_grad_norm / (norm + 1e-6), max=1.0)
+            for f in flats:
+                f.grad.mul_(scale)
             optimizer.step()
         ratios = logratios.exp()
         old_approx_kl = (-logratios).mean()

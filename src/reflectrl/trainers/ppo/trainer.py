@@ -32,10 +32,11 @@ from reflectrl.estimators import compute_gae
 from reflectrl.nets import flatten_parameters
 from reflectrl.runs import MetricsLogger, RunDir
 from reflectrl.runs.state_samples import StateSampler
-from reflectrl.signals import Batch, Signal, SignalContext, make_signal, signal_terms
+from reflectrl.signals import Batch, Signal, SignalContext, make_signal
 from reflectrl.trainers.base import (
     EnvStepTrainer,
     Stopwatch,
+    apply_signals,
     exploration_state,
     global_rngs,
     restore_envs,
@@ -44,7 +45,7 @@ from reflectrl.trainers.base import (
 )
 from reflectrl.trainers.cnn import make_policy
 from reflectrl.trainers.exploration_metrics import ExplorationTracker, RolloutKeys
-from reflectrl.trainers.onpolicy.update import update_metrics
+from reflectrl.trainers.onpolicy.update import ClipKnobs, clipped_update
 from reflectrl.trainers.policies import params_sha256
 from reflectrl.trainers.streams import ValueStreams
 
@@ -266,112 +267,52 @@ class PPOTrainer(EnvStepTrainer):
                       state_keys=rollout.state_keys, next_state_keys=rollout.next_state_keys,
                       costs=rollout.costs, episode_costs=list(self.cost_tracker.finished),
                       act_fn=lambda obs, generator: self.agent.act(obs, generator)[0])
-        extra = signal.shape_rewards(batch)
-        rollout.learn_rewards = rollout.rewards if extra is None else rollout.rewards + extra
-        with self._own_estimate:  # the estimate the trainer makes with or without a signal
-            self.estimate(rollout)
-        batch.rewards = rollout.learn_rewards
-        batch.advantages, batch.returns = rollout.advantages, rollout.returns
-        out = signal.after_advantages(batch)
-        if out is not None:
-            if out.reward is not None:
-                rollout.learn_rewards = rollout.learn_rewards + out.reward
-                if out.recompute:
-                    self.estimate(rollout)
-            if out.advantage is not None:
-                rollout.advantages = rollout.advantages + out.advantage
-            rollout.weights = out.weights
-        rollout.signal_terms = signal_terms(signal, extra, out)
+        result = apply_signals(signal, batch, lambda rewards: self._gae(rollout, rewards))
+        self._own_estimate.seconds += result.own_estimate.seconds  # the estimate made with or without a signal
+        rollout.learn_rewards, rollout.advantages, rollout.returns = result.rewards, result.advantages, result.returns
+        rollout.weights, rollout.signal_terms = result.weights, result.terms
         if self.streams is not None:  # the signals' own reward streams, each with its value head
-            rollout.advantages = self.streams.advantages(rollout, {} if out is None else out.streams,
-                                                         rollout.advantages)
+            rollout.advantages = self.streams.advantages(rollout, result.streams, rollout.advantages)
         return batch
 
     # ------------------------------------------------------------------ update
 
     def update(self, rollout: Rollout) -> dict:
+        """The clipped update (trainers/onpolicy/update.py), with the signal's auxiliary loss and the
+        reward streams' value heads added to each minibatch's loss."""
         p = self.cfg.ppo
         b_obs = self.agent.batch_layout(rollout.obs.reshape(-1, self.obs_dim))
         b_actions = rollout.actions.reshape(-1, *self.action_shape)
-        b_logprobs = rollout.logprobs.reshape(-1)
-        b_advantages = rollout.advantages.reshape(-1)
-        b_returns = rollout.returns.reshape(-1)
-        b_values = rollout.values.reshape(-1)
-        b_weights = None if rollout.weights is None else rollout.weights.reshape(-1)
+        b = {"logprobs": rollout.logprobs.reshape(-1), "advantages": rollout.advantages.reshape(-1),
+             "returns": rollout.returns.reshape(-1), "values": rollout.values.reshape(-1),
+             "weights": None if rollout.weights is None else rollout.weights.reshape(-1)}
         aux = self.signal is not None and self.signal.wants_feature_grad
         streams = self.streams
         on_trunk = streams is not None and streams.shared  # the streams' heads read this pass's trunk output
-        batch_size, mb_size = p.batch_size, p.minibatch_size
-        grad = self.flat_params.grad
-        # Each minibatch's log-ratios are kept so KL and clip-fraction statistics cost a few
-        # ops per epoch rather than per minibatch.
-        logratios = torch.empty(batch_size)
-        kls, clipfracs = [], []
-        for epoch in range(p.update_epochs):
-            order = torch.randperm(batch_size, generator=self.generator)
-            for start in range(0, batch_size, mb_size):
-                idx = order[start:start + mb_size]
-                if on_trunk:
-                    newlogprob, entropy, newvalue, *features, trunk = self.agent.evaluate(
-                        b_obs[idx], b_actions[idx], aux, with_trunk=True)
-                    features = features[0] if aux else None
-                elif aux:
-                    newlogprob, entropy, newvalue, features = self.agent.evaluate(b_obs[idx], b_actions[idx], True)
-                else:
-                    newlogprob, entropy, newvalue = self.agent.evaluate(b_obs[idx], b_actions[idx])
-                logratio = newlogprob - b_logprobs[idx]
-                ratio = logratio.exp()
-                logratios[start:start + mb_size] = logratio.detach()
 
-                mb_adv = b_advantages[idx]
-                if p.norm_adv:
-                    mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
-                if b_weights is not None:
-                    mb_adv = mb_adv * b_weights[idx]
-                pg_loss = torch.max(
-                    -mb_adv * ratio, -mb_adv * torch.clamp(ratio, 1 - p.clip_coef, 1 + p.clip_coef)
-                ).mean()
+        def evaluate(idx):
+            if on_trunk:
+                newlogprob, entropy, newvalue, *features, trunk = self.agent.evaluate(
+                    b_obs[idx], b_actions[idx], aux, with_trunk=True)
+                features = features[0] if aux else None
+            elif aux:
+                newlogprob, entropy, newvalue, features = self.agent.evaluate(b_obs[idx], b_actions[idx], True)
+            else:
+                newlogprob, entropy, newvalue = self.agent.evaluate(b_obs[idx], b_actions[idx])
+            extras = []
+            if aux:
+                extra = self.signal.auxiliary_loss(features, idx)
+                if extra is not None:
+                    extras.append(extra)
+            if streams is not None:
+                extras.append(p.vf_coef * streams.value_loss(trunk if on_trunk else b_obs[idx], idx))
+            return newlogprob, entropy, newvalue, extras
 
-                if p.clip_vloss:
-                    v_unclipped = (newvalue - b_returns[idx]).square()
-                    v_clipped = b_values[idx] + torch.clamp(newvalue - b_values[idx], -p.clip_coef, p.clip_coef)
-                    v_loss = 0.5 * torch.max(v_unclipped, (v_clipped - b_returns[idx]).square()).mean()
-                else:
-                    v_loss = 0.5 * (newvalue - b_returns[idx]).square().mean()
-                entropy_loss = entropy.mean()
-                loss = pg_loss - p.ent_coef * entropy_loss + v_loss * p.vf_coef
-                if aux:
-                    extra = self.signal.auxiliary_loss(features, idx)
-                    if extra is not None:
-                        loss = loss + extra
-                if streams is not None:
-                    loss = loss + p.vf_coef * streams.value_loss(trunk if on_trunk else b_obs[idx], idx)
-                self._check_finite(loss, "loss")
-
-                grad.zero_()
-                if streams is not None:
-                    streams.flat.grad.zero_()
-                loss.backward()
-                # the global grad-norm clip of nn.utils.clip_grad_norm_, on the one flat gradient
-                grad_norm = torch.linalg.vector_norm(grad) if streams is None else streams.global_norm(grad)
-                self._check_finite(grad_norm, "gradient")
-                scale = torch.clamp(p.max_grad_norm / (grad_norm + 1e-6), max=1.0)
-                grad.mul_(scale)
-                if streams is not None:
-                    streams.flat.grad.mul_(scale)
-                self.optimizer.step()
-
-            ratios = logratios.exp()
-            old_approx_kl = (-logratios).mean()
-            approx_kl = ((ratios - 1) - logratios).mean()
-            kls.append(approx_kl)
-            clipfracs.append(((ratios - 1.0).abs() > p.clip_coef).float().mean())
-            if p.target_kl is not None and approx_kl > p.target_kl:
-                break
-
-        return {**({} if streams is None else streams.metrics()),
-                **update_metrics(pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfracs, b_values,
-                                 b_returns, epoch + 1)}
+        flats = [self.flat_params] if streams is None else [self.flat_params, streams.flat]
+        norm = None if streams is None else (lambda: streams.global_norm(self.flat_params.grad))
+        stats = clipped_update(flats, self.optimizer, evaluate, b, ClipKnobs.of(p), self.generator,
+                               self.global_step, grad_norm=norm)
+        return {**({} if streams is None else streams.metrics()), **stats}
 
     # ------------------------------------------------------------------ loop
 

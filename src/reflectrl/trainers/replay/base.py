@@ -42,6 +42,7 @@ from reflectrl.signals import Batch, Signal, SignalContext, make_signal
 from reflectrl.trainers.base import (
     EnvStepTrainer,
     Stopwatch,
+    apply_signals,
     exploration_state,
     global_rngs,
     restore_envs,
@@ -181,20 +182,11 @@ class ReplayTrainer(EnvStepTrainer):
         """The signal's reward term (B,) for the sampled transitions, and its per-transition
         weights (B,) of the TD loss; None for either it does not give."""
         with self._signal_clock:
-            extra = self.signal.shape_rewards(batch)
-            if extra is not None:
-                batch.rewards = batch.rewards + extra
-                batch.returns = batch.estimate(batch.rewards)[1]
-            out = self.signal.after_advantages(batch)
-            reward, weights = extra, None
-            if out is not None:
-                if out.advantage is not None or out.streams:
-                    raise AssertionError("a replay trainer's signal gave an advantage term or a reward stream: "
-                                         "its registry entry should have refused it")
-                if out.reward is not None:
-                    reward = out.reward if reward is None else reward + out.reward
-                weights = out.weights
-            batch.rewards = batch.rewards if extra is None else batch.rewards - extra  # as sampled, for after_update
+            # a reward term changes the TD target (batch.estimate's returns), not the advantage Q(s, a) - V(s)
+            result = apply_signals(self.signal, batch, batch.estimate, advantage_terms=False)
+            reward, weights = result.reward_term, result.weights
+            if result.shaped is not None:
+                batch.rewards = batch.rewards - result.shaped  # as sampled, for after_update
         return (None if reward is None else reward.reshape(-1)), (None if weights is None else weights.reshape(-1))
 
     def signal_after_update(self, batch: Batch) -> None:
