@@ -3,6 +3,7 @@ target_ema, and the LLM trainer's device and precision choices."""
 
 from __future__ import annotations
 
+import copy
 import math
 import sys
 from pathlib import Path
@@ -241,18 +242,28 @@ def test_divergence_at_strength_zero_is_grpo(sft_arith_model_dir):
     assert wrow["weights_std"] > 0 and not torch.equal(plain, weighted)
 
 
-def test_divergence_trains_with_a_frozen_teacher_and_resumes(tiny_model_dir):
-    from test_llm import _trainer
+def test_divergence_trains_with_a_frozen_teacher_and_resumes(tiny_model_dir, monkeypatch):
+    from test_llm import _params, _rewarding, _trainer
 
-    trainer = _trainer(tiny_model_dir, algo="grpo+divergence", task="tools",
-                       **{"divergence.teacher_refresh": 2, "num_iterations": 2})
+    def build():
+        return _rewarding(_trainer(tiny_model_dir, algo="grpo+divergence", task="tools",
+                                   **{"divergence.teacher_refresh": 2, "num_iterations": 2}), monkeypatch)
+
+    trainer = build()
     rows = [trainer.train_step() for _ in range(3)]
     assert all(math.isfinite(r["loss"]) for r in rows) and "segment_length" in rows[-1]
-    state = trainer.state_dict()
+    state = copy.deepcopy(trainer.state_dict())  # a snapshot: the trainer goes on
     assert state["teacher"] is not None and state["teacher_step"] == 2
-    again = _trainer(tiny_model_dir, algo="grpo+divergence", task="tools",
-                     **{"divergence.teacher_refresh": 2, "num_iterations": 2})
+    trainer.train_step()  # the uninterrupted run's step 4, which reads the teacher of step 2
+    again = build()
     again.load_state_dict(state)
+    loaded = _params(again)
+    for model, saved in ((again.model, state["model"]), (again.frozen_teacher, state["teacher"])):
+        for name, tensor in model.state_dict().items():
+            assert torch.equal(tensor, saved[name]), name
+    assert math.isfinite(again.train_step()["loss"])
+    assert not torch.equal(loaded, _params(again))  # training went on after loading ...
+    assert torch.equal(_params(again), _params(trainer))  # ... to where the uninterrupted run is
     for a, b in zip(again.frozen_teacher.parameters(), trainer.frozen_teacher.parameters()):
         assert torch.equal(a, b)
 
@@ -359,12 +370,33 @@ def test_bad_device_is_one_line(tiny_model_dir, tmp_path, capsys):
     assert not (tmp_path / "r").exists()
 
 
-def test_gradient_checkpointing_trains(tiny_model_dir):
-    from test_llm import _trainer
+def test_gradient_checkpointing_trains(tiny_model_dir, monkeypatch):
+    from test_llm import _params, _rewarding, _trainer
 
-    trainer = _trainer(tiny_model_dir, algo="grpo+divergence", task="tools", gradient_checkpointing="true",
-                       device="cpu", precision="fp32")
-    model = trainer.model
-    assert getattr(model, "is_activation_checkpointing", None) or model.is_gradient_checkpointing
-    row = trainer.train_step()
-    assert math.isfinite(row["loss"])
+    def one_step(checkpointing: str):
+        trainer = _rewarding(_trainer(tiny_model_dir, algo="grpo+divergence", task="tools", device="cpu",
+                                      precision="fp32", gradient_checkpointing=checkpointing), monkeypatch)
+        model = trainer.model
+        # each call of a module inside the first decoder layer (checkpointing wraps the layer's forward, so
+        # these run again when the backward pass recomputes it), and whether it built a graph
+        layer, calls = next(module for name, module in model.named_modules() if name.endswith("layers.0")), []
+        for sub in layer.modules():
+            if sub is not layer:
+                sub.register_forward_pre_hook(lambda *_: calls.append(torch.is_grad_enabled()))
+        start = _params(trainer)
+        row = trainer.train_step()
+        # transformers 5 renamed it activation checkpointing (the old name warns)
+        flag = getattr(model, "is_activation_checkpointing", None)
+        flag = model.is_gradient_checkpointing if flag is None else flag
+        return flag, calls, start, row, _params(trainer)
+
+    plain = one_step("false")
+    flag, calls, start, row, trained = one_step("true")
+    assert flag and not plain[0]
+    # active in the forward pass: the backward pass ran the layer's modules again, to recompute the
+    # activations the forward did not keep
+    assert plain[1].count(True) > 0 and calls.count(True) > plain[1].count(True)
+    # and the step it trains is the plain one
+    assert math.isfinite(row["loss"]) and row["loss"] == pytest.approx(plain[3]["loss"], abs=1e-6)
+    assert torch.equal(start, plain[2]) and not torch.equal(start, trained)
+    assert torch.allclose(trained, plain[4], rtol=0, atol=1e-6)

@@ -258,6 +258,14 @@ def _params(trainer):
     return torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters()])
 
 
+def _rewarding(trainer, monkeypatch):
+    """The trainer with a verifier that rewards the episodes of even length: the tiny random model solves
+    nothing (every advantage 0, so no update), this way each group has both outcomes and GRPO updates."""
+    monkeypatch.setattr(trainer.task, "score_batch",
+                        lambda problems, episodes: [float(len("".join(t)) % 2 == 0) for t in episodes])
+    return trainer
+
+
 def _trained(model_dir, algo="grpo", steps=3, **knobs):
     """(parameters before, after `steps` GRPO steps, the last row) of one trainer, built and run
     alone: generation draws from torch's global RNG, so two trainers must not interleave."""
@@ -296,12 +304,8 @@ LOSS_KNOBS = {"grpo": {}, "dapo": dict(num_iterations=2, minibatches=2, beta=0.1
 
 @pytest.mark.parametrize("loss_type", loss_types())
 def test_gear_trains_with_every_loss_and_prepass(tiny_model_dir, monkeypatch, loss_type):
-    trainer = _trainer(tiny_model_dir, algo="gear", loss_type=loss_type, max_new_tokens=16,
-                       **LOSS_KNOBS.get(loss_type, {}))
-    # the tiny random model solves nothing (every advantage 0, no update): reward the completions of
-    # even length instead, so each group has both outcomes
-    monkeypatch.setattr(trainer.task, "score_batch",
-                        lambda problems, episodes: [float(len("".join(t)) % 2 == 0) for t in episodes])
+    trainer = _rewarding(_trainer(tiny_model_dir, algo="gear", loss_type=loss_type, max_new_tokens=16,
+                                  **LOSS_KNOBS.get(loss_type, {})), monkeypatch)
     # what each update's loss was, and what every other loss type gives on the same tokens
     trainer_module, updates = sys.modules[type(trainer).__module__], []
 
