@@ -203,18 +203,21 @@ class SignalResult:
     weights: torch.Tensor | None     # per-step weights on the advantage in the policy loss
     reward_term: torch.Tensor | None  # the signals' reward terms summed (shape_rewards' and after_advantages')
     shaped: torch.Tensor | None      # shape_rewards' term alone
+    advantage_term: torch.Tensor | None  # after_advantages' advantage term alone
     streams: dict                    # the signals' own reward streams, by name (signals/base.py)
     terms: dict                      # each signal's per-step terms, "NAME KIND" (for state maps)
     estimated: tuple                 # the first estimate's whole output (IMPALA's V-trace statistics)
     own_estimate: Stopwatch          # the time of the estimate the trainer makes without a signal too
 
 
-def apply_signals(signal, batch, estimate, *, advantage_terms: bool = True, on_rewards=None) -> SignalResult:
+def apply_signals(signal, batch, estimate, *, advantage_terms: bool = True, reward_terms: bool = True,
+                  on_rewards=None) -> SignalResult:
     """A run's signals (one, or a stack) around one advantage estimate, in the order signals/base.py
     states: shape_rewards, the trainer's estimate on the rewards with those terms, after_advantages
     (a reward term, re-estimated when it asks; an advantage term; weights). `estimate(rewards)` gives
     (advantages, returns, ...) in the batch's layout. Every trainer calls this; a trainer whose updates
-    take no advantage terms or reward streams (the replay trainers) says so with advantage_terms=False;
+    take no advantage terms or reward streams (the replay trainers) says so with advantage_terms=False,
+    one whose steps take no reward terms (GRPO's tokens: its rewards are per sequence) with reward_terms=False;
     `on_rewards(batch)` adds what the trainer derives from the shaped rewards (MAPPO's team rewards)."""
     from reflectrl.signals import signal_terms
 
@@ -228,7 +231,10 @@ def apply_signals(signal, batch, estimate, *, advantage_terms: bool = True, on_r
     if on_rewards is not None:
         on_rewards(batch)
     out = signal.after_advantages(batch)
-    weights, streams, reward_term = None, {}, extra
+    weights, streams, reward_term, advantage_term = None, {}, extra, None
+    if not reward_terms and (extra is not None or (out is not None and out.reward is not None)):
+        raise NotImplementedError(f"signal '{signal.name}' returns a per-step reward term here; this trainer takes "
+                                  "per-step weights or advantage terms")
     if out is not None:
         if not advantage_terms and (out.advantage is not None or out.streams):
             raise AssertionError(f"signal '{signal.name}' gave an advantage term or a reward stream to a trainer "
@@ -240,6 +246,6 @@ def apply_signals(signal, batch, estimate, *, advantage_terms: bool = True, on_r
                 advantages, returns = estimate(rewards)[:2]
         if out.advantage is not None:
             advantages = advantages + out.advantage
-        weights, streams = out.weights, out.streams
-    return SignalResult(rewards, advantages, returns, weights, reward_term, extra, streams,
+        weights, streams, advantage_term = out.weights, out.streams, out.advantage
+    return SignalResult(rewards, advantages, returns, weights, reward_term, extra, advantage_term, streams,
                         signal_terms(signal, extra, out), estimated, own)

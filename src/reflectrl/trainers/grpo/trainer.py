@@ -43,7 +43,7 @@ from reflectrl.llm.tasks.reflect import Reflection
 from reflectrl.registry import step_kind
 from reflectrl.runs import MetricsLogger, RunDir
 from reflectrl.signals import Batch, Signal, SignalContext, make_signal
-from reflectrl.trainers.base import Stopwatch, crossed, train_loop
+from reflectrl.trainers.base import Stopwatch, apply_signals, crossed, train_loop
 from reflectrl.trainers.grpo.config import LLMRunConfig
 
 CHECKPOINT_FORMAT = 1
@@ -450,14 +450,13 @@ class GRPOTrainer:
             for member, kind in zip(self.members, self.kinds):
                 if kind != "token":
                     continue
-                out = member.after_advantages(tokens)
-                if out is not None and out.reward is not None:
-                    raise NotImplementedError(f"signal '{member.name}' returns a per-token reward term; "
-                                              "GRPO takes per-token weights or advantage terms")
-                if out is not None and out.weights is not None:
-                    token_adv = token_adv * out.weights.T
-                if out is not None and out.advantage is not None:
-                    token_adv = token_adv + out.advantage.T
+                # a token's advantage is its sequence's (or its turn's): nothing to re-estimate
+                result = apply_signals(member, tokens, lambda r: (tokens.advantages, tokens.returns),
+                                       reward_terms=False)
+                if result.weights is not None:
+                    token_adv = token_adv * result.weights.T
+                if result.advantage_term is not None:
+                    token_adv = token_adv + result.advantage_term.T
         batches = [turns if kind == "turn" else tokens for kind in self.kinds]
         return token_adv, batches
 
