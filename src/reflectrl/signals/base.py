@@ -216,10 +216,13 @@ def _values(config) -> tuple:
 
 
 def remember_valid(config) -> None:
-    """Record that `config`, as it is now, is valid."""
+    """Record that `config`, as it is now, is valid (forgotten when it is garbage: ids are reused)."""
     key = id(config)
     if key not in _PASSED:
-        weakref.finalize(config, _PASSED.pop, key, None)
+        try:
+            weakref.finalize(config, _PASSED.pop, key, None)
+        except TypeError:  # no weak references to it (__slots__): not remembered, validated each time
+            return
     _PASSED[key] = _values(config)
 
 
