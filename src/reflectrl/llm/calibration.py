@@ -199,6 +199,12 @@ def plot_reliability(correct: Sequence[bool], reflections: Sequence[Reflection |
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
     plt.close(fig)
+    from PIL import Image  # a paletted PNG (as the report's pictures): about a third of the RGBA one
+
+    image = Image.open(buffer).convert("RGB").quantize(256, method=Image.Quantize.MAXCOVERAGE,
+                                                       dither=Image.Dither.NONE)
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG", optimize=True)
     path = Path(path)
     atomic_write_bytes(path, buffer.getvalue())
     return path

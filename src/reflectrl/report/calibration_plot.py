@@ -4,7 +4,6 @@ batch, previous batch)."""
 
 from __future__ import annotations
 
-import io
 import math
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import numpy as np  # noqa: E402
 from reflectrl.errors import UserError  # noqa: E402
 from reflectrl.outputs import check_writable  # noqa: E402
 from reflectrl.registry import parse_algo  # noqa: E402
+from reflectrl.report.plots import png_bytes  # noqa: E402
 from reflectrl.runs import RunDir, atomic_write_bytes  # noqa: E402
 from reflectrl.runs.rundir import read_metrics  # noqa: E402
 from reflectrl.signals.compose import member_state  # noqa: E402
@@ -39,10 +39,7 @@ def plot_calibration(run_path: str | Path, out: str | Path | None = None) -> Pat
     check_writable(out, "--out")
 
     fig = calibration_figure(run.config()["env_id"], snapshots, rows)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
-    atomic_write_bytes(out, buf.getvalue())
+    atomic_write_bytes(out, png_bytes(fig, dpi=100))  # capped in pixels: one panel per snapshot
     return out
 
 

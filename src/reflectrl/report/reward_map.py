@@ -11,7 +11,6 @@ turn-right and forward actions (s' is the view after the action)."""
 from __future__ import annotations
 
 import copy
-import io
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from reflectrl.config import RunConfig, env_settings  # noqa: E402
 from reflectrl.envs import make_env  # noqa: E402
 from reflectrl.errors import UserError  # noqa: E402
 from reflectrl.outputs import check_writable, write_files  # noqa: E402
-from reflectrl.report.plots import gif_bytes  # noqa: E402
+from reflectrl.report.plots import gif_bytes, png_bytes  # noqa: E402
 from reflectrl.runs import RunDir  # noqa: E402
 
 ACTIONS = ("up", "right", "down", "left")
@@ -166,10 +165,7 @@ def _figure(cfg, snap, grid, layout: Layout, vmax) -> bytes:
     fig.colorbar(image, ax=axes[0].tolist(), shrink=0.8)
     fig.suptitle(f"{cfg.env_id} learned shaping, step {snap['global_step']:,} (weight {snap['weight']:.2f})",
                  fontsize=10)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
-    plt.close(fig)
-    return buf.getvalue()
+    return png_bytes(fig, dpi=90)
 
 
 def plot_reward_map(run_path, out_dir=None) -> Path:

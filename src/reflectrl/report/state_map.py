@@ -16,7 +16,6 @@ Output: `state_map.png` (every snapshot, one row each, one colour scale per colu
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import matplotlib
@@ -29,7 +28,7 @@ from reflectrl.config import RunConfig, env_settings  # noqa: E402
 from reflectrl.envs.statekey import is_montezuma, room_of_key  # noqa: E402
 from reflectrl.errors import UserError  # noqa: E402
 from reflectrl.outputs import check_writable, write_files  # noqa: E402
-from reflectrl.report.plots import gif_bytes  # noqa: E402
+from reflectrl.report.plots import gif_bytes, png_bytes  # noqa: E402
 from reflectrl.runs import RunDir  # noqa: E402
 from reflectrl.runs.rundir import STATE_SAMPLES  # noqa: E402
 from reflectrl.runs.state_samples import load_samples  # noqa: E402
@@ -177,10 +176,7 @@ def _figure(cfg, rows, limits, extent, labels, title_suffix="") -> bytes:
         _draw_row(axes[r], row, limits, extent, labels, first_row=r == 0)
     fig.suptitle(f"{cfg.env_id}, {cfg.algo}, seed {cfg.seed}: state map{title_suffix}", fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_size_inches()[1]))  # room for the title
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=80)
-    plt.close(fig)
-    return buf.getvalue()
+    return png_bytes(fig, dpi=80)  # capped in pixels: a map of many snapshots is one tall figure
 
 
 def plot_state_map(run_path, out_dir=None, dims: str | None = None, bins: int = DEFAULT_BINS) -> Path:

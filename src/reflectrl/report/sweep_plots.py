@@ -18,16 +18,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import NullFormatter  # noqa: E402
 
+from reflectrl.report.plots import png_bytes  # noqa: E402
 from reflectrl.runs import atomic_write_bytes  # noqa: E402
 
 DPI = 100
 
 
 def _png(fig) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI)
-    plt.close(fig)
-    return buf.getvalue()
+    return png_bytes(fig, DPI)
 
 
 def _slug(text: str) -> str:
