@@ -65,12 +65,13 @@ class SignalSpec:
     step_kinds: tuple[str, ...]        # the step kinds it can work on, in order of preference
     summary: str                       # one line: what it does
     wants: frozenset | Callable = frozenset()  # what it needs from the trainer (WANTS), or config -> that set
-    aliases: dict = field(default_factory=dict)  # {trainer: the legacy algo name of trainer+NAME}
+    aliases: dict = field(default_factory=dict)  # {family: the legacy algo name of its DEFAULT_TRAINER+NAME}
     neutral: str = ""                  # the knob setting under which it changes nothing, e.g. "alpha=0"
-    trainer_checks: dict = field(default_factory=dict)  # {trainer: check(config) raising UserError}
+    step_checks: dict = field(default_factory=dict)  # {step kind: check(config) raising UserError}: what its
+                                                     # knobs must be where it works on that kind of step
     run_check: Callable | None = None  # check(config, the run's whole config) raising UserError: what its
                                        # knobs need of the rest of the run (e.g. the policy's encoder)
-    on_finish: dict | str = field(default_factory=dict)  # {trainer: "module:function(run_dir)"} (or one for all)
+    on_finish: dict | str = field(default_factory=dict)  # {step kind: "module:function(run_dir)"} (or one for all)
     refusals: dict = field(default_factory=dict)  # {step kind it cannot work on: why} (said when refused)
     task_options: dict = field(default_factory=dict)  # what it needs of an LLM task, e.g. {"reflect": "verdict"}
     resolve: Callable | None = None    # resolve(config, provides): set its 'auto' knobs to what the trainer gives
@@ -91,8 +92,9 @@ class SignalSpec:
             raise UserError(f"--algo {text}: the {self.name} signal, as configured, needs "
                             f"{wants_text(missing)}, which trainer '{trainer}' does not provide; "
                             + _where_it_runs(self, missing))
-        if trainer in self.trainer_checks:
-            self.trainer_checks[trainer](config)
+        kind = _step_kind(self, TRAINERS[trainer])
+        if kind in self.step_checks:
+            self.step_checks[kind](config)
         if self.run_check is not None and run is not None:
             self.run_check(config, run)
 
@@ -233,8 +235,8 @@ def aliases(family: str) -> dict[str, str]:
     for trainer in (t for t in TRAINERS.values() if t.family == family):
         out[trainer.name] = trainer.name
         for spec in signals().values():
-            if trainer.name in spec.aliases:
-                out[spec.aliases[trainer.name]] = f"{trainer.name}+{spec.name}"
+            if trainer.name == DEFAULT_TRAINER[family] and family in spec.aliases:
+                out[spec.aliases[family]] = f"{trainer.name}+{spec.name}"
     return out
 
 
@@ -355,7 +357,7 @@ def finish_signals(algo_text: str, family: str, run_dir) -> None:
     algo = parse_algo(algo_text, family)
     for name in algo.signals:
         on_finish = signal_spec(name).on_finish
-        target = on_finish.get(algo.trainer) if isinstance(on_finish, dict) else on_finish
+        target = on_finish.get(step_kind(name, algo.trainer)) if isinstance(on_finish, dict) else on_finish
         if target:
             module, _, function = target.partition(":")
             try:

@@ -22,6 +22,15 @@ from reflectrl.runs.rundir import read_metrics  # noqa: E402
 from reflectrl.signals.compose import member_state  # noqa: E402
 
 
+def plot_at_finish(run_path: str | Path) -> Path | None:
+    """The picture at the end of a run whose trainer logs the calibration bonus's own metrics and
+    snapshots (PPO, IMPALA, MAPPO); nothing for one that logs them per level (HPPO)."""
+    run = RunDir.open(run_path, kind="control")
+    if not any(r.get("calibration_loss") is not None for r in read_metrics(run.path)):
+        return None
+    return plot_calibration(run_path)
+
+
 def plot_calibration(run_path: str | Path, out: str | Path | None = None) -> Path:
     run = RunDir.open(run_path, kind="control")
     algo = run.config().get("algo", "")

@@ -28,11 +28,20 @@ import numpy as np
 import torch
 
 from reflectrl.runs.rundir import STATE_SAMPLES, atomic_write_bytes
-from reflectrl.signals.base import snapshot_iterations
 
 SAMPLES = 2048      # steps kept per snapshot
 MAX_OBS_DIM = 64    # larger observations are placed by their state key only
 
+
+
+def snapshot_iterations(total_iterations: int, k: int) -> list[int]:
+    """k iterations (of `total_iterations`) evenly spaced from the first to the last (fewer
+    where training has fewer iterations; k = 1: the last)."""
+    if k <= 0 or total_iterations <= 0:
+        return []
+    if k == 1:
+        return [total_iterations]
+    return sorted({1 + (total_iterations - 1) * i // (k - 1) for i in range(k)})
 
 class StateSampler:
     def __init__(self, path: str | Path | None, seed: int, total_iterations: int, snapshots: int):

@@ -49,6 +49,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from reflectrl.runs.state_samples import snapshot_iterations
+
 
 @dataclass
 class SignalContext:
@@ -190,16 +192,6 @@ def scheduled(coef: float, schedule: str, until: float, step: int, total: int) -
     if schedule == "step":
         return coef if progress < until else 0.0
     return coef * max(0.0, 1.0 - progress / until) if until > 0 else 0.0
-
-
-def snapshot_iterations(total_iterations: int, k: int) -> list[int]:
-    """k iterations (of `total_iterations`) evenly spaced from the first to the last (fewer
-    where training has fewer iterations; k = 1: the last)."""
-    if k <= 0 or total_iterations <= 0:
-        return []
-    if k == 1:
-        return [total_iterations]
-    return sorted({1 + (total_iterations - 1) * i // (k - 1) for i in range(k)})
 
 
 # ------------------------------------------------------------------ a signal's knobs, checked once

@@ -333,7 +333,7 @@ SPEC = register_signal(SignalSpec(
     step_kinds=("env_step", "turn", "transition"),
     summary="RefGRPO's calibration bonus: a reflection head fit to the advantages; its miscalibration is a reward",
     wants=_wants,
-    aliases={"ppo": "refgrpo", "grpo": "refgrpo"}, neutral="alpha=0",
-    trainer_checks={"grpo": _check_on_grpo, "dqn": _check_on_replay, "sac": _check_on_replay},
-    on_finish={"ppo": "reflectrl.report.calibration_plot:plot_calibration"},
+    aliases={"control": "refgrpo", "llm": "refgrpo"}, neutral="alpha=0",
+    step_checks={"turn": _check_on_grpo, "transition": _check_on_replay},
+    on_finish={"env_step": "reflectrl.report.calibration_plot:plot_at_finish"},
 ))

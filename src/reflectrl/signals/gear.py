@@ -380,8 +380,8 @@ SPEC = register_signal(SignalSpec(
     name="gear", config=GEARConfig, factory=GEARReweighting, step_kinds=("env_step", "token"),
     summary="GEAR: a value head distilled from the best trajectories reweights each step's advantage",
     wants=_wants, resolve=_resolve_inputs,
-    aliases={"ppo": "gear", "grpo": "gear"}, neutral="temperature=inf",
-    trainer_checks={"grpo": _check_on_grpo, "ppo": _check_on_env_steps, "impala": _check_on_env_steps},
+    aliases={"control": "gear", "llm": "gear"}, neutral="temperature=inf",
+    step_checks={"token": _check_on_grpo, "env_step": _check_on_env_steps},
     refusals={"transition": "GEAR's weights share a trajectory's advantage out among its steps, and a replay "
               "trainer learns from single transitions sampled out of their trajectories, with no trajectory "
               "advantage to share (docs/offpolicy.md); use ppo+gear"},

@@ -152,6 +152,6 @@ SPEC = register_signal(SignalSpec(
     name="lagrangian", config=LagrangianConfig, factory=Lagrangian, step_kinds=("env_step",),
     summary="PPO-Lagrangian (OmniSafe's PPOLag): a cost critic and a Lagrange multiplier keep the expected "
             "episode cost below cost_limit",
-    wants=frozenset({"next_obs", "costs"}), aliases={"ppo": "ppo_lag"}, neutral="lambda_max=0",
+    wants=frozenset({"next_obs", "costs"}), aliases={"control": "ppo_lag"}, neutral="lambda_max=0",
     refusals={"transition": "a Lagrangian advantage needs on-policy trajectories (use --algo ppo_lag)"},
 ))

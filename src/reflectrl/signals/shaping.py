@@ -597,9 +597,9 @@ class SelfDistilledShaping(Signal):
 
 def _check_encoder(cfg: ShapingConfig, run) -> None:
     """shaping.encoder=cnn needs a policy that reads images with a CNN (checked before a run starts)."""
-    ppo = getattr(run, "ppo", None)
-    if cfg.encoder == "cnn" and ppo is not None and ppo.encoder == "mlp":  # ("auto" is not resolved yet)
-        raise UserError(f"shaping.encoder=cnn: the policy's encoder is {ppo.encoder}, so it reads no images; "
+    encoder = getattr(getattr(run, "knobs", None), "encoder", None)  # the run's trainer's, where it has one
+    if cfg.encoder == "cnn" and encoder == "mlp":  # ("auto" is not resolved yet)
+        raise UserError(f"shaping.encoder=cnn: the policy's encoder is {encoder}, so it reads no images; "
                         "it needs a CNN policy on images (Atari, or MiniGrid with --set encoder=cnn), "
                         "or use shaping.encoder=policy")
 
@@ -609,6 +609,6 @@ SPEC = register_signal(SignalSpec(
     summary="SDRS: a shaper (or potential) distilled from the agent's own advantages adds a dense reward",
     wants=lambda cfg: ({"next_obs"} | ({"costs"} if cfg.safety_beta > 0 else set())
                        | ({"policy"} if cfg.imagined_fraction > 0 else set())
-                       | ({"team"} if cfg.labels == "team" else set())), aliases={"ppo": "sdrs"},
+                       | ({"team"} if cfg.labels == "team" else set())), aliases={"control": "sdrs"},
     neutral="mode=off", run_check=_check_encoder,
 ))
