@@ -53,3 +53,22 @@ def test_a_new_trainer_joins_the_knobs_and_the_refusals(toy, cli, tmp_path):
     code, _, err = cli("train", "--algo", "toy+count", "--env", "CartPole-v1", "--out", tmp_path / "r")
     assert code == 2 and "trainer 'toy'" in err  # count needs state keys, which toy does not provide
     assert not (tmp_path / "r").exists()
+
+
+def test_the_algo_is_read_once_per_run(cli, tmp_path, monkeypatch):
+    import functools
+
+    import reflectrl.registry as registry
+
+    reads = []
+
+    def read(text, family):
+        reads.append((text, family))
+        return registry._parse_cached.__wrapped__(text, family)
+
+    monkeypatch.setattr(registry, "_parse_cached", functools.lru_cache(maxsize=256)(read))
+    code, _, err = cli("train", "--algo", "ppo+calibration", "--env", "CartPole-v1", "--total-steps", 256,
+                       "--set", "num_envs=2", "num_steps=64", "--no-progress", "--out", tmp_path / "r")
+    assert code == 0, err
+    assert reads == [("ppo+calibration", "control")]
+    assert registry._parse_cached.cache_info().hits > 5  # every later look-up reads the parsed one
