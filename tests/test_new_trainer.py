@@ -60,11 +60,11 @@ def test_the_algo_is_read_once_per_run(cli, tmp_path, monkeypatch):
 
     import reflectrl.registry as registry
 
-    reads = []
+    reads, parse = [], registry._parse_cached.__wrapped__
 
     def read(text, family):
         reads.append((text, family))
-        return registry._parse_cached.__wrapped__(text, family)
+        return parse(text, family)
 
     monkeypatch.setattr(registry, "_parse_cached", functools.lru_cache(maxsize=256)(read))
     code, _, err = cli("train", "--algo", "ppo+calibration", "--env", "CartPole-v1", "--total-steps", 256,
