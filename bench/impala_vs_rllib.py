@@ -41,7 +41,7 @@ Not matched, or not matchable (read the numbers with these in mind):
   when this script was: Adam eps 1e-5), takes each loss term's mean over the unpadded steps and
   uses 0.5 * vf_loss_coeff * mean(squared V-trace error) (reflectrl: the same form); its network
   init is RLlib's default, not reflectrl's CleanRL-style orthogonal init. Check reflectrl's IMPALA
-  (distributed/impala.py) before reading return differences as algorithmic.
+  (trainers/impala/trainer.py) before reading return differences as algorithmic.
 * Processes: both sides run their actors as 1-CPU Ray actors, but reflectrl's subprocess starts its
   own local Ray instance, while this script's instance (for RLlib) stays up, idle, during the
   reflectrl runs: a little background load on that side.

@@ -101,6 +101,7 @@ def test_montezuma_can_be_created_and_stepped():
 # ------------------------------------------------------------------------- CNN policies
 
 
+@pytest.mark.slow
 def test_nature_cnn_shapes_and_features():
     torch.manual_seed(0)
     agent = make_policy((4, 84, 84), 6, False, "cnn")
@@ -124,6 +125,7 @@ def test_nature_cnn_shapes_and_features():
     assert features.shape == (5, 512) and features.requires_grad and entropy.shape == (5,)
 
 
+@pytest.mark.slow
 def test_the_update_batch_layout_is_channels_last_and_changes_no_value():
     torch.manual_seed(0)
     agent = make_policy((4, 84, 84), 6, False, "cnn")
@@ -143,6 +145,7 @@ def test_the_update_batch_layout_is_channels_last_and_changes_no_value():
     assert hwc.batch_layout(view) is view  # HWC images are permuted to channels-last views already
 
 
+@pytest.mark.slow
 def test_small_cnn_for_minigrid_views_and_hwc_pixels():
     torch.manual_seed(0)
     agent = make_policy((7, 7, 3), 7, False, "cnn", (64, 64))

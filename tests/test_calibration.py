@@ -226,6 +226,7 @@ def sha(run):
     return json.loads((run / "run.json").read_text())["params_sha256"]
 
 
+@pytest.mark.slow
 def test_alpha_zero_equals_ppo_bit_for_bit(cli, tmp_path):
     assert cli("train", "--algo", "ppo", *FAST, "--out", tmp_path / "ppo")[0] == 0
     assert cli("train", "--algo", "refgrpo", *FAST, "--out", tmp_path / "zero", "--set", "calibration.alpha=0")[0] == 0

@@ -309,6 +309,7 @@ def test_compare_needs_env_algos_and_steps_without_a_preset(cli, tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_a_preset_fills_the_experiment_and_flags_replace_its_values(cli, tmp_path):
     from reflectrl.experiments.presets import PRESETS
 

@@ -139,6 +139,7 @@ def test_stack_combines_reward_terms_advantage_terms_and_weights():
 NEUTRAL = ["calibration.alpha=0", "shaping.mode=off", "gear.temperature=inf", "rnd.int_coef=0", "count.beta=0"]
 
 
+@pytest.mark.slow
 def test_neutral_composition_is_ppo_bit_for_bit(cli, tmp_path):
     import json
 

@@ -123,3 +123,13 @@ def test_nothing_below_the_cli_imports_it():
     for name, deps in _graph().items():
         if name not in ("reflectrl.cli", "reflectrl.__main__"):
             assert "reflectrl.cli" not in deps, f"{name} imports reflectrl.cli"
+
+
+def test_the_layout_page_names_every_package_and_module():
+    text = (SRC.parents[1] / "docs" / "layout.md").read_text()
+    names = [p.name for p in SRC.iterdir() if (p.suffix == ".py" and p.stem not in ("__init__", "__main__"))
+             or (p.is_dir() and (p / "__init__.py").exists())]
+    names += [p.name for p in (SRC / "trainers").iterdir()
+              if p.suffix == ".py" and p.stem != "__init__" or (p.is_dir() and (p / "__init__.py").exists())]
+    missing = [n for n in names if n.removesuffix(".py") + ("/" if not n.endswith(".py") else ".py") not in text]
+    assert not missing, f"docs/layout.md does not place: {missing}"

@@ -28,6 +28,7 @@ def _trained(trainer_cls, algo, env, overrides, iterations=5, signal=None):
     return trainer, rows
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("trainer_cls, trainer, env, base", [
     (DQNTrainer, "dqn", "CartPole-v1", DQN), (SACTrainer, "sac", "Pendulum-v1", SAC)])
 def test_neutral_signals_equal_the_plain_trainer_bit_for_bit(trainer_cls, trainer, env, base):
@@ -118,6 +119,7 @@ def test_dqn_shaping_distils_the_trainers_td_errors(monkeypatch):
     trainer.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("trainer_cls, algo, env, base", [
     (DQNTrainer, "dqn+shaping+calibration", "CartPole-v1", DQN),
     (SACTrainer, "sac+shaping+calibration", "Pendulum-v1", SAC)])

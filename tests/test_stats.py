@@ -130,6 +130,7 @@ def test_pointwise_band_matches_a_bootstrap_per_point():
         assert (lo[t], hi[t]) == pytest.approx((a, b), abs=0.12)
 
 
+@pytest.mark.slow
 def test_iqm_intervals_and_probability_of_improvement_match_rliable():
     pytest.importorskip("rliable")  # the test extra installs it
     from rliable import library as rly

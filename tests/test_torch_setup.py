@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 SCRIPT = r"""
 import sys, hashlib, torch
 if sys.argv[1] == "patched":
@@ -33,6 +35,7 @@ def _run(mode):
     return digest, dynamo == "True"
 
 
+@pytest.mark.slow
 def test_optimizers_give_the_same_weights_without_importing_dynamo():
     stock, patched = _run("stock"), _run("patched")
     assert stock[0] == patched[0]  # bit-identical Adam (fused) and AdamW steps, state_dict round trips

@@ -176,6 +176,7 @@ def test_impala_without_ray_leaves_no_run_dir(cli, tmp_path, monkeypatch):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_impala_resume_overrides_a_stored_unreachable_address(cli, tmp_path):
     pytest.importorskip("ray")
     out = tmp_path / "r"
@@ -274,6 +275,7 @@ def test_unwritable_outputs_are_refused_before_the_work(cli, finished_experiment
     assert code == 2
 
 
+@pytest.mark.slow
 def test_a_disk_that_fills_during_a_plot_leaves_no_partial_files(cli, finished_experiment, tmp_path, monkeypatch):
     import errno
 
@@ -294,6 +296,7 @@ def test_a_disk_that_fills_during_a_plot_leaves_no_partial_files(cli, finished_e
     assert not out.exists()  # neither the two files written nor the folder
 
 
+@pytest.mark.slow
 def test_a_disk_that_fills_during_the_report_keeps_the_old_report(cli, finished_experiment, tmp_path, monkeypatch):
     import errno
     import shutil
@@ -352,8 +355,8 @@ def test_llm_options_out_of_range_are_one_line(cli, tiny_model_dir, tmp_path, ar
 # ---------------------------------------------------------------------------- 8. budgets
 
 @pytest.mark.parametrize("argv, trained", [
-    (["--algo", "sac", "--env", "Pendulum-v1", "--total-steps", "700", "--set", "learning_starts=200",
-      "log_every=500", "batch_size=32"], 700),
+    pytest.param(["--algo", "sac", "--env", "Pendulum-v1", "--total-steps", "700", "--set", "learning_starts=200",
+                  "log_every=500", "batch_size=32"], 700, marks=pytest.mark.slow),
     (["--algo", "dqn", "--env", "CartPole-v1", "--total-steps", "1500", "--set", "learning_starts=500",
       "log_every=1000"], 1500),
 ])
@@ -405,6 +408,7 @@ def test_compare_terminated_exits_143_with_the_command_that_resumes_it(tmp_path)
     assert "terminated; continue with: reflectrl compare --env CartPole-v1 --algos ppo" in err
 
 
+@pytest.mark.slow
 def test_a_report_where_nothing_varies_names_no_threshold_and_says_why_seeds_are_0(cli, tmp_path):
     out = tmp_path / "exp"
     base = ["compare", "--env", "reflectrl/GridWorld-v0", "--seeds", "1", "--total-steps", "512", "--out", out,

@@ -158,7 +158,7 @@ def print_knobs(section: str | None = None, algo: str | None = None, as_json: bo
 
 
 def markdown_table(section: str) -> str:
-    """The README's table of a section's knobs (tests/test_readme.py keeps the README in step)."""
+    """The docs' table of a section's knobs (tests/test_readme.py keeps docs/ in step)."""
     rows = sections()[section]["rows"]
     from reflectrl.registry import TRAINERS
 
@@ -172,7 +172,7 @@ def markdown_table(section: str) -> str:
 
 
 def algos_table() -> str:
-    """The README's table of --algo names, read from the registry."""
+    """The docs' table of --algo names, read from the registry."""
     from reflectrl.registry import TRAINERS, aliases, signals
 
     lines = ["| `--algo` | command | what it runs |", "|---|---|---|"]
@@ -205,7 +205,7 @@ def readme_blocks() -> dict[str, str]:
 
 
 def update_readme(path) -> list[str]:
-    """Rewrite the generated blocks of a README in place; returns the names of blocks that changed."""
+    """Rewrite the generated blocks of a Markdown page in place; returns the names of blocks that changed."""
     from pathlib import Path
 
     path = Path(path)
@@ -225,7 +225,11 @@ def update_readme(path) -> list[str]:
     return changed
 
 
-if __name__ == "__main__":  # python -m reflectrl.knobs README.md: refresh the README's generated tables
+# the pages that hold generated tables: `python -m reflectrl.knobs` refreshes them all (or the pages named)
+DOC_PAGES = ("docs/signals.md", "docs/llm-usage.md")
+
+if __name__ == "__main__":  # python -m reflectrl.knobs [PAGE.md ...]: refresh the generated tables
     import sys
 
-    print(", ".join(update_readme(sys.argv[1] if len(sys.argv) > 1 else "README.md")) or "README up to date")
+    for page in sys.argv[1:] or DOC_PAGES:
+        print(f"{page}: {', '.join(update_readme(page)) or 'up to date'}")
