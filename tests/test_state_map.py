@@ -57,6 +57,7 @@ def test_binned_counts_and_means_by_hand():
     assert mean[0, 0] == 2.0 and mean[0, 1] == 5.0 and mean[1, 1] == 3.0 and np.isnan(mean[1, 0])
 
 
+@pytest.mark.slow
 def test_grid_world_run_draws_its_state_map(cli, tmp_path):
     out = tmp_path / "gw"
     code, _, err = cli("train", "--algo", "ppo+calibration+count", "--total-steps", 1024, *FAST,
