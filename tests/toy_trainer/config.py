@@ -1,9 +1,8 @@
-"""The toy's knobs: the on-policy kit's, smaller defaults."""
+"""The toy's knobs: the on-policy kit's (its checks and env settings included), smaller defaults."""
 
 from dataclasses import dataclass
 from typing import ClassVar
 
-from reflectrl.config import EnvSettings
 from reflectrl.trainers.onpolicy.config import OnPolicyConfig
 
 
@@ -19,6 +18,3 @@ class ToyConfig(OnPolicyConfig):
     """minibatches per epoch"""
     update_epochs: int = 1
     """epochs over each rollout"""
-
-    def env_settings(self) -> EnvSettings:
-        return EnvSettings(self.num_envs, False, False, 10.0, 10.0, self.gamma, "mlp")

@@ -11,7 +11,6 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from reflectrl.config import EnvSettings
 from reflectrl.errors import UserError
 from reflectrl.trainers.onpolicy.config import OnPolicyConfig
 
@@ -24,10 +23,6 @@ class HPPOConfig(OnPolicyConfig):
     """HPPO's knobs: a sub-goal policy over regions of the grid, a goal-conditioned PPO that reaches them. The
     on-policy knobs (trainers/onpolicy/config.py) are the low level's, and the high level's where it has no
     `high_` one."""
-
-    def env_settings(self) -> EnvSettings:
-        # both levels read the env's own observations and rewards
-        return EnvSettings(self.num_envs, False, False, 10.0, 10.0, self.gamma, "mlp")
 
     SECTION: ClassVar[str] = "hppo"
 

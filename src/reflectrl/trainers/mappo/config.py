@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from reflectrl.config import EnvSettings
 from reflectrl.errors import UserError
 from reflectrl.trainers.onpolicy.config import OnPolicyConfig
 
@@ -20,10 +19,6 @@ CRITICS = ("central", "local")
 @dataclass
 class MAPPOConfig(OnPolicyConfig):
     """MAPPO's knobs: independent PPO per agent, shared or separate weights, a central or local critic."""
-
-    def env_settings(self) -> EnvSettings:
-        # its PettingZoo envs are stepped as they are (no normalising wrappers)
-        return EnvSettings(self.num_envs, False, False, 10.0, 10.0, self.gamma, "mlp")
 
     SECTION: ClassVar[str] = "mappo"
 

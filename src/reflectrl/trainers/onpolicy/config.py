@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
+from reflectrl.config import EnvSettings
 from reflectrl.errors import UserError
 
 
@@ -53,6 +54,10 @@ class OnPolicyConfig:
     def batch_size(self) -> int:
         """Env steps per rollout."""
         return self.num_envs * self.num_steps
+
+    def env_settings(self) -> EnvSettings:
+        """The envs as built for it: the env's own observations and rewards (PPO's normalise by knob)."""
+        return EnvSettings(self.num_envs, False, False, 10.0, 10.0, self.gamma, "mlp")
 
     def validate(self, total_steps: int) -> None:
         """The shared knobs' checks, one line each naming SECTION.KNOB and the fix."""

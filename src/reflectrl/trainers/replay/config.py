@@ -12,6 +12,11 @@ from reflectrl.config import finite as _finite
 from reflectrl.errors import UserError
 
 
+def replay_env_settings(knobs) -> EnvSettings:
+    """A replay trainer learns from the env's own observations and rewards."""
+    return EnvSettings(knobs.num_envs, False, False, 10.0, 10.0, knobs.gamma, getattr(knobs, "encoder", "mlp"))
+
+
 @dataclass
 class DQNConfig:
     """DQN's knobs, CleanRL's names (dqn.py / dqn_atari.py); None: the env family's default."""
@@ -55,8 +60,7 @@ class DQNConfig:
     """env steps per metrics row (and per iteration: checkpoints and stops fall on these)"""
 
     def env_settings(self) -> EnvSettings:
-        # a replay trainer learns from the env's own observations and rewards
-        return EnvSettings(self.num_envs, False, False, 10.0, 10.0, self.gamma, getattr(self, "encoder", "mlp"))
+        return replay_env_settings(self)
 
     def validate(self, total_steps: int) -> None:
         for name in ("num_envs", "buffer_size", "target_network_frequency", "batch_size", "train_frequency",
@@ -162,8 +166,7 @@ class SACConfig:
     """env steps per metrics row (and per iteration: checkpoints and stops fall on these)"""
 
     def env_settings(self) -> EnvSettings:
-        # a replay trainer learns from the env's own observations and rewards
-        return EnvSettings(self.num_envs, False, False, 10.0, 10.0, self.gamma, getattr(self, "encoder", "mlp"))
+        return replay_env_settings(self)
 
     def validate(self, total_steps: int) -> None:
         for name in ("num_envs", "buffer_size", "batch_size", "policy_frequency", "target_network_frequency",
