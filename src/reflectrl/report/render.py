@@ -1,7 +1,8 @@
 """Write an experiment's report: DIR/report/index.html (self-contained: plots embedded as
 base64 PNGs, no scripts or links to fetch, opens offline), DIR/report/report.md (the same
 tables and claims, with the PNGs beside it), DIR/report/stats.json (every number) and
-DIR/report/runs.csv (each run's own scores, from which every table can be recomputed)."""
+DIR/report/runs.csv (each run's own scores, from which every table can be recomputed) and
+DIR/report/provenance.json (git commit, commands, versions, machine, date, statistics settings)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from pathlib import Path
 from reflectrl.errors import UserError
 from reflectrl.outputs import check_writable
 from reflectrl.registry import TRAINERS, parse_algo
-from reflectrl.report import plots, stats
+from reflectrl.report import plots, provenance, stats
 from reflectrl.report.analysis import (
     ALPHA,
     BASELINE,
@@ -237,6 +238,10 @@ def _strict_json(x):
     return x
 
 
+PROVENANCE_LINE = ("Provenance (git commit, the commands, package versions, machine, date, statistics settings): "
+                   f"[{provenance.FILE}]({provenance.FILE}) beside this file.")
+
+
 def write_report(root: Path, reps: int = stats.BOOTSTRAP_REPS) -> tuple[Path, list[Claim]]:
     """Write the report; returns the HTML page's path and the claims (all of them, testable or
     not). Warns (UserWarning) when an (env, algo entry) has fewer than MIN_SEEDS_FOR_CI seeds.
@@ -313,7 +318,7 @@ def _write_report(root: Path, out: Path, reps: int) -> list[Claim]:
                     if tested else "")
 
     # ---- Markdown
-    md = [f"# reflectrl experiment report: {root.name}", "", intro, "", "## Results", ""]
+    md = [f"# reflectrl experiment report: {root.name}", "", intro, "", PROVENANCE_LINE, "", "## Results", ""]
     md += [f"> **Warning:** {few_seeds}", ""] if few_seeds else []
     columns = headers(table)
     md += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
@@ -389,6 +394,7 @@ def _write_report(root: Path, out: Path, reps: int) -> list[Claim]:
     atomic_write_bytes(out / "index.html", "".join(parts).encode())
 
     atomic_write_bytes(out / "runs.csv", runs_csv(scores))
+    atomic_write_bytes(out / provenance.FILE, provenance.to_json(provenance.collect(root, spec, reps)))
     data = {"spec": spec.to_dict(), "table": table, "runs": scores, "claims": [c.__dict__ for c in claims],
             "bootstrap": {"reps": reps, "verdict_seeds": list(stats.VERDICT_SEEDS), "alpha": ALPHA,
                           "margin_share": MARGIN_SHARE},
