@@ -1,6 +1,7 @@
 """The claims of a report: each rule on hand-made intervals (boundaries included), each claim
-on small fake experiments with known verdicts, the claims an experiment cannot test, and the
-warning about intervals over fewer than 5 seeds."""
+on small fake experiments with known verdicts, the symmetric verdict rule (Holm on both sides,
+a tie "equivalent" only through the TOST), the claims an experiment cannot test, and no claim
+verdict under 5 seeds."""
 
 import html
 import json
@@ -76,8 +77,9 @@ def claim(root, prefix):
     ((0.2, 0.05, 0.3), "supported"),
     ((0.1, 1e-9, 0.2), "supported"),
     ((0.1, 0.0, 0.2), "inconclusive"),       # lower end on 0: not shown to be above
-    ((0.0, 0.0, 0.0), "not supported"),      # every seed tied
-    ((-0.1, -0.2, 0.0), "not supported"),    # upper end on 0: no improvement in the interval
+    ((0.0, 0.0, 0.0), "inconclusive"),       # every seed tied: neither side shown (a tie is the TOST's)
+    ((-0.1, -0.2, 0.0), "inconclusive"),     # upper end on 0: not shown to be below
+    ((-0.1, -0.2, -1e-9), "not supported"),
     ((-0.1, -0.2, 1e-9), "inconclusive"),
     ((-0.2, -0.3, -0.05), "not supported"),
 ])
@@ -92,7 +94,8 @@ def test_verdict_greater_boundaries(ci, verdict):
     ((-0.04, -0.049, 0.01), "supported"),
     ((-0.02, -0.05, 0.01), "inconclusive"),    # lower end on -margin: not shown to be above it
     ((-0.05, -0.2, 0.1), "inconclusive"),
-    ((-0.1, -0.2, -0.05), "not supported"),    # upper end on -margin
+    ((-0.1, -0.2, -0.05), "inconclusive"),     # upper end on -margin: not shown to be below it
+    ((-0.1, -0.2, -0.051), "not supported"),
     ((-0.163, -0.254, -0.081), "not supported"),
 ])
 def test_verdict_non_inferior_boundaries(ci, verdict):
@@ -101,15 +104,17 @@ def test_verdict_non_inferior_boundaries(ci, verdict):
 
 def test_verdict_non_inferior_with_zero_margin_is_greater_or_equal():
     assert _verdict_non_inferior((0.1, 1e-9, 0.2), 0.0) == "supported"
-    assert _verdict_non_inferior((0.0, 0.0, 0.0), 0.0) == "not supported"
+    assert _verdict_non_inferior((0.0, 0.0, 0.0), 0.0) == "inconclusive"
+    assert _verdict_non_inferior((-0.1, -0.2, -1e-9), 0.0) == "not supported"
 
 
 @pytest.mark.parametrize("ci, verdict", [
     ((0.5, 0.4, 0.6), "supported"),
     ((0.9, 0.8, 1.0 - 1e-9), "supported"),
     ((0.9, 0.8, 1.0), "inconclusive"),     # upper end on 1: no fall shown
-    ((1.0, 1.0, 1.0), "not supported"),    # no change at all
-    ((1.1, 1.0, 1.2), "not supported"),
+    ((1.0, 1.0, 1.0), "inconclusive"),     # no change at all: neither side shown
+    ((1.1, 1.0, 1.2), "inconclusive"),     # lower end on 1: no rise shown
+    ((1.1, 1.0 + 1e-9, 1.2), "not supported"),
     ((1.0, 0.95, 1.05), "inconclusive"),
     ((1.3, 1.2, 1.4), "not supported"),
 ])
@@ -126,7 +131,7 @@ MIXED_A, MIXED_B = [0.0, 10.0, 0.0, 10.0, 5.0], [10.0, 0.0, 10.0, 0.0, 5.0]
 @pytest.mark.parametrize("gear, ppo, verdict", [
     (HIGH, LOW, "supported"),
     (LOW, HIGH, "not supported"),
-    ([5.0] * 5, [5.0] * 5, "not supported"),  # tied
+    ([5.0] * 5, [5.0] * 5, "equivalent"),  # tied: a tie is shown by the TOST, it is not "not supported"
     (MIXED_A, MIXED_B, "inconclusive"),
 ])
 def test_gear_claim_verdicts(tmp_path, gear, ppo, verdict):
@@ -157,7 +162,7 @@ def _losses(start, end, n=20):
 
 
 @pytest.mark.parametrize("start, end, verdict", [(1.0, 0.2, "supported"), (0.5, 1.0, "not supported"),
-                                                 (1.0, 1.0, "not supported")])
+                                                 (1.0, 1.0, "equivalent")])  # no change: a ratio of 1 is a tie
 def test_calibration_claim_verdicts(tmp_path, start, end, verdict):
     root = make_experiment(tmp_path / "exp", {"ppo": [1.0] * 5, "refgrpo": [1.0] * 5},
                            extra={"refgrpo": [_losses(start, end)] * 5})
@@ -209,7 +214,8 @@ def test_sdrs_claim_on_a_replay_trainer_is_tested_against_its_plain_entry(tmp_pa
 def test_claim_with_one_seed_of_an_entry_is_not_tested(tmp_path):
     root = make_experiment(tmp_path / "exp", {"ppo": LOW, "gear": HIGH[:1]})
     c = claim(root, "GEAR beats the baseline")
-    assert c.verdict == "not tested" and c.testable and "2 finished seeds" in c.evidence
+    assert c.verdict == "not tested" and c.testable and "at least 5 finished seeds" in c.evidence
+    assert "(has 1 and 5)" in c.evidence and c.estimate is None and c.seeds == [1, 5]
 
 
 # --------------------------------------------------------------- claims it cannot test
@@ -277,6 +283,30 @@ def test_few_seeds_are_flagged_in_tables_claims_and_a_warning(tmp_path):
     assert json.loads((root / "report/stats.json").read_text())["warnings"][0].startswith("fewer than 5 seeds")
     gear = claim(root, "GEAR beats the baseline")
     assert "5 vs 3 seeds" in gear.evidence and "not a reliable 95% CI" in gear.evidence
+    assert gear.verdict == "not tested" and gear.testable  # 3 seeds of ppo: no verdict
+
+
+def test_no_claim_verdict_under_five_seeds(tmp_path):
+    # every method seed far from every ppo seed, on 3 seeds each: a bootstrap would call each claim
+    fast, slow = [[10.0] * 20] * 3, [[0.0] * 10 + [10.0] * 10] * 3
+    root = make_experiment(tmp_path / "exp", {"ppo": slow, "refgrpo": fast, "sdrs": fast, "gear": [[0.0] * 20] * 3},
+                           extra={"refgrpo": [_losses(1.0, 0.2)] * 3})
+    claims = evaluate_claims(load_experiment(root), reps=REPS)
+    assert len(claims) == 5 and all(c.testable and c.verdict == "not tested" for c in claims)
+    for c in claims:
+        assert "fewer than 5 seeds per entry: not tested" in c.evidence and "one-sided p" not in c.evidence
+        assert c.p_value is None and c.p_holm is None and c.estimate is not None and min(c.seeds) == 3
+    gear = next(c for c in claims if c.statement.startswith("GEAR"))
+    assert gear.entries == ["gear", "ppo"] and gear.envs == [ENV] and gear.estimate[0] < 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        write_report(root, reps=REPS)
+    md = (root / "report/report.md").read_text()
+    claims_md = md[md.index("## Claims"):md.index("## Plots")]
+    rows = [x for x in claims_md.splitlines() if x.startswith("| ") and not x.startswith("| claim")]
+    assert len(rows) == 5 and all(" | **not tested** | " in x and "fewer than 5 seeds per entry" in x for x in rows)
+    saved = json.loads((root / "report/stats.json").read_text())["claims"]
+    assert [c["verdict"] for c in saved] == ["not tested"] * 5 and saved[4]["seeds"] == [3, 3]
 
 
 def test_enough_seeds_give_no_warning_or_note(tmp_path):
@@ -299,7 +329,7 @@ def test_report_command_prints_the_few_seeds_warning(tmp_path):
     assert ("reflectrl: warning: fewer than 5 seeds (every env and algo entry: 2): "
             "their 95% CIs are the range of the seeds' bootstrap, not reliable intervals") in done.stderr
     (row,) = [x for x in done.stdout.splitlines() if x.startswith("GEAR beats the baseline")]
-    assert row.split()[-1] == "supported"
+    assert row.endswith("  not tested")  # 2 seeds each: no verdict, however far apart
 
 
 def test_claims_find_a_method_under_its_composed_name(tmp_path):
@@ -423,11 +453,9 @@ def test_a_report_with_no_finished_run_says_so(tmp_path):
 
 
 def _pending(statement, samples):
-    from reflectrl.report import stats
     from reflectrl.report.analysis import _Test
 
-    return _Test(statement, float(np.mean(samples[0])), samples, _verdict_greater,
-                 lambda s: stats.p_value_above(s, 0.0), lambda ci: "")
+    return _Test(statement, float(np.mean(samples[0])), samples, _verdict_greater, 0.0, True, lambda ci: "")
 
 
 def test_holm_turns_a_lone_supported_claim_inconclusive_when_two_are_tested():
@@ -442,6 +470,39 @@ def test_holm_turns_a_lone_supported_claim_inconclusive_when_two_are_tested():
     _decide(two, [(0, _pending("a", [samples] * 5)), (1, _pending("b", [samples] * 5))])
     assert [c.verdict for c in two] == ["inconclusive", "inconclusive"]  # Holm: 2 x 0.015 = 0.03
     assert two[0].p_holm == pytest.approx(0.03)
+
+
+def test_an_opposite_effect_is_not_supported_only_after_holm():
+    from reflectrl.report.analysis import Claim, _decide
+
+    # 1000 resamples, 15 at or above 0: the opposite direction's p = 0.015 < 0.025, the CI wholly below 0
+    samples = np.concatenate([np.full(15, 0.1), np.linspace(-1.0, -0.05, 985)])
+    alone = [Claim("a", "", "")]
+    _decide(alone, [(0, _pending("a", [samples] * 5))])
+    assert alone[0].verdict == "not supported" and alone[0].p_against == pytest.approx(0.015)
+    two = [Claim("a", "", ""), Claim("b", "", "")]
+    _decide(two, [(0, _pending("a", [samples] * 5)), (1, _pending("b", [samples] * 5))])
+    assert [c.verdict for c in two] == ["inconclusive", "inconclusive"]  # Holm: 2 x 0.015 = 0.03 >= 0.025
+    assert two[0].p_against_holm == pytest.approx(0.03) and two[0].p_holm == pytest.approx(1.0)
+    assert "the opposite direction: p = 0.0150, Holm 0.0300" in two[0].evidence
+
+
+def test_a_tie_is_not_not_supported(tmp_path):
+    from reflectrl.report.analysis import Claim, _decide
+
+    tied = np.zeros(1000)  # every seed tied: the CI pinned at 0
+    claims = [Claim("tie", "", "")]
+    _decide(claims, [(0, _pending("tie", [tied] * 5))])
+    (c,) = claims
+    assert c.verdict == "equivalent" and c.p_against == 1.0 and c.p_equiv_holm == 0.0  # shown by the TOST
+    # a spread around 0 wider than the margin: neither side nor a tie is shown
+    spread = np.linspace(-0.5, 0.5, 1001)
+    claims = [Claim("wide", "", "")]
+    _decide(claims, [(0, _pending("wide", [spread] * 5))])
+    assert claims[0].verdict == "inconclusive"
+    # on a fake experiment: both entries never reach the goal (every score 0) -> equivalent, not "not supported"
+    c = claim(make_experiment(tmp_path / "flat", {"ppo": [0.0] * 5, "gear": [0.0] * 5}), "GEAR beats")
+    assert c.verdict == "equivalent" and c.estimate == [0.0, 0.0, 0.0]
 
 
 def test_a_verdict_that_changes_with_the_bootstrap_seed_is_flagged_and_inconclusive():

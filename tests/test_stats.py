@@ -74,7 +74,7 @@ def test_claim_verdicts():
 
     assert _verdict_greater((0.2, 0.05, 0.3)) == "supported"
     assert _verdict_greater((-0.2, -0.3, -0.05)) == "not supported"
-    assert _verdict_greater((0.0, 0.0, 0.0)) == "not supported"  # every seed tied: no improvement
+    assert _verdict_greater((0.0, 0.0, 0.0)) == "inconclusive"  # every seed tied: neither side (a tie is the TOST's)
     assert _verdict_greater((0.05, -0.1, 0.2)) == "inconclusive"
 
 
@@ -119,6 +119,19 @@ def test_one_sided_p_values_and_tost():
     # within 0.5: 2 of 10 resamples at or above +0.5
     assert stats.tost_p_value(samples, 0.5) == 0.3
     assert stats.tost_p_value(np.zeros(10), 0.0) == 1.0  # a zero margin can never show equivalence
+
+
+def test_a_tie_shows_neither_direction_only_equivalence():
+    tied = np.zeros(100)  # every resample exactly on the line
+    assert stats.p_value_above(tied, 0.0) == 1.0 and stats.p_value_below(tied, 0.0) == 1.0
+    assert stats.tost_p_value(tied, 0.05) == 0.0
+
+
+def test_tost_around_another_center():
+    ratios = np.array([0.97, 0.98, 0.99, 1.0, 1.01, 1.02, 1.03, 1.04, 1.06, 0.93])  # a ratio tied at 1
+    assert stats.tost_p_value(ratios, 0.05, center=1.0) == 0.1  # 0.93 at or below 0.95; 1.06 at or above 1.05
+    assert stats.tost_p_value(ratios, 0.1, center=1.0) == 0.0
+    assert stats.tost_p_value(ratios, 0.1) == 1.0  # around 0: every ratio is far outside +-0.1
 
 
 def test_pointwise_band_matches_a_bootstrap_per_point():

@@ -5,6 +5,7 @@ one line on stderr with exit code 2 and no traceback.
     reflectrl train --resume DIR
     reflectrl eval DIR --episodes N [--deterministic] [--json] [--video FILE.mp4]
     reflectrl compare / report / plot ...          (multi-seed experiments and their report)
+    reflectrl claims DIR... [--json] [--out FILE.md] (one ledger of every claim in the reports under DIR)
     reflectrl sweep --env ID --algo ALGO --space KEY=DIST ... --trials N --seeds K --total-steps N --out DIR
     reflectrl llm init-tiny | sft | train | eval   (language-model agents, see llm/cli.py)
     reflectrl sandbox run --code F.py --tests T.json
@@ -117,6 +118,13 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("exp_dir", metavar="DIR", help="an experiment directory (the --out of 'reflectrl compare')")
     rep.add_argument("--reps", type=int, default=BOOTSTRAP_REPS,
                      help=f"bootstrap resamples (default {BOOTSTRAP_REPS:,})")
+
+    cl = sub.add_parser("claims", help="one ledger of every claim in the reports under the folders")
+    cl.add_argument("dirs", nargs="+", metavar="DIR",
+                    help="a folder searched (recursively) for reports' stats.json, e.g. docs/results")
+    cl.add_argument("--json", action="store_true", help="print one JSON object instead of the Markdown")
+    cl.add_argument("--out", metavar="FILE.md", default=None,
+                    help="write the ledger to this file (atomically; FILE.json with --json) instead of printing it")
 
     plot = sub.add_parser("plot", help="draw a run's pictures")
     plot_sub = plot.add_subparsers(dest="plot_command", parser_class=_Parser, required=True)
@@ -398,6 +406,17 @@ def _report(args) -> int:
     return 0
 
 
+def _claims(args) -> int:
+    from reflectrl.report.claims import run
+
+    text = run(args.dirs, out=args.out, as_json=args.json)
+    if args.out:
+        print(f"claims ledger: {args.out}")
+    else:
+        print(text, end="")
+    return 0
+
+
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
@@ -424,6 +443,8 @@ def main(argv: list[str] | None = None) -> int:
             return _compare(args)
         if args.command == "report":
             return _report(args)
+        if args.command == "claims":
+            return _claims(args)
         if args.command == "sweep":
             return _sweep(args)
         if args.command == "knobs":

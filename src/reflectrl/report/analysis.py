@@ -13,6 +13,23 @@ Only finished runs enter the statistics and the plots; the others (running, inte
 failed, or never started) are listed by `Experiment.excluded`. Every verdict (a claim's,
 and each entry's comparison with ppo in the summary table) is taken at several bootstrap
 seeds and flagged where it changes; the verdicts of one family are Holm-corrected.
+
+The claims' verdict rule (`evaluate_claims`), symmetric: each claim is a statistic (an IQM
+difference of normalised scores, method - baseline, or the calibration loss's late / early
+ratio) tested against a line (0; -margin for non-inferiority; 1 for the ratio), bootstrapped
+at each of stats.VERDICT_SEEDS. Over the claims an experiment tests together, three
+families of p-values are each Holm-corrected: the one-sided p of the claim's direction, the
+one-sided p of the opposite direction, and the TOST p of a tie (the statistic within
++-MARGIN_SHARE of 0, the normalised scores' units: 5% of each env's observed range; for the
+ratio, within +-MARGIN_SHARE of 1). Then
+* "supported": the 95% CI on the claim's side of the line and its Holm-corrected p < ALPHA / 2;
+* "not supported": the 95% CI wholly on the opposite side and the opposite direction's
+  Holm-corrected p < ALPHA / 2 (the opposite shown; a tie, a CI pinned on the line, is not);
+* "equivalent": neither, and the Holm-corrected TOST p < ALPHA (a tie shown within the margin);
+* "inconclusive": none of these, or a verdict that changes with the bootstrap seed;
+* "not tested": the experiment lacks an entry or env the claim needs (`Claim.missing` says
+  which), or has fewer than MIN_SEEDS_FOR_CI finished seeds of an entry (the estimate is
+  shown in the evidence, no verdict is drawn, and the claim is left out of the Holm families).
 """
 
 from __future__ import annotations
@@ -336,18 +353,30 @@ def _threshold(exp: Experiment, env_id: str) -> float:
 
 # ------------------------------------------------------------------------------- claims
 
+# The words a claim's verdict is one of (users' scripts read them from stats.json).
+VERDICTS = ("supported", "not supported", "equivalent", "inconclusive", "not tested")
+
+
 @dataclass
 class Claim:
     statement: str
-    verdict: str  # supported | not supported | inconclusive | not tested
+    verdict: str  # one of VERDICTS: supported | not supported | equivalent | inconclusive | not tested
     evidence: str
     # what the experiment lacks to test the claim at all ("gear", "a sparse-reward env");
-    # "" for a claim it can test (a "not tested" claim with "" lacks data, e.g. finished seeds)
+    # "" for a claim it can test (a "not tested" claim with "" lacks data: finished seeds, 5 per entry)
     missing: str = ""
     p_value: float | None = None   # one-sided bootstrap p-value of the claim (bootstrap seed 0)
     p_holm: float | None = None    # the same, Holm-corrected over the claims tested together
     stable: bool = True            # the verdict is the same at every one of stats.VERDICT_SEEDS
     verdicts_by_seed: list[str] = field(default_factory=list)
+    p_against: float | None = None       # one-sided p-value of the opposite direction (seed 0)
+    p_against_holm: float | None = None  # the same, Holm-corrected over the claims tested together
+    p_equiv: float | None = None         # TOST p-value of a tie within the margin (seed 0)
+    p_equiv_holm: float | None = None    # the same, Holm-corrected over the claims tested together
+    entries: list[str] = field(default_factory=list)  # the entries compared: [method, baseline] or [method]
+    envs: list[str] = field(default_factory=list)     # the envs the claim is tested on
+    seeds: list[int] = field(default_factory=list)    # finished seeds of each entry in `entries` (runs: a ratio)
+    estimate: list[float] | None = None  # [point, 95% CI low, high] at bootstrap seed 0
 
     @property
     def testable(self) -> bool:
@@ -385,36 +414,52 @@ def _method_and_baseline(exp: Experiment, algo: str, any_trainer: bool) -> tuple
 
 
 def _diff_matrices(exp: Experiment, label: str, key: str, envs: list[str], baseline: str = BASELINE):
-    a = _complete(score_matrix(exp, label, key, True, envs))
-    b = _complete(score_matrix(exp, baseline, key, True, envs))
-    return None if a.shape[0] < 2 or b.shape[0] < 2 else (a, b)
+    """The (seeds, envs) normalised score matrices of the entry and of its baseline, each
+    keeping the seeds scored in every env (either may have fewer than 2 rows)."""
+    return (_complete(score_matrix(exp, label, key, True, envs)),
+            _complete(score_matrix(exp, baseline, key, True, envs)))
 
 
 def _verdict_greater(ci) -> str:
-    """"X beats the baseline": supported when the whole CI is above 0; not supported when
-    none of it is (including a CI pinned at 0: every seed tied); inconclusive otherwise."""
+    """The CI rule of "X beats the baseline" (an IQM difference above 0): supported when the
+    whole CI is above 0; not supported when the whole CI is below 0 (the opposite shown);
+    inconclusive otherwise, a CI pinned at 0 (every seed tied) included. Each side also
+    needs its Holm-corrected p-value (`_rule`)."""
     _, lo, hi = ci
-    return "supported" if lo > 0 else "not supported" if hi <= 0 else "inconclusive"
+    return "supported" if lo > 0 else "not supported" if hi < 0 else "inconclusive"
 
 
 def _verdict_non_inferior(ci, margin: float) -> str:
     """"X's score >= the baseline's, within `margin`": the "beats" rule with the zero line
     moved down to -margin. Supported when the whole CI is above -margin (a CI inside
-    (-margin, 0) is non-inferior too); not supported when none of it is; inconclusive otherwise."""
+    (-margin, 0) is non-inferior too); not supported when the whole CI is below -margin
+    (worse by more than the margin); inconclusive otherwise."""
     _, lo, hi = ci
-    return "supported" if lo > -margin else "not supported" if hi <= -margin else "inconclusive"
+    return "supported" if lo > -margin else "not supported" if hi < -margin else "inconclusive"
 
 
 def _verdict_falls(ci) -> str:
     """"The loss falls", on the ratio late / early: supported when the whole CI is below 1;
-    not supported when none of it is (a ratio pinned at 1: no change); inconclusive otherwise."""
+    not supported when the whole CI is above 1 (the loss rose); inconclusive otherwise, a
+    ratio pinned at 1 (no change) included."""
     _, lo, hi = ci
-    return "supported" if hi < 1 else "not supported" if lo >= 1 else "inconclusive"
+    return "supported" if hi < 1 else "not supported" if lo > 1 else "inconclusive"
 
 
-def _few_seeds_note(n: int) -> str:
-    return (f"; fewer than {MIN_SEEDS_FOR_CI} seeds: the interval is the range of the seeds' bootstrap, "
-            "not a reliable 95% CI" if n < MIN_SEEDS_FOR_CI else "")
+def _rule(ci_rule: str, p_for_holm: float, p_against_holm: float, p_equiv_holm: float) -> str:
+    """A claim's verdict from its CI rule and its three Holm-corrected p-values: each side
+    (supported, not supported) needs the CI on its side and its one-sided p below ALPHA / 2;
+    then "equivalent" where the TOST p is below ALPHA, else "inconclusive"."""
+    if ci_rule == "supported" and p_for_holm < ALPHA / 2:
+        return "supported"
+    if ci_rule == "not supported" and p_against_holm < ALPHA / 2:
+        return "not supported"
+    return "equivalent" if p_equiv_holm < ALPHA else "inconclusive"
+
+
+def _few_seeds_reason(n: int) -> str:
+    return (f"; fewer than {MIN_SEEDS_FOR_CI} seeds per entry: not tested (the interval is the range of the "
+            "seeds' bootstrap, not a reliable 95% CI)" if n < MIN_SEEDS_FOR_CI else "")
 
 
 def _fmt(ci) -> str:
@@ -423,44 +468,83 @@ def _fmt(ci) -> str:
 
 @dataclass
 class _Test:
-    """A claim under test: its bootstrap at each verdict seed, the CI rule and the
-    one-sided p-value of what it asserts."""
+    """A claim under test: its bootstrap at each verdict seed, the CI rule, the line it is
+    tested against (`null`: the claim says the statistic is above it, or below it where
+    `above` is False) and where a tie lies (`tie`, +-`margin` for the TOST)."""
     statement: str
     point: float
     samples: list[np.ndarray]            # one array of bootstrap samples per verdict seed
     decide: Callable[[tuple], str]       # the CI rule on (point, lo, hi)
-    p_of: Callable[[np.ndarray], float]  # one-sided p-value from the samples
+    null: float
+    above: bool
     evidence: Callable[[tuple], str]
+    tie: float = 0.0
+    margin: float = MARGIN_SHARE
+    entries: list[str] = field(default_factory=list)
+    envs: list[str] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=list)
 
     def ci(self, j: int) -> tuple[float, float, float]:
         lo, hi = np.percentile(self.samples[j], [100 * ALPHA / 2, 100 * (1 - ALPHA / 2)])
         return self.point, float(lo), float(hi)
 
+    def p_for(self, j: int) -> float:
+        """One-sided p-value of what the claim asserts."""
+        s = self.samples[j]
+        return stats.p_value_above(s, self.null) if self.above else stats.p_value_below(s, self.null)
 
-def _holm_verdicts(tests: list[_Test], j: int) -> tuple[list[str], list[float], list[float]]:
-    """Each test's verdict at verdict seed j: the CI rule, with "supported" kept only where
-    the Holm-corrected one-sided p-value is below ALPHA / 2 (the CI rule's own level)."""
-    p = [t.p_of(t.samples[j]) for t in tests]
-    adjusted = stats.holm(p)
-    verdicts = []
-    for t, q in zip(tests, adjusted):
-        v = t.decide(t.ci(j))
-        verdicts.append("inconclusive" if v == "supported" and q >= ALPHA / 2 else v)
-    return verdicts, p, adjusted
+    def p_against(self, j: int) -> float:
+        """One-sided p-value of the opposite (a tie at the null line shows neither)."""
+        s = self.samples[j]
+        return stats.p_value_below(s, self.null) if self.above else stats.p_value_above(s, self.null)
+
+    def p_equiv(self, j: int) -> float:
+        """TOST p-value of a tie: the statistic within tie +- margin."""
+        return stats.tost_p_value(self.samples[j], self.margin, self.tie)
+
+
+def _holm_verdicts(tests: list[_Test], j: int) -> tuple[list[str], dict[str, list[float]], dict[str, list[float]]]:
+    """Each test's verdict at verdict seed j (`_rule`), with the raw and the Holm-corrected
+    p-values of the three families ("for", "against", "equiv"), each corrected over the tests."""
+    raw = {"for": [t.p_for(j) for t in tests], "against": [t.p_against(j) for t in tests],
+           "equiv": [t.p_equiv(j) for t in tests]}
+    adjusted = {k: stats.holm(v) for k, v in raw.items()}
+    verdicts = [_rule(t.decide(t.ci(j)), adjusted["for"][i], adjusted["against"][i], adjusted["equiv"][i])
+                for i, t in enumerate(tests)]
+    return verdicts, raw, adjusted
 
 
 def _margin_units(exp: Experiment, envs: list[str]) -> str:
     return ", ".join(f"{margin_of(exp, e):.3g} return on {e}" for e in envs)
 
 
+def claims_intro(claims: list[Claim], reps: int) -> str:
+    """How the claims' verdicts are decided (the report's text above its claims table)."""
+    tested = [c for c in claims if c.p_value is not None]
+    few = [c for c in claims if c.testable and c.verdict == "not tested"]
+    text = (f"{len(tested)} claim(s) tested together. 'supported' needs the 95% CI on the claim's side and a "
+            f"one-sided p-value below {ALPHA / 2:g} after Holm's correction over the {len(tested)}; 'not supported' "
+            f"needs the same on the opposite side (a tie is not); else 'equivalent' where a TOST puts the "
+            f"difference within +-{MARGIN_SHARE:.0%} of each env's range (a ratio within +-{MARGIN_SHARE:.0%} of 1) "
+            f"at {ALPHA:g} after Holm's correction, else 'inconclusive'. Each verdict is taken at bootstrap seeds "
+            f"{list(stats.VERDICT_SEEDS)} ({reps:,} resamples each) and is 'inconclusive' where it changes.")
+    if few or not tested:
+        text += (f" A claim with fewer than {MIN_SEEDS_FOR_CI} finished seeds of an entry is 'not tested': its "
+                 "estimate is shown, no verdict is drawn.")
+    return text
+
+
 def evaluate_claims(exp: Experiment, reps: int = stats.BOOTSTRAP_REPS, margin: float = MARGIN_SHARE) -> list[Claim]:
+    """The seed claims, each tested where the experiment can test it; see the module docstring
+    for the verdict rule. `margin`: the non-inferiority and equivalence margin, a share of each
+    env's observed return range (the normalised scores' units)."""
     claims: list[Claim] = []
     tests: list[tuple[int, _Test]] = []  # (index in claims, test)
     has_base = BASELINE in exp.spec.algos
     envs = exp.spec.envs
 
-    def untested(statement, why, missing=""):
-        claims.append(Claim(statement, "not tested", why, missing))
+    def untested(statement, why, missing="", **known):
+        claims.append(Claim(statement, "not tested", why, missing, **known))
 
     def pending(test: _Test):
         claims.append(Claim(test.statement, "", ""))
@@ -468,6 +552,10 @@ def evaluate_claims(exp: Experiment, reps: int = stats.BOOTSTRAP_REPS, margin: f
 
     def bootstrap(matrices, statistic):
         return [stats.stratified_bootstrap(matrices, statistic, reps, seed) for seed in stats.VERDICT_SEEDS]
+
+    def ci_of(samples, point):
+        lo, hi = np.percentile(samples, [100 * ALPHA / 2, 100 * (1 - ALPHA / 2)])
+        return point, float(lo), float(hi)
 
     def compare(statement, algo, key, envs_, decide, what, null, units="", any_trainer=False):
         label, base = _method_and_baseline(exp, algo, any_trainer)
@@ -477,17 +565,24 @@ def evaluate_claims(exp: Experiment, reps: int = stats.BOOTSTRAP_REPS, margin: f
         if not envs_:
             return untested(statement, "no sparse-reward env in the experiment (GridWorld, MiniGrid, BabyAI, "
                             "or any env with --wrapper sparse/delayed)", NO_SPARSE_ENV)
-        pair = _diff_matrices(exp, label, key, envs_, base)
-        if pair is None:
-            return untested(statement, f"needs at least 2 finished seeds of '{label}' and of '{base}'")
-        a, b = pair
+        a, b = _diff_matrices(exp, label, key, envs_, base)
+        n_a, n_b = a.shape[0], b.shape[0]
+        known = {"entries": [label, base], "envs": list(envs_), "seeds": [n_a, n_b]}
+        if min(n_a, n_b) < 2:
+            return untested(statement, f"needs at least {MIN_SEEDS_FOR_CI} finished seeds of '{label}' and of "
+                            f"'{base}' in every env tested (has {n_a} and {n_b})", **known)
 
-        def evidence(ci, label=label, base=base, n_a=a.shape[0], n_b=b.shape[0]):
+        def evidence(ci, label=label, base=base, n_a=n_a, n_b=n_b):
             return (f"IQM difference in normalised {what}, {label} - {base}: {_fmt(ci)} (95% stratified "
-                    f"bootstrap CI; {n_a} vs {n_b} seeds x {len(envs_)} env(s){units}{_few_seeds_note(min(n_a, n_b))})")
+                    f"bootstrap CI; {n_a} vs {n_b} seeds x {len(envs_)} env(s){units}"
+                    f"{_few_seeds_reason(min(n_a, n_b))})")
 
-        pending(_Test(statement, stats.iqm_difference(a, b), bootstrap([a, b], stats.iqm_difference), decide,
-                      lambda s, null=null: stats.p_value_above(s, null), evidence))
+        point = stats.iqm_difference(a, b)
+        if min(n_a, n_b) < MIN_SEEDS_FOR_CI:
+            ci = ci_of(stats.stratified_bootstrap([a, b], stats.iqm_difference, reps, 0), point)
+            return untested(statement, evidence(ci), estimate=list(ci), **known)
+        pending(_Test(statement, point, bootstrap([a, b], stats.iqm_difference), decide, null, True, evidence,
+                      0.0, margin, **known))
 
     compare("RefGRPO learns faster early than PPO", "refgrpo", "early_auc", envs, _verdict_greater,
             "area under the first 25% of the learning curve", 0.0)
@@ -498,24 +593,32 @@ def evaluate_claims(exp: Experiment, reps: int = stats.BOOTSTRAP_REPS, margin: f
     statement = "RefGRPO's calibration loss falls and settles"
     label = _method_label(exp, "refgrpo")
     runs = [r for r in exp.finished if label and r.spec.entry.label == label]
-    losses = [[row["calibration_loss"] for row in r.rows if row.get("calibration_loss") is not None] for r in runs]
-    losses = [x for x in losses if len(x) >= 10]
+    losses = [([row["calibration_loss"] for row in r.rows if row.get("calibration_loss") is not None], r.spec.env_id)
+              for r in runs]
+    losses = [(x, env_id) for x, env_id in losses if len(x) >= 10]
     if label is None:
         untested(statement, "needs 'refgrpo' in --algos", "refgrpo")
     elif not losses:
         untested(statement, "no finished refgrpo run logged calibration_loss over 10 or more iterations")
     else:
         ratios = np.array([[np.mean(x[-max(1, len(x) // 10):]) / max(np.mean(x[:max(1, len(x) // 10)]), 1e-12)]
-                           for x in losses])
-
+                           for x, _ in losses])
         n_runs = len(losses)
+        loss_envs = [e for e in envs if any(env_id == e for _, env_id in losses)]
+        n_seeds = min(sum(1 for _, env_id in losses if env_id == e) for e in loss_envs)  # fewest over the envs
+        known = {"entries": [label], "envs": loss_envs, "seeds": [n_seeds]}
 
-        def ratio_evidence(ci, n=n_runs):
+        def ratio_evidence(ci, n=n_runs, n_seeds=n_seeds):
             return (f"IQM ratio of calibration loss, last 10% / first 10% of training: {ci[0]:.3f} "
-                    f"[{ci[1]:.3f}, {ci[2]:.3f}] over {n} runs{_few_seeds_note(n)}")
+                    f"[{ci[1]:.3f}, {ci[2]:.3f}] over {n} runs{_few_seeds_reason(n_seeds)}")
 
-        pending(_Test(statement, stats.iqm(ratios), bootstrap([ratios], stats.iqm), _verdict_falls,
-                      lambda s: stats.p_value_below(s, 1.0), ratio_evidence))
+        point = stats.iqm(ratios)
+        if n_seeds < MIN_SEEDS_FOR_CI:
+            ci = ci_of(stats.stratified_bootstrap([ratios], stats.iqm, reps, 0), point)
+            untested(statement, ratio_evidence(ci), estimate=list(ci), **known)
+        else:
+            pending(_Test(statement, point, bootstrap([ratios], stats.iqm), _verdict_falls, 1.0, False,
+                          ratio_evidence, 1.0, margin, **known))
 
     sparse = [e for e in envs
               if e.startswith(SPARSE_ENV_PREFIXES) or (exp.spec.wrapper or "").startswith(("sparse", "delayed"))]
@@ -535,13 +638,21 @@ def _decide(claims: list[Claim], tests: list[tuple[int, _Test]]) -> None:
         return
     family = [t for _, t in tests]
     by_seed = [_holm_verdicts(family, j) for j in range(len(family[0].samples))]
-    verdicts0, p0, adjusted0 = by_seed[0]
+    verdicts0, raw, adjusted = by_seed[0]
+    n = len(tests)
     for k, (i, t) in enumerate(tests):
         seen = [v[0][k] for v in by_seed]
-        note = f"; one-sided p = {p0[k]:.4f}, Holm-corrected over the {len(tests)} claims tested: {adjusted0[k]:.4f}"
+        tie = f"{t.tie:g} +- {t.margin:g}"
+        note = (f"; one-sided p = {raw['for'][k]:.4f}, Holm-corrected over the {n} claims tested: "
+                f"{adjusted['for'][k]:.4f}; the opposite direction: p = {raw['against'][k]:.4f}, Holm "
+                f"{adjusted['against'][k]:.4f}; a tie ({tie}, TOST): p = {raw['equiv'][k]:.4f}, Holm "
+                f"{adjusted['equiv'][k]:.4f}")
         if len(set(seen)) > 1:
             note += (f"; the verdict FLIPS across bootstrap seeds {list(stats.VERDICT_SEEDS)} ({', '.join(seen)}): "
                      "inconclusive")
-        verdict = verdicts0[k] if len(set(seen)) == 1 else "inconclusive"
-        claims[i] = Claim(t.statement, verdict, t.evidence(t.ci(0)) + note, "", p0[k], adjusted0[k],
-                          len(set(seen)) == 1, seen)
+        ci = t.ci(0)
+        claims[i] = Claim(t.statement, verdicts0[k] if len(set(seen)) == 1 else "inconclusive",
+                          t.evidence(ci) + note, "", raw["for"][k], adjusted["for"][k], len(set(seen)) == 1, seen,
+                          p_against=raw["against"][k], p_against_holm=adjusted["against"][k],
+                          p_equiv=raw["equiv"][k], p_equiv_holm=adjusted["equiv"][k],
+                          entries=list(t.entries), envs=list(t.envs), seeds=list(t.seeds), estimate=list(ci))

@@ -13,8 +13,9 @@ A score matrix is (runs, tasks): one row per seed, one column per env. The boots
 vectorised: a statistic receives a batch of resampled matrices, (resamples, runs, tasks),
 and returns one value per resample (`iqm`, `probability_of_improvement` and
 `iqm_difference` do; any other callable is applied one resample at a time). From the
-bootstrap samples come one-sided p-values for the report's verdicts, Holm's correction
-for testing several of them, and the TOST equivalence test.
+bootstrap samples come one-sided p-values for the report's verdicts (each claim is tested
+in its own direction and in the opposite one), Holm's correction for testing several of
+them, and the TOST equivalence test (a tie is only ever called "equivalent" through it).
 """
 
 from __future__ import annotations
@@ -137,11 +138,11 @@ def p_value_below(samples: np.ndarray, null: float) -> float:
     return float(np.mean(np.asarray(samples) >= null))
 
 
-def tost_p_value(samples: np.ndarray, margin: float) -> float:
-    """Two one-sided tests for equivalence within (-margin, margin): the larger of the two
-    one-sided p-values; equivalence is shown at level a when this is below a (the (1 - 2a)
-    CI lies inside the margins)."""
-    return max(p_value_above(samples, -margin), p_value_below(samples, margin))
+def tost_p_value(samples: np.ndarray, margin: float, center: float = 0.0) -> float:
+    """Two one-sided tests for equivalence within (center - margin, center + margin): the
+    larger of the two one-sided p-values; equivalence is shown at level a when this is below
+    a (the (1 - 2a) CI lies inside the margins). A zero margin never shows equivalence."""
+    return max(p_value_above(samples, center - margin), p_value_below(samples, center + margin))
 
 
 def holm(p_values: list[float]) -> list[float]:
