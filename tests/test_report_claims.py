@@ -309,6 +309,18 @@ def test_no_claim_verdict_under_five_seeds(tmp_path):
     assert [c["verdict"] for c in saved] == ["not tested"] * 5 and saved[4]["seeds"] == [3, 3]
 
 
+def test_claims_intro_states_the_symmetric_rule(tmp_path):
+    from reflectrl.report.analysis import claims_intro
+
+    claims = claims_of(make_experiment(tmp_path / "exp", {"ppo": LOW, "gear": HIGH})).values()
+    text = claims_intro(list(claims), REPS)
+    assert text.startswith("1 claim(s) tested together.")
+    assert "'not supported' needs the same on the opposite side" in text
+    assert "'equivalent' where a TOST" in text and "fewer than 5" not in text
+    few = claims_of(make_experiment(tmp_path / "few", {"ppo": LOW[:3], "gear": HIGH[:3]})).values()
+    assert "fewer than 5 finished seeds of an entry is 'not tested'" in claims_intro(list(few), REPS)
+
+
 def test_enough_seeds_give_no_warning_or_note(tmp_path):
     root = make_experiment(tmp_path / "exp", {"ppo": LOW, "gear": HIGH})
     assert all(r["seeds"] == MIN_SEEDS_FOR_CI for r in summary_table(load_experiment(root), reps=REPS))
