@@ -577,3 +577,13 @@ def test_an_off_policy_trainer_s_signals_are_compared_with_its_plain_entry(tmp_p
     text = (root / "report" / "report.md").read_text()
     assert "vs baseline (final)" in text and "better vs dqn (+0.4 [" in text
     assert "applied to the transitions sampled from the replay buffer at learning time" in text
+
+
+def test_a_report_with_an_equivalent_claim_writes_both_pages(tmp_path):
+    root = make_experiment(tmp_path / "exp", {"ppo": [0.0] * 5, "gear": [0.0] * 5})
+    out, claims = write_report(root, reps=REPS)
+    (c,) = [c for c in claims if c.testable]
+    assert c.verdict == "equivalent"
+    assert "class='equivalent'>equivalent<" in out.read_text()  # write_report gives the HTML page
+    text = (out.parent / "report.md").read_text()
+    assert "| **equivalent** |" in text and "a tie is not" in text

@@ -33,6 +33,7 @@ from reflectrl.report.analysis import (
     per_run_scores,
     summary_table,
 )
+from reflectrl.report.analysis import claims_intro as analysis_claims_intro
 from reflectrl.runs import atomic_write_bytes
 from reflectrl.runs.rundir import atomic_dir
 
@@ -311,11 +312,7 @@ def _write_report(root: Path, out: Path, reps: int) -> list[Claim]:
         notes += " " + FEW_SEEDS_NOTE
     versus = versus_note(table)
     excluded = excluded_text(exp)
-    n_tested = len(tested)
-    claims_intro = (f"{n_tested} claim(s) tested; 'supported' needs the 95% CI's rule and a one-sided p-value below "
-                    f"{ALPHA / 2:g} after Holm's correction over the {n_tested}; each verdict is taken at bootstrap "
-                    f"seeds {list(stats.VERDICT_SEEDS)} ({reps:,} resamples each) and flagged where it changes."
-                    if tested else "")
+    claims_intro = analysis_claims_intro(claims, reps) if tested else ""
 
     # ---- Markdown
     md = [f"# reflectrl experiment report: {root.name}", "", intro, "", PROVENANCE_LINE, "", "## Results", ""]
@@ -355,7 +352,7 @@ def _write_report(root: Path, out: Path, reps: int) -> list[Claim]:
              "<style>body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}"
              "table{border-collapse:collapse;margin:1em 0;font-size:14px}td,th{border:1px solid #ccc;padding:4px 8px}"
              "th{background:#f3f3f3}.supported{color:#0a7a22;font-weight:bold}.not{color:#b00020;font-weight:bold}"
-             ".inconclusive{color:#8a6d00;font-weight:bold}.untested{color:#777}img{max-width:100%}"
+             ".inconclusive{color:#8a6d00;font-weight:bold}.equivalent{color:#1f5fa8;font-weight:bold}.untested{color:#777}img{max-width:100%}"
              ".warning{background:#fff4d6;border-left:4px solid #d9a400;padding:6px 10px}"
              "pre{background:#f7f7f7;padding:8px;overflow-x:auto;font-size:12px}</style></head><body>",
              f"<h1>reflectrl experiment report: {e(root.name)}</h1><p>{e(intro)}</p><h2>Results</h2>"]
@@ -369,7 +366,8 @@ def _write_report(root: Path, out: Path, reps: int) -> list[Claim]:
     parts += [f"<p><small>{e(versus)}</small></p>"] if versus else []
     parts += [f"<p class='warning'>{e(excluded)}</p>"] if excluded else []
     parts += ["<h2>Claims</h2>"]
-    css = {"supported": "supported", "not supported": "not", "inconclusive": "inconclusive", "not tested": "untested"}
+    css = {"supported": "supported", "not supported": "not", "equivalent": "equivalent", "inconclusive": "inconclusive",
+           "not tested": "untested"}
     if tested:
         parts += [f"<p>{e(claims_intro)}</p>"]
         parts += ["<table><tr><th>claim</th><th>verdict</th><th>evidence</th></tr>"]
