@@ -28,14 +28,11 @@ TINY_SETS = ["env.size=5", "num_envs=2", "num_steps=64", "num_minibatches=2", "u
 NO_PER_RUN_DATA = {
     "gear-doorkey",              # docs/gear.md: "MiniGrid-DoorKey-8x8-v0, 150k steps" and the summary
     "gear-lunarlander",          # docs/gear.md: "LunarLander-v3, 300k steps"; docs/evidence.md: the re-run verdicts
-    "refgrpo-gridworld",         # docs/refgrpo.md: "Built-in sparse grid world"; docs/evidence.md: the re-run verdicts
     "refgrpo-halfcheetah",       # docs/refgrpo.md: "HalfCheetah-v5, 5 seeds, 1M steps"
     "refgrpo-lunarlander",       # docs/refgrpo.md: "LunarLander-v3, 5 seeds, 1M steps"
     "refgrpo-minigrid",          # docs/refgrpo.md: "MiniGrid-DoorKey-5x5-v0"; docs/evidence.md: the re-run verdicts
     "sdrs-ant-delayed",          # docs/sdrs.md: "Delayed MuJoCo (the LIRPG protocol), 500k steps"
     "sdrs-doorkey",              # docs/sdrs.md: "MiniGrid-DoorKey-8x8, 400k steps"
-    "sdrs-grid12",               # docs/sdrs.md: "Learning: the built-in sparse grid world at two sizes"
-    "sdrs-grid16",               # docs/sdrs.md: the same section, and "Does the shaper learn?"
     "sdrs-grid16-fitted",        # docs/sdrs.md: "Does the shaper learn? Two failure modes"
     "sdrs-halfcheetah-delayed",  # docs/sdrs.md: "Delayed MuJoCo (the LIRPG protocol), 500k steps"
 }
