@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Copy an experiment's report (Markdown, PNGs, stats.json, runs.csv, provenance.json) into
 # docs/results/NAME so the figures live in the repository; the run directories themselves stay out of git.
+# The tall diagnostics and exploration figures go in as WebP at 60% (docs/ keeps its images under 6 MB,
+# tests/test_docs_size.py), with report.md's links following them.
 #   bash bench/publish.sh bench/results/EXPERIMENT NAME
 set -euo pipefail
 exp="$1"; name="$2"
@@ -8,4 +10,22 @@ exp="$1"; name="$2"
 mkdir -p "docs/results/$name"
 cp "$exp/report/report.md" "$exp/report/stats.json" "$exp/report/runs.csv" "$exp/report/provenance.json" \
   "$exp"/report/*.png "docs/results/$name/"
+.venv/bin/python - "docs/results/$name" <<'PY'
+import sys
+from pathlib import Path
+
+from PIL import Image
+
+folder = Path(sys.argv[1])
+report = folder / "report.md"
+text = report.read_text()
+for png in sorted(folder.glob("*.png")):
+    if png.name.startswith(("diagnostics_", "exploration_")):
+        image = Image.open(png).convert("RGB")
+        image = image.resize((int(image.width * 0.6), int(image.height * 0.6)), Image.LANCZOS)
+        image.save(png.with_suffix(".webp"), "WEBP", quality=55, method=6)
+        text = text.replace(png.name, png.with_suffix(".webp").name)
+        png.unlink()
+report.write_text(text)
+PY
 echo "docs/results/$name"

@@ -29,7 +29,6 @@ NO_PER_RUN_DATA = {
     "gear-lunarlander",          # docs/gear.md: "LunarLander-v3, 300k steps"; docs/evidence.md: the re-run verdicts
     "refgrpo-halfcheetah",       # docs/refgrpo.md: "HalfCheetah-v5, 5 seeds, 1M steps"
     "refgrpo-lunarlander",       # docs/refgrpo.md: "LunarLander-v3, 5 seeds, 1M steps"
-    "refgrpo-minigrid",          # docs/refgrpo.md: "MiniGrid-DoorKey-5x5-v0"; docs/evidence.md: the re-run verdicts
     "sdrs-ant-delayed",          # docs/sdrs.md: "Delayed MuJoCo (the LIRPG protocol), 500k steps"
     "sdrs-doorkey",              # docs/sdrs.md: "MiniGrid-DoorKey-8x8, 400k steps"
     "sdrs-grid16-fitted",        # docs/sdrs.md: "Does the shaper learn? Two failure modes"
