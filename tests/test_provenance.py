@@ -26,7 +26,6 @@ TINY_SETS = ["env.size=5", "num_envs=2", "num_steps=64", "num_minibatches=2", "u
 # (they were published before reports kept each run's scores, and their run directories are gone).
 # Each needs a re-run with today's code, or a move under docs/results/archive/ (issue 40).
 NO_PER_RUN_DATA = {
-    "gear-lunarlander",          # docs/gear.md: "LunarLander-v3, 300k steps"; docs/evidence.md: the re-run verdicts
     "refgrpo-halfcheetah",       # docs/refgrpo.md: "HalfCheetah-v5, 5 seeds, 1M steps"
     "refgrpo-lunarlander",       # docs/refgrpo.md: "LunarLander-v3, 5 seeds, 1M steps"
     "sdrs-ant-delayed",          # docs/sdrs.md: "Delayed MuJoCo (the LIRPG protocol), 500k steps"
