@@ -221,8 +221,6 @@ def finite(name: str, value: float) -> None:
         raise UserError(f"{name}={value} must be a finite number")
 
 
-_finite = finite
-
 
 # The largest budget a run takes: 10^12 env steps is about 12 days at a million steps per second and
 # 30 years at a thousand, and far inside the int64 counters every log and checkpoint keeps.

@@ -114,6 +114,3 @@ ATARI_DEFAULTS = dict(
 )
 
 
-def resolve_defaults(ppo: PPOConfig, continuous: bool, *, atari: bool = False, pixels: bool = False) -> PPOConfig:
-    return ppo.resolved(continuous, atari=atari, pixels=pixels)
-
