@@ -69,6 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
                        "or HOST:PORT; default: start a local instance); with --resume it replaces the saved one")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
 
+    group = sub.add_parser("train-group", help="(compare's, backend=jax) train runs that differ only in their seed "
+                           "as one compiled program")
+    group.add_argument("runs", help="a JSON file: [{\"path\": DIR, \"argv\": [train arguments]}, ...]")
+    group.add_argument("--no-progress", action="store_true", help="no progress bar")
+
     cmp = sub.add_parser("compare", help="run every (env, algo, seed) and write the report")
     cmp.add_argument("--preset", default=None, help="a named experiment whose envs, algos, seeds, steps and --set "
                      "the other flags replace (--set adds to it): " + _presets_help())
@@ -202,11 +207,48 @@ def config_from_train_argv(argv: list[str]):
 
 
 def make_trainer(cfg, run):
-    """The trainer --algo names (the registry's TRAINERS), built for a resolved config."""
+    """The trainer --algo names (the registry's TRAINERS), built for a resolved config; on
+    backend=jax, the compiled JAX PPO (jaxrl/)."""
     from reflectrl.config import trainer_name
     from reflectrl.registry import trainer_class
 
+    if cfg.backend == "jax":
+        from reflectrl.jaxrl.trainer import JaxTrainer
+
+        return JaxTrainer(cfg, run)
     return trainer_class(trainer_name(cfg))(cfg, run)
+
+
+config_from_argv = config_from_train_argv
+
+
+def _train_group(args) -> int:
+    import json
+
+    from reflectrl.jaxrl.trainer import train_group
+
+    try:
+        items = json.loads(open(args.runs).read())
+    except (OSError, ValueError) as err:
+        raise UserError(f"train-group: cannot read {args.runs}: {err}") from None
+    return train_group([item["path"] for item in items], [item["argv"] for item in items],
+                       progress=not args.no_progress)
+
+
+def _finish_jax(group, i: int, run) -> None:
+    """A JAX group's run i finished: its status, the signals' pictures, the one-line summary."""
+    import numpy as np
+
+    from reflectrl.registry import finish_signals
+
+    cfg = group.cfgs[i]
+    run.set_status("finished", global_step=group.global_step, params_sha256=group.params_sha256(i))
+    finish_signals(cfg.algo, "control", run.path)
+    recent = list(group.recent[i])
+    outcome = (f"mean return of the last {len(recent)} iterations' episodes {_num(float(np.mean(recent)))}"
+               if recent else "no episode ended in training")
+    print(f"finished {cfg.algo} on {cfg.env_id} (backend=jax, seed {cfg.seed}): {group.global_step} steps, "
+          f"{outcome}; run: {run.path}")
 
 
 def _train_new(args) -> int:
@@ -242,6 +284,9 @@ def _finish(trainer, run) -> None:
     from reflectrl.registry import finish_signals
     from reflectrl.trainers.policies import params_sha256
 
+    if hasattr(trainer, "group"):  # backend=jax
+        _finish_jax(trainer.group, 0, run)
+        return
     run.set_status("finished", global_step=trainer.global_step, params_sha256=params_sha256(trainer.policy_module))
     finish_signals(trainer.cfg.algo, "control", run.path)
     if trainer.recent_returns:
@@ -437,6 +482,8 @@ def main(argv: list[str] | None = None) -> int:
             optimizers_without_dynamo()  # 2.5 s of start-up that only a compiler needs (torch_setup.py)
         if args.command == "train":
             return _train_resume(args) if args.resume else _train_new(args)
+        if args.command == "train-group":
+            return _train_group(args)
         if args.command == "eval":
             return _eval(args)
         if args.command == "compare":

@@ -41,7 +41,7 @@ def __getattr__(name: str):
 
 
 ENCODERS = ("auto", "mlp", "cnn")
-BACKENDS = ("gymnasium", "envpool")
+BACKENDS = ("gymnasium", "envpool", "jax")
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,8 @@ class RunConfig:
     torch_threads: int = 1
     """torch's intra-op threads"""
     backend: str = "gymnasium"
-    """training envs: gymnasium, or envpool (EnvPool's C++ vector envs for Atari and MiniGrid: the envpool extra)"""
+    """training envs: gymnasium, envpool (EnvPool's C++ vector envs for Atari and MiniGrid: the envpool extra), or
+    jax (PPO and its signals compiled end to end on gymnax:, navix: and craftax: envs: the jax extra; docs/jax.md)"""
     envpool_threads: int = 0
     """EnvPool's worker threads with backend=envpool (0: EnvPool's default, min(num_envs, cores))"""
     state_map_snapshots: int = 5

@@ -33,7 +33,11 @@ def resolve_config(cfg: RunConfig) -> RunConfig:
         hosts = [t.name for t in TRAINERS.values() if t.multiagent]
         raise UserError(f"--env {cfg.env_id} is a multi-agent (PettingZoo) env; --algo {cfg.algo} trains "
                         f"single-agent Gymnasium envs: use --algo {' or '.join(hosts)}")
-    cfg = spec.load("resolve")(cfg)
+    from reflectrl.jaxrl.resolve import check_jax_env_id
+    from reflectrl.jaxrl.resolve import resolve as resolve_jax
+
+    check_jax_env_id(cfg)
+    cfg = resolve_jax(cfg) if cfg.backend == "jax" else spec.load("resolve")(cfg)
     add_algo_section(cfg)
     validate(cfg)
     return cfg

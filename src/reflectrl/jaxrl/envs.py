@@ -1,0 +1,255 @@
+"""JAX environments by family, behind one functional interface with auto-reset.
+
+    gymnax:<id>    gymnax's classic control and MinAtar (gymnax:CartPole-v1, gymnax:Breakout-MinAtar)
+    navix:<id>     MiniGrid tasks in navix (navix:Navix-DoorKey-Random-8x8-v0, navix:Navix-KeyCorridorS3R1-v0)
+    craftax:<id>   Craftax (craftax:Craftax-Classic-Symbolic-v1), its achievements logged
+
+navix and MiniGrid: navix's plain `Navix-DoorKey-*` fixes the agent's start where MiniGrid
+randomises it; use its `-Random-` ids for MiniGrid's task. By default (`env.minigrid=true`) a
+navix env is built with MiniGrid's settings, so that a run compares with the torch side's
+MiniGrid runs: the agent's 7x7 first-person view (`symbolic_first_person`, flattened), MiniGrid's
+step limit for the task (DoorKey 10 n^2, Empty 4 n^2, KeyCorridor 30 s^2, FourRooms 100, ...;
+navix's default is 100 for every task) and MiniGrid's reward 1 - 0.9 t / max_steps on reaching the
+goal (navix's `penality_coeff=0.9`). `env.minigrid=false` keeps navix's own defaults.
+
+Every env here terminates or truncates on its own; `step` resets an env whose episode ended in
+the same call (the next observation is the new episode's first) and returns the final
+observation and the state key of the state the step reached (for bootstrapping a truncated
+step and for the exploration metrics). State keys (exploration metrics, the count bonus) are
+ints in [0, key_space): navix's player cell, heading and whether it carries something; Craftax's
+player cell; elsewhere a 16-bit SimHash of the observation (envs/statekey.py's idea).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from reflectrl.errors import UserError
+from reflectrl.jaxrl.resolve import FAMILIES, is_jax_env  # noqa: F401  (the ids' one definition)
+
+SIMHASH_BITS = 16
+
+
+@dataclass(frozen=True)
+class StepOut:
+    obs: Any          # the next observation (the new episode's first where this one ended)
+    env_state: Any
+    reward: Any
+    terminated: Any
+    truncated: Any
+    final_obs: Any    # the observation the step reached (its episode's last where it ended)
+    reached_key: Any  # the state key of that observation
+    key: Any          # the state key of `obs`
+    achievements: Any  # (A,) bool achievements of the episode so far (Craftax), else (0,)
+
+
+jax.tree_util.register_pytree_node(
+    StepOut, lambda s: ((s.obs, s.env_state, s.reward, s.terminated, s.truncated, s.final_obs, s.reached_key,
+                         s.key, s.achievements), None),
+    lambda _, c: StepOut(*c))
+
+
+class JaxEnv:
+    """One env of a family; `reset` and `step` are pure and vmap over envs and seeds."""
+
+    id: str
+    obs_dim: int
+    discrete: bool
+    action_dim: int             # actions (discrete) or the Box dimension
+    action_low: np.ndarray | None = None
+    action_high: np.ndarray | None = None
+    key_space: int = 2 ** SIMHASH_BITS
+    achievement_names: tuple[str, ...] = ()
+
+    def reset(self, key):
+        """(obs, env_state, state key)."""
+        raise NotImplementedError
+
+    def step(self, key, env_state, action) -> StepOut:
+        raise NotImplementedError
+
+
+def _simhash(obs: jax.Array, obs_dim: int) -> jax.Array:
+    """A 16-bit SimHash of a flat observation: the signs of 16 fixed random projections."""
+    planes = jax.random.normal(jax.random.PRNGKey(20240), (obs_dim, SIMHASH_BITS))
+    bits = (obs.reshape(-1).astype(jnp.float32) @ planes) > 0
+    return jnp.sum(bits.astype(jnp.int32) << jnp.arange(SIMHASH_BITS, dtype=jnp.int32))
+
+
+class GymnaxEnv(JaxEnv):
+    def __init__(self, name: str, kwargs: dict):
+        import gymnax
+
+        if name not in gymnax.registered_envs:
+            raise UserError(f"--env gymnax:{name}: gymnax has no such env; it has {', '.join(gymnax.registered_envs)}")
+        self.id = f"gymnax:{name}"
+        self.env, params = gymnax.make(name)
+        self.params = params.replace(**kwargs) if kwargs else params
+        space = self.env.action_space(self.params)
+        self.discrete = hasattr(space, "n")
+        obs_shape = self.env.observation_space(self.params).shape
+        self.obs_dim = int(np.prod(obs_shape))
+        if self.discrete:
+            self.action_dim = int(space.n)
+        else:
+            self.action_dim = int(np.prod(space.shape))
+            self.action_low = np.broadcast_to(np.asarray(space.low, np.float32), (self.action_dim,)).copy()
+            self.action_high = np.broadcast_to(np.asarray(space.high, np.float32), (self.action_dim,)).copy()
+        self.max_steps = int(self.params.max_steps_in_episode)
+
+    def _flat(self, obs):
+        return obs.reshape(-1).astype(jnp.float32)
+
+    def reset(self, key):
+        obs, state = self.env.reset_env(key, self.params)
+        obs = self._flat(obs)
+        return obs, state, _simhash(obs, self.obs_dim)
+
+    def step(self, key, env_state, action) -> StepOut:
+        k_step, k_reset = jax.random.split(key)
+        obs, state, reward, terminated, _ = self.env.step_env(k_step, env_state, action, self.params)
+        obs = self._flat(obs)
+        # gymnax >= 1.0 tells the time limit apart: a step that ends on both is a termination
+        truncated = jnp.logical_and(self.env.is_truncated(state, self.params), jnp.logical_not(terminated))
+        done = jnp.logical_or(terminated, truncated)
+        reset_obs, reset_state, reset_key = self.reset(k_reset)
+        reached = _simhash(obs, self.obs_dim)
+        new_state = jax.tree_util.tree_map(lambda r, s: jnp.where(done, r, s), reset_state, state)
+        return StepOut(jnp.where(done, reset_obs, obs), new_state, reward.astype(jnp.float32),
+                       terminated, truncated, obs, reached, jnp.where(done, reset_key, reached), jnp.zeros((0,), bool))
+
+
+# MiniGrid's step limits by task (minigrid/envs/*.py), for navix's ids
+def _minigrid_max_steps(name: str) -> int | None:
+    size = re.search(r"(\d+)x\d+", name)
+    n = int(size.group(1)) if size else None
+    if "DoorKey" in name and n:
+        return 10 * n * n
+    if ("Empty" in name or "Dynamic-Obstacles" in name or "GoToDoor" in name) and n:
+        return 4 * n * n
+    corridor = re.search(r"KeyCorridorS(\d+)R(\d+)", name)
+    if corridor:
+        return 30 * int(corridor.group(1)) ** 2
+    crossing = re.search(r"(?:LavaGap|SimpleCrossing)S(\d+)", name)
+    if crossing:
+        return 4 * int(crossing.group(1)) ** 2
+    if "FourRooms" in name:
+        return 100
+    return None
+
+
+class NavixEnv(JaxEnv):
+    def __init__(self, name: str, kwargs: dict):
+        import navix
+
+        if name not in navix.registry():
+            raise UserError(f"--env navix:{name}: navix has no such env; e.g. navix:Navix-DoorKey-Random-8x8-v0 "
+                            f"(it has {len(navix.registry())}: {', '.join(sorted(navix.registry())[:6])}, ...)")
+        kwargs = dict(kwargs)
+        minigrid = bool(kwargs.pop("minigrid", True))
+        if minigrid:
+            max_steps = _minigrid_max_steps(name)
+            if max_steps is not None:
+                kwargs.setdefault("max_steps", max_steps)
+            kwargs.setdefault("observation_fn", navix.observations.symbolic_first_person)
+            kwargs.setdefault("penality_coeff", 0.9)
+        try:
+            self.env = navix.make(name, **kwargs)
+        except TypeError as err:
+            raise UserError(f"--env navix:{name}: {err}") from None
+        self.id = f"navix:{name}"
+        self.max_steps = int(self.env.max_steps)
+        ts = self.env.reset(jax.random.PRNGKey(0))
+        self.obs_dim = int(np.prod(ts.observation.shape))
+        self.discrete = True
+        self.action_dim = len(self.env.action_set)
+        self.height, self.width = (int(x) for x in ts.state.grid.shape)
+        self.key_space = self.height * self.width * 8
+
+    def _key(self, state):
+        player = state.get_player()
+        pos = player.position.reshape(-1)
+        carried = (player.pocket.reshape(-1)[0] != -1).astype(jnp.int32)
+        return ((pos[0] * self.width + pos[1]) * 4 + player.direction.reshape(-1)[0]) * 2 + carried
+
+    def reset(self, key):
+        ts = self.env.reset(key)
+        return ts.observation.reshape(-1).astype(jnp.float32), ts, self._key(ts.state)
+
+    def step(self, key, env_state, action) -> StepOut:
+        from navix.environments.environment import StepType
+
+        ts = self.env._step(env_state, action)
+        done = ts.step_type != StepType.TRANSITION
+        obs = ts.observation.reshape(-1).astype(jnp.float32)
+        reset_obs, reset_ts, reset_key = self.reset(ts.state.key)
+        reached = self._key(ts.state)
+        new_ts = jax.tree_util.tree_map(lambda r, s: jnp.where(done, r, s), reset_ts, ts)
+        return StepOut(jnp.where(done, reset_obs, obs), new_ts, ts.reward.astype(jnp.float32),
+                       ts.step_type == StepType.TERMINATION, ts.step_type == StepType.TRUNCATION, obs, reached,
+                       jnp.where(done, reset_key, reached), jnp.zeros((0,), bool))
+
+
+class CraftaxEnv(JaxEnv):
+    def __init__(self, name: str, kwargs: dict):
+        from craftax.craftax_env import make_craftax_env_from_name
+
+        if name not in ("Craftax-Classic-Symbolic-v1", "Craftax-Symbolic-v1"):
+            raise UserError(f"--env craftax:{name}: use craftax:Craftax-Classic-Symbolic-v1 or "
+                            "craftax:Craftax-Symbolic-v1 (the pixel versions are not supported)")
+        self.id = f"craftax:{name}"
+        self.env = make_craftax_env_from_name(name, auto_reset=False)
+        self.params = self.env.default_params.replace(**kwargs) if kwargs else self.env.default_params
+        obs, state = self.env.reset(jax.random.PRNGKey(0), self.params)
+        self.obs_dim = int(np.prod(obs.shape))
+        self.discrete = True
+        self.action_dim = int(self.env.action_space(self.params).n)
+        self.max_steps = int(self.params.max_timesteps)
+        self.map_size = int(state.map.shape[-1])
+        self.key_space = self.map_size * self.map_size * (int(state.map.shape[0]) if state.map.ndim == 3 else 1)
+        from craftax.craftax_classic.constants import Achievement
+
+        self.achievement_names = tuple(a.name.lower() for a in Achievement)
+
+    def _key(self, state):
+        pos = state.player_position.reshape(-1)
+        level = getattr(state, "player_level", 0)
+        return (level * self.map_size + pos[0]) * self.map_size + pos[1]
+
+    def reset(self, key):
+        obs, state = self.env.reset_env(key, self.params)
+        return obs.reshape(-1).astype(jnp.float32), state, self._key(state)
+
+    def step(self, key, env_state, action) -> StepOut:
+        k_step, k_reset = jax.random.split(key)
+        obs, state, reward, done, _ = self.env.step_env(k_step, env_state, action, self.params)
+        obs = obs.reshape(-1).astype(jnp.float32)
+        truncated = jnp.logical_and(done, state.timestep >= self.max_steps)
+        terminated = jnp.logical_and(done, jnp.logical_not(truncated))
+        reset_obs, reset_state, reset_key = self.reset(k_reset)
+        reached = self._key(state)
+        achievements = state.achievements
+        new_state = jax.tree_util.tree_map(lambda r, s: jnp.where(done, r, s), reset_state, state)
+        return StepOut(jnp.where(done, reset_obs, obs), new_state, reward.astype(jnp.float32), terminated,
+                       truncated, obs, reached, jnp.where(done, reset_key, reached), achievements)
+
+
+def make_env(env_id: str, kwargs: dict | None = None) -> JaxEnv:
+    """The JAX env an id names (FAMILY:NAME), with one clear line for a missing package or a bad id."""
+    family, _, name = env_id.partition(":")
+    if family not in FAMILIES or not name:
+        raise UserError(f"--env {env_id}: backend=jax takes gymnax:<id>, navix:<id> or craftax:<id> "
+                        "(e.g. gymnax:CartPole-v1, navix:Navix-DoorKey-Random-8x8-v0)")
+    try:
+        import jax  # noqa: F401
+
+        __import__(family)
+    except ImportError:
+        raise UserError(f"--env {env_id} needs {family} and JAX: pip install 'reflectrl[jax]'") from None
+    return {"gymnax": GymnaxEnv, "navix": NavixEnv, "craftax": CraftaxEnv}[family](name, dict(kwargs or {}))

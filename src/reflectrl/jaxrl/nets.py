@@ -1,0 +1,111 @@
+"""The JAX side's networks and the one fit helper of its signals (torch: nets.py, signals/fit.py).
+
+Parameters are plain pytrees: a list of {"w": (in, out), "b": (out,)} layers, so that a torch
+layer's weight is `w.T` (the fixture tests copy torch heads in with `from_torch`). Inits follow
+the torch side: CleanRL's orthogonal init (gain sqrt 2 in the trunk) for the policy, and for the
+signals' heads PyTorch's default uniform init with a near-zero output layer (nets.relu_mlp).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+Params = list  # [{"w": (in, out), "b": (out,)}, ...]
+
+
+def orthogonal_mlp(key: jax.Array, sizes: Sequence[int], out_gain: float) -> Params:
+    """CleanRL's layer_init: orthogonal weights (gain sqrt 2; `out_gain` on the last), zero biases."""
+    keys = jax.random.split(key, len(sizes) - 1)
+    layers = []
+    for i, (k, a, b) in enumerate(zip(keys, sizes[:-1], sizes[1:], strict=True)):
+        gain = out_gain if i == len(sizes) - 2 else math.sqrt(2.0)
+        layers.append({"w": jax.nn.initializers.orthogonal(gain)(k, (a, b), jnp.float32), "b": jnp.zeros((b,))})
+    return layers
+
+
+def torch_default_mlp(key: jax.Array, sizes: Sequence[int], near_zero_output: bool = True) -> Params:
+    """PyTorch's nn.Linear init (uniform +-1/sqrt(fan_in)); the output layer scaled by 0.01 when
+    `near_zero_output` (nets.near_zero_init): a head that adds nothing until it has learned."""
+    keys = jax.random.split(key, 2 * (len(sizes) - 1))
+    layers = []
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+        bound = 1.0 / math.sqrt(a)
+        w = jax.random.uniform(keys[2 * i], (a, b), minval=-bound, maxval=bound)
+        bias = jax.random.uniform(keys[2 * i + 1], (b,), minval=-bound, maxval=bound)
+        if near_zero_output and i == len(sizes) - 2:
+            w, bias = w * 0.01, bias * 0.0
+        layers.append({"w": w, "b": bias})
+    return layers
+
+
+def mlp(params: Params, x: jax.Array, activation: Callable = jax.nn.relu) -> jax.Array:
+    """The MLP's output; `activation` between layers, none after the last."""
+    for layer in params[:-1]:
+        x = activation(x @ layer["w"] + layer["b"])
+    return x @ params[-1]["w"] + params[-1]["b"]
+
+
+def head(params: Params, x: jax.Array) -> jax.Array:
+    """A scalar ReLU head's output, (..., ) (nets.relu_mlp squeezed)."""
+    return mlp(params, x)[..., 0]
+
+
+def from_torch(module) -> Params:
+    """A torch nn.Sequential of Linear layers (and activations) as JAX parameters."""
+    import torch
+
+    return [{"w": jnp.asarray(m.weight.detach().numpy().T), "b": jnp.asarray(m.bias.detach().numpy())}
+            for m in module.modules() if isinstance(m, torch.nn.Linear)]
+
+
+def adam(lr: float) -> optax.GradientTransformation:
+    """torch.optim.Adam's defaults (eps 1e-8 outside the square root, as torch)."""
+    return optax.adam(lr, b1=0.9, b2=0.999, eps=1e-8)
+
+
+def fit_mse(loss_fn: Callable, params, opt_state, opt: optax.GradientTransformation, data: tuple,
+            epochs: int, minibatch_size: int, key: jax.Array, shuffle: str = "always"):
+    """Minibatch MSE fit (signals/fit.py HeadFitter.fit): `epochs` passes over the rows of `data`
+    (a tuple of row-aligned arrays) in minibatches of `minibatch_size` (the last, short one
+    dropped only where rows do not divide: the torch fitter keeps it; here the rows are padded by
+    repeating a permutation's head, see below), `loss_fn(params, *minibatch) -> scalar`.
+    `shuffle="when_split"` keeps the rows in order when one minibatch holds them all.
+
+    Returns (params, opt_state, loss of the whole data before the fit)."""
+    n = data[0].shape[0]
+    mb = min(minibatch_size, n)
+    num = max(n // mb, 1)
+    loss_before = loss_fn(params, *data)
+
+    def epoch(carry, k):
+        params, opt_state = carry
+        order = jnp.arange(n) if (shuffle == "when_split" and mb >= n) else jax.random.permutation(k, n)
+
+        def step(carry, idx):
+            params, opt_state = carry
+            rows = tuple(d[idx] for d in data)
+            grads = jax.grad(loss_fn)(params, *rows)
+            updates, opt_state = opt.update(grads, opt_state, params)
+            return (optax.apply_updates(params, updates), opt_state), None
+
+        batches = order[: num * mb].reshape(num, mb)
+        (params, opt_state), _ = jax.lax.scan(step, (params, opt_state), batches)
+        return (params, opt_state), None
+
+    (params, opt_state), _ = jax.lax.scan(epoch, (params, opt_state), jax.random.split(key, epochs))
+    return params, opt_state, loss_before
+
+
+def polyak(target, source, tau: float):
+    """target <- tau * source + (1 - tau) * target (nets.update_target)."""
+    return jax.tree_util.tree_map(lambda t, s: t + tau * (s - t), target, source)
+
+
+def to_numpy(tree):
+    return jax.tree_util.tree_map(np.asarray, tree)

@@ -1,0 +1,430 @@
+"""PPO compiled end to end (PureJaxRL's shape): one training iteration, rollout, GAE, the
+signals' fits and terms, the update and the exploration metrics, is one pure function of the
+training state; `make_program` scans it over K iterations, vmaps that over seeds and jits the
+whole, so a call advances every seed K iterations without returning to Python.
+
+The algorithm is the torch PPO's (trainers/ppo, onpolicy/update.py), with CleanRL's ppo.py
+and ppo_continuous_action.py settings and the same knobs (PPOConfig): separate tanh MLPs for
+actor and critic with orthogonal init, Adam (eps 1e-5) with linear annealing, per-minibatch
+advantage normalisation then the signals' weights, clipped value loss, global grad-norm clip;
+GAE that tells truncation from termination (bootstrapping a truncated step from V of its
+final observation). Signals apply in the order written and combine as signals/compose.py
+says: reward terms add (one estimate on their sum), advantage terms add, weights multiply;
+a signal's reward stream gets its own value head (RND's intrinsic stream).
+
+Exploration metrics inside the program: `unique_states` (distinct keys among the
+iteration's steps), `unique_states_total` (over training: a visited-table of key_space
+entries), `visitation_entropy` (of the keys of the last WINDOW iterations), and
+`first_reward_step` (-1 until the first non-zero env reward; the host logs None).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from reflectrl.jaxrl import nets
+from reflectrl.jaxrl.gae import gae
+from reflectrl.jaxrl.signals.base import Batch, Context, Output
+
+WINDOW = 10  # iterations in the visitation-entropy window (trainers/exploration_metrics.py)
+
+
+@dataclass(frozen=True, eq=False)
+class Setup:
+    """What the compiled program is built from (static)."""
+
+    env: Any                    # jaxrl.envs.JaxEnv
+    knobs: Any                  # PPOConfig, resolved
+    signals: tuple = ()         # jaxrl signals, in --algo order
+    total_iterations: int = 1
+
+    @property
+    def T(self) -> int:
+        return self.knobs.num_steps
+
+    @property
+    def N(self) -> int:
+        return self.knobs.num_envs
+
+    @property
+    def stream(self):
+        streams = [s.stream for s in self.signals if s.stream is not None]
+        if len(streams) > 1:
+            from reflectrl.errors import UserError
+
+            raise UserError("backend=jax learns one signal reward stream; these signals declare "
+                            f"{', '.join(s.name for s in streams)}")
+        return streams[0] if streams else None
+
+    def context(self) -> Context:
+        k, env = self.knobs, self.env
+        return Context(obs_dim=env.obs_dim, action_dim=env.action_dim, discrete=env.discrete,
+                       feature_dim=k.hidden_sizes[-1], learning_rate=k.learning_rate, gamma=k.gamma,
+                       gae_lambda=k.gae_lambda, num_steps=k.num_steps, num_envs=k.num_envs,
+                       total_iterations=self.total_iterations, key_space=env.key_space)
+
+
+# --------------------------------------------------------------------------- the policy
+
+def init_params(setup: Setup, key) -> dict:
+    env, sizes = setup.env, tuple(setup.knobs.hidden_sizes)
+    k_actor, k_critic, k_stream = jax.random.split(key, 3)
+    params = {"actor": nets.orthogonal_mlp(k_actor, (env.obs_dim, *sizes, env.action_dim), 0.01),
+              "critic": nets.orthogonal_mlp(k_critic, (env.obs_dim, *sizes, 1), 1.0)}
+    if not env.discrete:
+        params["log_std"] = jnp.zeros((env.action_dim,))
+    if setup.stream is not None:
+        params["stream_critic"] = nets.orthogonal_mlp(k_stream, (env.obs_dim, *sizes, 1), 1.0)
+    return params
+
+
+def actor_features(params, obs):
+    """The actor's last hidden layer (Batch.features)."""
+    x = obs
+    for layer in params["actor"][:-1]:
+        x = jnp.tanh(x @ layer["w"] + layer["b"])
+    return x
+
+
+def policy_out(params, obs):
+    """(logits or mean, features)."""
+    features = actor_features(params, obs)
+    last = params["actor"][-1]
+    return features @ last["w"] + last["b"], features
+
+
+def value(params, obs, head: str = "critic"):
+    return nets.mlp(params[head], obs, jnp.tanh)[..., 0]
+
+
+def log_prob_entropy(setup: Setup, params, out, actions):
+    if setup.env.discrete:
+        logp_all = jax.nn.log_softmax(out)
+        logp = jnp.take_along_axis(logp_all, actions[..., None].astype(jnp.int32), -1)[..., 0]
+        entropy = -(jnp.exp(logp_all) * logp_all).sum(-1)
+        return logp, entropy
+    log_std = jnp.broadcast_to(params["log_std"], out.shape)
+    logp = (-0.5 * ((actions - out) / jnp.exp(log_std)) ** 2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+    entropy = (0.5 + 0.5 * math.log(2 * math.pi) + log_std).sum(-1)
+    return logp, entropy
+
+
+def sample_action(setup: Setup, params, out, key):
+    if setup.env.discrete:
+        return jax.random.categorical(key, out).astype(jnp.int32)
+    return out + jnp.exp(params["log_std"]) * jax.random.normal(key, out.shape)
+
+
+def env_action(setup: Setup, action):
+    """What the env is given: a continuous action clipped to its Box (CleanRL's ClipAction)."""
+    if setup.env.discrete:
+        return action
+    return jnp.clip(action, setup.env.action_low, setup.env.action_high)
+
+
+def optimizer(knobs) -> optax.GradientTransformation:
+    return optax.chain(optax.clip_by_global_norm(knobs.max_grad_norm),
+                       optax.inject_hyperparams(optax.adam)(learning_rate=knobs.learning_rate, eps=1e-5))
+
+
+# --------------------------------------------------------------------------- the training state
+
+def init_state(setup: Setup, seed_key) -> dict:
+    env, N = setup.env, setup.N
+    k_params, k_env, k_sig, k_rng = jax.random.split(seed_key, 4)
+    params = init_params(setup, k_params)
+    obs, env_state, keys = jax.vmap(env.reset)(jax.random.split(k_env, N))
+    ctx = setup.context()
+    signal_states = [s.init(k, ctx) for s, k in zip(setup.signals, jax.random.split(k_sig, max(len(setup.signals), 1)),
+                                                   strict=False)]
+    achievements = len(env.achievement_names)
+    return {
+        "params": params,
+        "opt_state": optimizer(setup.knobs).init(params),
+        "env_state": env_state, "obs": obs, "keys": keys.astype(jnp.int32),
+        "rng": k_rng,
+        "signals": signal_states,
+        "ep_return": jnp.zeros((N,)), "ep_length": jnp.zeros((N,), jnp.int32),
+        "iteration": jnp.zeros((), jnp.int32), "global_step": jnp.zeros((), jnp.int32),
+        "seen": jnp.zeros((env.key_space,), bool),
+        "window": jnp.full((WINDOW, setup.T * N), -1, jnp.int32),
+        "first_reward_step": jnp.full((), -1, jnp.int32),
+        "achieved_ever": jnp.zeros((achievements,), bool),
+    }
+
+
+# --------------------------------------------------------------------------- one iteration
+
+def rollout(setup: Setup, state: dict):
+    env, T = setup.env, setup.T
+    params = state["params"]
+
+    def step(carry, key):
+        obs, env_state, keys, ep_ret, ep_len = carry
+        k_act, k_env = jax.random.split(key)
+        out, features = policy_out(params, obs)
+        action = sample_action(setup, params, out, k_act)
+        logp, _ = log_prob_entropy(setup, params, out, action)
+        v = value(params, obs)
+        res = jax.vmap(env.step)(jax.random.split(k_env, setup.N), env_state, env_action(setup, action))
+        done = jnp.logical_or(res.terminated, res.truncated)
+        ep_ret = ep_ret + res.reward
+        ep_len = ep_len + 1
+        record = {"obs": obs, "actions": action, "logprobs": logp, "values": v, "features": features,
+                  "rewards": res.reward, "terminations": res.terminated.astype(jnp.float32),
+                  "truncations": res.truncated.astype(jnp.float32), "next_obs": res.final_obs,
+                  "state_keys": keys, "next_state_keys": res.reached_key.astype(jnp.int32),
+                  "done": done, "episode_return": ep_ret, "episode_length": ep_len,
+                  "achievements": res.achievements}
+        ep_ret = jnp.where(done, 0.0, ep_ret)
+        ep_len = jnp.where(done, 0, ep_len)
+        return (res.obs, res.env_state, res.key.astype(jnp.int32), ep_ret, ep_len), record
+
+    rng, key = jax.random.split(state["rng"])
+    carry = (state["obs"], state["env_state"], state["keys"], state["ep_return"], state["ep_length"])
+    carry, traj = jax.lax.scan(step, carry, jax.random.split(key, T))
+    obs, env_state, keys, ep_ret, ep_len = carry
+    state = {**state, "rng": rng, "obs": obs, "env_state": env_state, "keys": keys, "ep_return": ep_ret,
+             "ep_length": ep_len}
+    return state, traj
+
+
+def exploration_metrics(setup: Setup, state: dict, traj: dict):
+    keys = traj["state_keys"].reshape(-1)
+    sorted_keys = jnp.sort(keys)
+    unique = 1 + jnp.sum(sorted_keys[1:] != sorted_keys[:-1])
+    seen = state["seen"].at[keys].set(True).at[traj["next_state_keys"].reshape(-1)].set(True)
+    window = jnp.roll(state["window"], 1, axis=0).at[0].set(keys)
+    flat = jnp.sort(window.reshape(-1))
+    valid = flat >= 0
+    starts = jnp.concatenate([jnp.array([True]), flat[1:] != flat[:-1]]) & valid
+    segment = jnp.cumsum(starts) - 1
+    counts = jax.ops.segment_sum(valid.astype(jnp.float32), jnp.where(valid, segment, flat.shape[0] - 1),
+                                 num_segments=flat.shape[0])
+    p = counts / jnp.maximum(valid.sum(), 1)
+    entropy = -jnp.sum(jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0))
+    rewarded = traj["rewards"] != 0
+    any_reward = rewarded.any()
+    first_t = jnp.argmax(rewarded.any(axis=1))
+    first = jnp.where((state["first_reward_step"] < 0) & any_reward,
+                      state["global_step"] + (first_t + 1) * setup.N, state["first_reward_step"])
+    state = {**state, "seen": seen, "window": window, "first_reward_step": first}
+    return state, {"unique_states": unique, "unique_states_total": seen.sum(), "visitation_entropy": entropy,
+                   "first_reward_step": first}
+
+
+def make_batch(traj: dict, state: dict, params, iteration, global_step) -> Batch:
+    not_term = 1.0 - traj["terminations"]
+    next_values = value(params, traj["next_obs"]) * not_term
+    zeros = jnp.zeros_like(traj["rewards"])
+    return Batch(obs=traj["obs"], actions=traj["actions"], rewards=traj["rewards"],
+                 terminations=traj["terminations"], truncations=traj["truncations"], values=traj["values"],
+                 next_values=next_values, next_obs=traj["next_obs"], features=traj["features"],
+                 state_keys=traj["state_keys"], next_state_keys=traj["next_state_keys"], advantages=zeros,
+                 returns=zeros, iteration=iteration, global_step=global_step)
+
+
+def apply_signals(setup: Setup, state: dict, batch: Batch, key):
+    """shape_rewards, the estimate, after_advantages, as trainers/base.apply_signals and
+    signals/compose.py do it. Returns (state, batch with advantages/returns, weights, stream
+    rewards, metrics)."""
+    k = setup.knobs
+
+    def estimate_with(b):
+        return lambda rewards: gae(rewards, b.values, b.next_values, b.terminations, b.truncations, k.gamma,
+                                   k.gae_lambda)
+
+    metrics, states = {}, list(state["signals"])
+    keys = jax.random.split(key, 2 * max(len(setup.signals), 1))
+    base, total = batch.rewards, None
+    for i, s in enumerate(setup.signals):
+        states[i], term, m = s.shape_rewards(states[i], batch._replace(rewards=base if total is None else base + total),
+                                             keys[2 * i])
+        metrics.update(m)
+        if term is not None:
+            total = term if total is None else total + term
+    rewards = base if total is None else base + total
+    estimate = estimate_with(batch)
+    advantages, returns = estimate(rewards)
+    batch = batch._replace(rewards=rewards, advantages=advantages, returns=returns)
+    seen_by = batch
+    adv_term, weights, stream = None, None, None
+    for i, s in enumerate(setup.signals):
+        states[i], out, m = s.after_advantages(states[i], seen_by, keys[2 * i + 1], estimate)
+        metrics.update(m)
+        out = out if out is not None else Output()
+        if out.reward is not None:
+            rewards = seen_by.rewards + out.reward
+            seen_by = seen_by._replace(rewards=rewards)
+            if out.recompute:
+                a, r = estimate(rewards)
+                seen_by = seen_by._replace(advantages=a if adv_term is None else a + adv_term, returns=r)
+        if out.advantage is not None:
+            adv_term = out.advantage if adv_term is None else adv_term + out.advantage
+            seen_by = seen_by._replace(advantages=seen_by.advantages + out.advantage)
+        if out.weights is not None:
+            weights = out.weights if weights is None else weights * out.weights
+        if out.stream is not None:
+            stream = out.stream
+    return {**state, "signals": states}, batch, seen_by, weights, stream, metrics
+
+
+def stream_advantages(setup: Setup, params, traj: dict, stream_rewards):
+    """GAE of a signal's reward stream under its own gamma with its own value head; a
+    non-episodic stream runs on over episode ends (signals/base.py RewardStream)."""
+    s = setup.stream
+    values = value(params, traj["obs"], "stream_critic")
+    next_values = value(params, traj["next_obs"], "stream_critic")
+    zeros = jnp.zeros_like(values)
+    if s.episodic:
+        return gae(stream_rewards, values, next_values * (1.0 - traj["terminations"]), traj["terminations"],
+                   traj["truncations"], s.gamma, setup.knobs.gae_lambda)
+    return gae(stream_rewards, values, next_values, zeros, zeros, s.gamma, setup.knobs.gae_lambda)
+
+
+def update(setup: Setup, state: dict, traj: dict, advantages, returns, weights, stream_returns, key):
+    k = setup.knobs
+    B = setup.T * setup.N
+    mb = B // k.num_minibatches
+    flat = {"obs": traj["obs"].reshape(B, -1), "actions": traj["actions"].reshape((B,) + traj["actions"].shape[2:]),
+            "logprobs": traj["logprobs"].reshape(B), "values": traj["values"].reshape(B),
+            "advantages": advantages.reshape(B), "returns": returns.reshape(B),
+            "weights": (jnp.ones((B,)) if weights is None else weights.reshape(B)),
+            "stream_returns": (jnp.zeros((B,)) if stream_returns is None else stream_returns.reshape(B))}
+    opt = optimizer(k)
+    frac = 1.0 - state["iteration"].astype(jnp.float32) / setup.total_iterations if k.anneal_lr else 1.0
+    opt_state = state["opt_state"]
+    opt_state[1].hyperparams["learning_rate"] = frac * k.learning_rate
+
+    def loss_fn(params, b):
+        out, _ = policy_out(params, b["obs"])
+        logp, entropy = log_prob_entropy(setup, params, out, b["actions"])
+        logratio = logp - b["logprobs"]
+        ratio = jnp.exp(logratio)
+        adv = b["advantages"]
+        if k.norm_adv:
+            adv = (adv - adv.mean()) / (adv.std(ddof=1) + 1e-8)
+        adv = adv * b["weights"]
+        pg_loss = jnp.maximum(-adv * ratio, -adv * jnp.clip(ratio, 1 - k.clip_coef, 1 + k.clip_coef)).mean()
+        newvalue = value(params, b["obs"])
+        if k.clip_vloss:
+            clipped = b["values"] + jnp.clip(newvalue - b["values"], -k.clip_coef, k.clip_coef)
+            v_loss = 0.5 * jnp.maximum((newvalue - b["returns"]) ** 2, (clipped - b["returns"]) ** 2).mean()
+        else:
+            v_loss = 0.5 * ((newvalue - b["returns"]) ** 2).mean()
+        if setup.stream is not None:
+            v_loss = v_loss + 0.5 * ((value(params, b["obs"], "stream_critic") - b["stream_returns"]) ** 2).mean()
+        loss = pg_loss - k.ent_coef * entropy.mean() + k.vf_coef * v_loss
+        approx_kl = ((ratio - 1) - logratio).mean()
+        clipfrac = (jnp.abs(ratio - 1.0) > k.clip_coef).mean()
+        return loss, (pg_loss, v_loss, entropy.mean(), approx_kl, clipfrac)
+
+    def epoch(carry, ekey):
+        params, opt_state = carry
+        perm = jax.random.permutation(ekey, B).reshape(k.num_minibatches, mb)
+
+        def minibatch(carry, idx):
+            params, opt_state = carry
+            b = jax.tree_util.tree_map(lambda x: x[idx], flat)
+            (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, b)
+            updates, opt_state = opt.update(grads, opt_state, params)
+            return (optax.apply_updates(params, updates), opt_state), (loss, *aux)
+
+        return jax.lax.scan(minibatch, (params, opt_state), perm)
+
+    (params, opt_state), stats = jax.lax.scan(epoch, (state["params"], opt_state),
+                                              jax.random.split(key, k.update_epochs))
+    loss, pg_loss, v_loss, entropy, approx_kl, clipfrac = (x.mean() for x in stats)
+    y_pred, y_true = flat["values"], flat["returns"]
+    var_y = jnp.var(y_true)
+    explained = jnp.where(var_y == 0, jnp.nan, 1 - jnp.var(y_true - y_pred) / jnp.where(var_y == 0, 1.0, var_y))
+    metrics = {"loss": loss, "policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy,
+               "approx_kl": approx_kl, "clipfrac": clipfrac, "explained_variance": explained,
+               "learning_rate": frac * k.learning_rate}
+    return {**state, "params": params, "opt_state": opt_state}, metrics
+
+
+def iteration(setup: Setup, state: dict):
+    """One PPO iteration of one seed: (state, metrics of scalars)."""
+    k = setup.knobs
+    step_before = state["global_step"]
+    state, traj = rollout(setup, state)
+    state, explore = exploration_metrics(setup, state, traj)
+    rng, k_sig, k_upd, k_after = jax.random.split(state["rng"], 4)
+    state = {**state, "rng": rng}
+    batch = make_batch(traj, state, state["params"], state["iteration"], step_before)
+    state, batch, signalled, weights, stream, sig_metrics = apply_signals(setup, state, batch, k_sig)
+    advantages, returns = signalled.advantages, signalled.returns
+    stream_returns = None
+    if setup.stream is not None:
+        s = setup.stream
+        stream_rewards = stream if stream is not None else jnp.zeros_like(batch.rewards)
+        stream_adv, stream_returns = stream_advantages(setup, state["params"], traj, stream_rewards)
+        advantages = s.extrinsic_coef * advantages + s.coef * stream_adv
+    state, metrics = update(setup, state, traj, advantages, returns, weights, stream_returns, k_upd)
+
+    def value_fn(obs):
+        return value(state["params"], obs)
+
+    estimate = lambda rewards: gae(rewards, batch.values, batch.next_values, batch.terminations,  # noqa: E731
+                                   batch.truncations, k.gamma, k.gae_lambda)
+    states = list(state["signals"])
+    after_keys = jax.random.split(k_after, max(len(setup.signals), 1))
+    for i, s in enumerate(setup.signals):
+        states[i], m = s.after_update(states[i], batch, after_keys[i], value_fn, estimate)
+        sig_metrics.update(m)
+    done = traj["done"]
+    episodes = done.sum()
+    achieved = traj["achievements"]
+    row = {
+        "episodes": episodes,
+        "episodic_return": jnp.where(episodes > 0, (traj["episode_return"] * done).sum() / jnp.maximum(episodes, 1),
+                                     jnp.nan),
+        "episodic_length": jnp.where(episodes > 0, (traj["episode_length"] * done).sum() / jnp.maximum(episodes, 1),
+                                     jnp.nan),
+        **metrics, **explore, **sig_metrics,
+    }
+    new_ever = state["achieved_ever"]
+    if achieved.shape[-1]:
+        ended = achieved * done[..., None]  # an episode's achievements, where it ended
+        row["achievements_per_episode"] = jnp.where(episodes > 0, ended.sum() / jnp.maximum(episodes, 1), jnp.nan)
+        new_ever = new_ever | achieved.any(axis=(0, 1))
+        row["achievements_total"] = new_ever.sum()
+        for j, name in enumerate(setup.env.achievement_names):
+            row[f"achievement/{name}"] = jnp.where(episodes > 0, ended[..., j].sum() / jnp.maximum(episodes, 1),
+                                                   jnp.nan)
+    state = {**state, "signals": states, "iteration": state["iteration"] + 1,
+             "global_step": step_before + setup.T * setup.N, "achieved_ever": new_ever}
+    return state, row
+
+
+def make_program(setup: Setup, chunk: int, total: int | None = None):
+    """jit(vmap over seeds(scan of `chunk` iterations)): (states) -> (states, rows (S, chunk)).
+    An iteration at or past `total` is computed but not applied (the state passes through), so
+    one program of fixed length serves the last, short chunk too."""
+    def masked(state):
+        new, row = iteration(setup, state)
+        if total is None:
+            return new, row
+        active = state["iteration"] < total
+        return jax.tree_util.tree_map(lambda a, b: jnp.where(active, a, b), new, state), row
+
+    def run(state):
+        return jax.lax.scan(lambda s, _: masked(s), state, None, length=chunk)
+
+    return jax.jit(jax.vmap(run))
+
+
+def make_init(setup: Setup):
+    return jax.jit(jax.vmap(lambda key: init_state(setup, key)))
+
+
+def seed_key(seed: int) -> jax.Array:
+    return jax.random.PRNGKey(np.uint32(seed))

@@ -1,0 +1,72 @@
+"""A run's config on backend=jax: what the JAX backend trains, and one clear line for what it
+does not (a torch-only trainer, signal, knob or env), checked before a run directory exists."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from reflectrl.config import RunConfig, trainer_knobs, trainer_name
+from reflectrl.errors import UserError
+from reflectrl.registry import parse_algo
+
+JAX_TRAINERS = ("ppo",)
+FAMILIES = ("gymnax", "navix", "craftax")  # env id prefixes: FAMILY:NAME (jaxrl/envs.py)
+# the signals with a JAX implementation (jaxrl/signals): kept here so that checking a config imports no JAX
+JAX_SIGNAL_NAMES = ("count", "calibration", "shaping", "gear", "rnd")
+FIX = "use backend=gymnasium for it"
+
+
+def is_jax_env(env_id: str) -> bool:
+    return ":" in env_id and env_id.split(":", 1)[0] in FAMILIES
+
+
+def check_jax_env_id(cfg: RunConfig) -> None:
+    """A JAX env id (gymnax:, navix:, craftax:) needs backend=jax."""
+    if is_jax_env(cfg.env_id) and cfg.backend != "jax":
+        raise UserError(f"--env {cfg.env_id} is a JAX env: add --set backend=jax (pip install 'reflectrl[jax]')")
+
+
+def resolve(cfg: RunConfig) -> RunConfig:
+    """The JAX PPO's knobs resolved for the env (PPOConfig's discrete or continuous defaults), after
+    refusing what the backend lacks."""
+    from reflectrl.jaxrl.envs import make_env
+
+    trainer = trainer_name(cfg)
+    if trainer not in JAX_TRAINERS:
+        raise UserError(f"backend=jax trains --algo ppo and its signals; {trainer} is torch-only ({FIX})")
+    missing = [s for s in parse_algo(cfg.algo, "control").signals if s not in JAX_SIGNAL_NAMES]
+    if missing:
+        raise UserError(f"signal '{missing[0]}' has no JAX implementation; backend=jax runs "
+                        f"{', '.join(JAX_SIGNAL_NAMES)} ({FIX})")
+    if not is_jax_env(cfg.env_id):
+        raise UserError(f"--env {cfg.env_id}: backend=jax takes {', '.join(f + ':<id>' for f in FAMILIES)} "
+                        "(e.g. gymnax:CartPole-v1, navix:Navix-DoorKey-Random-8x8-v0, "
+                        "craftax:Craftax-Classic-Symbolic-v1)")
+    if cfg.wrapper:
+        raise UserError(f"--wrapper {cfg.wrapper} is torch-only ({FIX})")
+    knobs = trainer_knobs(cfg)
+    torch_only = {"encoder": ("auto", "mlp"), "stream_heads": ("auto", "separate")}
+    for name, allowed in torch_only.items():
+        if getattr(knobs, name) not in allowed:
+            raise UserError(f"{name}={getattr(knobs, name)} is torch-only ({FIX}); backend=jax runs MLP policies")
+    for name in ("norm_obs", "norm_reward"):
+        if getattr(knobs, name):
+            raise UserError(f"{name}=true is torch-only ({FIX}); backend=jax learns from the env's own "
+                            f"observations and rewards (set {name}=false)")
+    if knobs.target_kl is not None:
+        raise UserError(f"target_kl={knobs.target_kl} is torch-only ({FIX}): the compiled update runs every epoch")
+    env = make_env(cfg.env_id, cfg.env)
+    resolved = knobs.resolved(not env.discrete)
+    cfg.knobs = dataclasses.replace(resolved, norm_obs=False, norm_reward=False, encoder="mlp",
+                                    stream_heads="separate")
+    build_signals(cfg)  # a signal's torch-only knob is refused here, before a run directory exists
+    return cfg
+
+
+def build_signals(cfg: RunConfig) -> tuple:
+    """The run's JAX signals, in --algo order, from its sections (added with their defaults)."""
+    from reflectrl.config import add_algo_section
+    from reflectrl.jaxrl.signals import make_signal
+
+    add_algo_section(cfg)
+    return tuple(make_signal(name, cfg.sections[name]) for name in parse_algo(cfg.algo, "control").signals)

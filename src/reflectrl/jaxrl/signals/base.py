@@ -1,0 +1,117 @@
+"""The protocol between the JAX PPO (jaxrl/ppo.py) and its signals: pure functions on pytrees.
+
+The torch protocol (signals/base.py) with its state made explicit so that a whole iteration
+(rollout, GAE, the signals' fits and terms, the update) compiles into one program and
+vectorises over seeds with `vmap`. Per iteration the trainer calls, inside `jax.jit`:
+
+    state, term, m1 = signal.shape_rewards(state, batch, key)      # before advantages: (T, N) or None
+    advantages, returns = batch.estimate(rewards + term)
+    state, out, m2 = signal.after_advantages(state, batch, key)     # Output: reward / advantage / weights / stream
+    ... the PPO update ...
+    state, m3 = signal.after_update(state, batch, key, value_fn)    # value_fn: the critic after the update
+
+Every hook returns its metrics as a dict of scalars (the torch signal's metric names, so that
+`report` and the claims read both backends alike). `state` is the signal's own pytree (its
+networks' parameters, optimiser state, running statistics); the trainer carries it, vmaps it
+over seeds and checkpoints it. A signal is configured by the torch signal's own config
+dataclass (`CountConfig`, `CalibrationConfig`, ...): one set of knob names and defaults.
+
+Shapes are static: a signal may not depend on traced values for shapes or Python control
+flow (use `jnp.where`, `lax.cond`, `lax.scan`). Randomness comes only from `key`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+
+class Context(NamedTuple):
+    """What a signal may know of the trainer (static, given once): torch's SignalContext."""
+
+    obs_dim: int
+    action_dim: int        # number of discrete actions, or the Box dimension
+    discrete: bool
+    feature_dim: int       # width of Batch.features (the actor's last hidden layer)
+    learning_rate: float
+    gamma: float
+    gae_lambda: float
+    num_steps: int         # T
+    num_envs: int          # N
+    total_iterations: int
+    key_space: int         # state keys are ints in [0, key_space)
+
+
+class Batch(NamedTuple):
+    """One rollout, time-major (T, N, ...), as the torch Batch names it."""
+
+    obs: jax.Array              # (T, N, obs_dim) float32
+    actions: jax.Array          # (T, N) int32, or (T, N, action_dim) float32
+    rewards: jax.Array          # (T, N): what the advantages are estimated from (terms of earlier hooks included)
+    terminations: jax.Array     # (T, N) float32 0/1
+    truncations: jax.Array      # (T, N) float32 0/1
+    values: jax.Array           # (T, N) V(obs[t]) under the critic that acted
+    next_values: jax.Array      # (T, N) V of the state step t reached (0 where it terminated)
+    next_obs: jax.Array         # (T, N, obs_dim) the state step t reached (the episode's last where it ended)
+    features: jax.Array         # (T, N, feature_dim) the actor's last hidden layer
+    state_keys: jax.Array       # (T, N) int32 exploration keys of obs[t]
+    next_state_keys: jax.Array  # (T, N) int32 keys of the state step t reached
+    advantages: jax.Array       # (T, N) after the estimate (zeros before it)
+    returns: jax.Array          # (T, N)
+    iteration: jax.Array        # () int32, 0-based: the iteration this batch belongs to
+    global_step: jax.Array      # () int32 env steps before this rollout
+
+
+class Output(NamedTuple):
+    """after_advantages' result; a field left None is not given (static structure)."""
+
+    reward: jax.Array | None = None     # added to the rewards (advantages re-estimated when recompute)
+    recompute: bool = True
+    advantage: jax.Array | None = None  # added to the advantages
+    weights: jax.Array | None = None    # multiplies each step's advantage in the policy loss
+    stream: jax.Array | None = None     # rewards of the signal's own reward stream (see Signal.stream)
+
+
+class Stream(NamedTuple):
+    """A reward stream with its own value head (RND's intrinsic stream): torch's RewardStream."""
+
+    name: str
+    gamma: float
+    episodic: bool
+    coef: float
+    extrinsic_coef: float  # the extrinsic advantage's weight while this stream is learnt
+
+
+class Signal:
+    """A JAX signal: every hook is optional; the defaults do nothing."""
+
+    name = "signal"
+    stream: Stream | None = None  # a reward stream the trainer must learn (a second value head)
+    wants_features = False
+
+    def __init__(self, cfg: Any):
+        self.cfg = cfg
+
+    def init(self, key: jax.Array, ctx: Context) -> Any:
+        """The signal's initial state (a pytree; {} when it keeps none)."""
+        self.ctx = ctx
+        return {}
+
+    def shape_rewards(self, state, batch: Batch, key: jax.Array):
+        return state, None, {}
+
+    def after_advantages(self, state, batch: Batch, key: jax.Array, estimate):
+        """`estimate(rewards) -> (advantages, returns)` on this batch's values (GAE)."""
+        return state, Output(), {}
+
+    def after_update(self, state, batch: Batch, key: jax.Array, value_fn, estimate):
+        """`value_fn(obs) -> values` is the critic after the update."""
+        return state, {}
+
+
+def mean_abs_ratio(term: jax.Array, rewards: jax.Array) -> jax.Array:
+    """mean |term| / mean |r| (nan where the batch has no reward), as the torch signals log it."""
+    denom = jnp.abs(rewards).mean()
+    return jnp.where(denom > 0, jnp.abs(term).mean() / jnp.where(denom > 0, denom, 1.0), jnp.nan)

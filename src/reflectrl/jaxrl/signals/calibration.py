@@ -1,0 +1,124 @@
+"""RefGRPO's calibration bonus on the JAX side (torch: signals/calibration.py; its docstring states
+the method). After advantages: the reflection head f(s, a) (a ReLU MLP with a near-zero output)
+is fit by MSE to the normalised advantages, `epochs` epochs of `minibatch_size` minibatches at
+`lr_multiplier` x the policy's learning rate (the rows in order when one minibatch holds them
+all, as the torch fitter's shuffle="when_split"); the bonus -alpha (prediction - A)^2 from the
+fitted head, clipped, budgeted, times beta, is a reward term (advantages re-estimated) or with
+`recompute_advantages=false` an advantage term.
+
+`calibration_term(params, x, adv, rewards, cfg)` is the term from given weights (the fixture
+tests copy a fitted torch head into it). `shared_trunk=true` (an auxiliary loss inside the PPO
+update) is torch-only. The torch signal's calibration picture (`snapshots`) is not kept here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from reflectrl.jaxrl.nets import adam, head, torch_default_mlp
+from reflectrl.jaxrl.signals import encode_actions, fit_rows, std, torch_only
+from reflectrl.jaxrl.signals.base import Batch, Output, Signal, mean_abs_ratio
+from reflectrl.signals.base import validate_once
+from reflectrl.signals.calibration import CalibrationConfig
+
+
+def calibration_inputs(inputs: str, obs, features, actions, ctx) -> jax.Array:
+    """The head's (B, width) input rows: obs_action, obs_action_features or features_action."""
+    B = actions.shape[0] * actions.shape[1]
+    parts = {"obs_action": [obs], "obs_action_features": [obs, features], "features_action": [features]}[inputs]
+    parts = [p.reshape(B, -1).astype(jnp.float32) for p in parts]
+    return jnp.concatenate([*parts, encode_actions(actions, ctx)], -1)
+
+
+def calibration_term(params, x, adv, rewards, cfg: CalibrationConfig):
+    """The reward (or advantage) term from the head `params`, flat (B,), and its statistics:
+    (term, stats) with stats f (normalised predictions), target, train_loss, alpha, clip, budget_scale."""
+    mean, sd = adv.mean(), std(adv)
+    target = (adv - mean) / (sd + 1e-8)
+    f = head(params, x)
+    train_loss = jnp.mean((f - target) ** 2)
+    prediction = f * (sd + 1e-8) + mean if cfg.bonus_target == "denormalized" else f
+    alpha = cfg.alpha * (jnp.minimum(train_loss, cfg.adaptive_max) if cfg.adaptive else 1.0)
+    bonus = -alpha * (prediction - adv) ** 2
+    mean_abs_r = jnp.abs(rewards).mean()
+    if cfg.clip == "relative":
+        c = cfg.clip_k * mean_abs_r
+        bonus = jnp.clip(bonus, -c, c)
+    elif cfg.clip == "absolute":
+        c = jnp.asarray(cfg.clip_value, jnp.float32)
+        bonus = jnp.clip(bonus, -c, c)
+    else:
+        c = jnp.asarray(jnp.inf, jnp.float32)
+    term = cfg.beta * bonus
+    budget_scale = jnp.asarray(1.0, jnp.float32)
+    if math.isfinite(cfg.max_ratio):
+        budget, mean_abs_term = cfg.max_ratio * mean_abs_r, jnp.abs(term).mean()
+        over = mean_abs_term > budget
+        budget_scale = jnp.where(over, budget / jnp.where(over, mean_abs_term, 1.0), 1.0)
+        term = jnp.where(over, term * budget_scale, term)
+    stats = {"f": f, "target": target, "train_loss": train_loss, "alpha": jnp.asarray(alpha, jnp.float32),
+             "clip": c, "budget_scale": budget_scale}
+    return term, stats
+
+
+class Calibration(Signal):
+    name = "calibration"
+    config = CalibrationConfig
+
+    def __init__(self, cfg: CalibrationConfig):
+        validate_once(cfg)
+        if cfg.shared_trunk:
+            raise torch_only("calibration.shared_trunk",
+                             "its auxiliary loss trains the actor's trunk inside the torch PPO update")
+        super().__init__(cfg)
+        self.wants_features = cfg.inputs != "obs_action"
+
+    def width(self, ctx) -> int:
+        return {"obs_action": ctx.obs_dim, "obs_action_features": ctx.obs_dim + ctx.feature_dim,
+                "features_action": ctx.feature_dim}[self.cfg.inputs] + ctx.action_dim
+
+    def init(self, key, ctx):
+        super().init(key, ctx)
+        params = torch_default_mlp(key, [self.width(ctx), *self.cfg.hidden_sizes, 1])
+        self.opt = adam(self.cfg.lr_multiplier * ctx.learning_rate)
+        B = ctx.num_steps * ctx.num_envs
+        return {"params": params, "opt": self.opt.init(params),
+                "prev_x": jnp.zeros((B, self.width(ctx)), jnp.float32), "prev_target": jnp.zeros((B,), jnp.float32),
+                "has_prev": jnp.asarray(False)}
+
+    def after_advantages(self, state, batch: Batch, key, estimate):
+        cfg = self.cfg
+        shape = batch.advantages.shape
+        adv = batch.advantages.reshape(-1)
+        rewards = batch.rewards.reshape(-1)
+        x = calibration_inputs(cfg.inputs, batch.obs, batch.features, batch.actions, self.ctx)
+        target = (adv - adv.mean()) / (std(adv) + 1e-8)
+        err = lambda p, xs, ys: (head(p, xs) - ys) ** 2  # noqa: E731
+        heldout = jnp.mean(err(state["params"], x, target))  # the loss before the fit (torch: loss_before)
+        params, opt_state, _ = fit_rows(err, state["params"], state["opt"], self.opt, (x, target), key,
+                                        epochs=cfg.epochs, minibatch_size=cfg.minibatch_size, shuffle="when_split")
+        term, stats = calibration_term(params, x, adv, rewards, cfg)
+        prev_loss = jnp.where(state["has_prev"], jnp.mean(err(params, state["prev_x"], state["prev_target"])),
+                              jnp.nan)
+        metrics = {
+            "calibration_loss": stats["train_loss"],
+            "calibration_loss_heldout": heldout,
+            "calibration_loss_prev_batch": prev_loss,
+            "calibration_alpha": stats["alpha"],
+            "calibration_clip": stats["clip"],
+            "calibration_budget_scale": stats["budget_scale"],
+            "bonus_mean": term.mean(),
+            "bonus_std": std(term),
+            "bonus_min": term.min(),
+            "bonus_max": term.max(),
+            "bonus_to_reward": mean_abs_ratio(term, rewards),
+        }
+        state = {"params": params, "opt": opt_state, "prev_x": x, "prev_target": target,
+                 "has_prev": jnp.asarray(True)}
+        term = term.reshape(shape)
+        if cfg.recompute_advantages:
+            return state, Output(reward=term, recompute=True), metrics
+        return state, Output(advantage=term), metrics

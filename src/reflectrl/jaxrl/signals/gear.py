@@ -1,0 +1,178 @@
+"""GEAR advantage reweighting on the JAX side (torch: signals/gear.py; its docstring states the method).
+
+After advantages: w_t = clip(exp((V_d(s_t) - V_orig(s_t)) / temperature), w_min, w_max) from the
+head frozen after the previous distillation (w = 1 until the first; `diff_scale` standardises the
+difference by default), optionally renormalised to mean 1 per trajectory, with the warm-up and
+temperature ramp. After the update: the winners, the top `top_frac` of the batch's trajectories
+by outcome (trajectories split at episode ends env by env; ties to the shorter, then the earlier),
+their per-step returns (discounted reward-to-go bootstrapped where a trajectory stops without
+terminating, or the trajectory's outcome), the head fit on them (`distill_on`), then the frozen
+copy refreshed (a copy the first time, then a `target_ema` step).
+
+The head reads the actor's features (`inputs` auto or features: what the torch signal reads on a
+PPO run, whose trainer gives features) or the observation (`inputs=obs`). `history` > 0 and
+`rank_groups` are torch-only. The torch trainer's `global_step` counts the rollout's steps
+(the JAX Batch's does not): the schedule reads global_step + T x N, as torch does.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from reflectrl.jaxrl.gae import discounted
+from reflectrl.jaxrl.nets import adam, head, polyak, torch_default_mlp
+from reflectrl.jaxrl.signals import fit_rows, masked_mean, std, torch_only
+from reflectrl.jaxrl.signals.base import Batch, Output, Signal
+from reflectrl.signals.base import validate_once
+from reflectrl.signals.gear import GEARConfig
+
+
+def trajectory_ids(terminations, truncations):
+    """(T, N) int32 id of each step's trajectory, numbered env by env (torch trajectory_ids)."""
+    done = ((terminations > 0) | (truncations > 0)).astype(jnp.int32)
+    starts = jnp.concatenate([jnp.ones_like(done[:1]), done[:-1]], 0)
+    return (jnp.cumsum(starts.T.reshape(-1)) - 1).reshape(starts.shape[1], starts.shape[0]).T
+
+
+def winners_count_table(top_frac: float, slots: int) -> jax.Array:
+    """k(n) = max(1, ceil(top_frac * n)) for n = 0..slots, computed in Python's float64 as torch does."""
+    return jnp.asarray(np.array([max(1, math.ceil(top_frac * n)) for n in range(slots + 1)], np.int32))
+
+
+def select_winners(outcomes, lengths, n, k_table):
+    """(slots,) bool: of the first n trajectory slots, the top k(n) by outcome, ties to the shorter
+    trajectory, then the earlier (torch select_winners)."""
+    slots = outcomes.shape[0]
+    index = jnp.arange(slots)
+    invalid = index >= n
+    order = jnp.lexsort((index, lengths, -outcomes, invalid))  # the last key sorts first
+    rank = jnp.zeros((slots,), jnp.int32).at[order].set(jnp.arange(slots, dtype=jnp.int32))
+    return (rank < k_table[n]) & ~invalid
+
+
+def returns_to_go(rewards, ids, gamma: float, bootstrap=None):
+    """Discounted reward-to-go within each trajectory (torch returns_to_go)."""
+    same = jnp.concatenate([(ids[1:] == ids[:-1]), jnp.zeros_like(ids[:1], bool)], 0).astype(rewards.dtype)
+    x = rewards if bootstrap is None else rewards + gamma * ((1.0 - same) * bootstrap)
+    return discounted(x, gamma * same)
+
+
+def reweight(v_distill, v_orig, temperature, w_min: float, w_max: float, ids=None, renormalize: bool = False):
+    """GEAR weights and the mask of clipped ones (torch reweight); `temperature` may be traced (inf: w = 1)."""
+    raw = jnp.exp((v_distill - v_orig) / temperature)
+    clipped = (raw < w_min) | (raw > w_max)
+    w = jnp.clip(raw, w_min, w_max)
+    if renormalize:
+        flat_ids, flat = ids.reshape(-1), w.reshape(-1)
+        slots = flat.shape[0]
+        sums = jax.ops.segment_sum(flat, flat_ids, slots)
+        counts = jax.ops.segment_sum(jnp.ones_like(flat), flat_ids, slots)
+        w = (flat / (sums / jnp.maximum(counts, 1.0))[flat_ids]).reshape(w.shape)
+    return w, clipped
+
+
+def scheduled_temperature(step, cfg: GEARConfig):
+    """The temperature at a (traced) env step (torch scheduled_temperature)."""
+    step = jnp.asarray(step, jnp.float32)
+    if cfg.temperature_steps == 0:
+        after = jnp.asarray(cfg.temperature, jnp.float32)
+    else:
+        progress = jnp.minimum(1.0, (step - cfg.warmup_steps) / cfg.temperature_steps)
+        inverse = (1 - progress) / cfg.temperature_start + progress / cfg.temperature
+        after = jnp.where(inverse == 0, jnp.inf, 1.0 / jnp.where(inverse == 0, 1.0, inverse))
+    return jnp.where(step < cfg.warmup_steps, jnp.inf, after)
+
+
+def gear_weights(frozen, x, values, ids, temperature, cfg: GEARConfig):
+    """(weights (T, N), clipped (T, N)) from the frozen head's parameters on inputs x (T*N, width)."""
+    v_d = head(frozen, x).reshape(values.shape)
+    v_orig = values
+    if cfg.diff_scale == "standardize":
+        diff = v_d - values
+        v_d, v_orig = (diff - diff.mean()) / (std(diff) + 1e-8), jnp.zeros_like(diff)
+    elif cfg.diff_scale == "value_std":
+        temperature = temperature * (std(values) + 1e-8)
+    return reweight(v_d, v_orig, temperature, cfg.w_min, cfg.w_max, ids, cfg.renormalize)
+
+
+class Gear(Signal):
+    name = "gear"
+    config = GEARConfig
+
+    def __init__(self, cfg: GEARConfig):
+        validate_once(cfg)
+        if cfg.history > 0:
+            raise torch_only(f"gear.history={cfg.history}", "the past winners' rows are a growing list")
+        if cfg.rank_groups:
+            raise torch_only("gear.rank_groups", "it ranks GRPO's groups; a PPO batch has none")
+        super().__init__(cfg)
+        self.wants_features = cfg.inputs != "obs"
+        self.scheduled = cfg.warmup_steps > 0 or cfg.temperature_steps > 0
+
+    def init(self, key, ctx):
+        super().init(key, ctx)
+        width = ctx.feature_dim if self.wants_features else ctx.obs_dim
+        hidden = () if self.cfg.head == "linear" else tuple(self.cfg.hidden_sizes)
+        params = torch_default_mlp(key, [width, *hidden, 1], near_zero_output=False)
+        self.opt = adam(self.cfg.lr_multiplier * ctx.learning_rate)
+        self.k_table = winners_count_table(self.cfg.top_frac, ctx.num_steps * ctx.num_envs)
+        return {"head": params, "opt": self.opt.init(params), "frozen": params, "distilled": jnp.asarray(False)}
+
+    def _x(self, batch: Batch):
+        x = batch.features if self.wants_features else batch.obs
+        return x.reshape(batch.values.size, -1).astype(jnp.float32)
+
+    def after_advantages(self, state, batch: Batch, key, estimate):
+        cfg = self.cfg
+        ones = {"weights_mean": 1.0, "weights_std": 0.0, "weights_min": 1.0, "weights_max": 1.0,
+                "weights_clipped_frac": 0.0}
+        if math.isinf(cfg.temperature) and not self.scheduled:  # w = 1 exactly: PPO bit for bit
+            return state, Output(), {k: jnp.asarray(v, jnp.float32) for k, v in ones.items()}
+        step = batch.global_step + batch.values.size  # torch's global_step counts this rollout's steps
+        temperature = scheduled_temperature(step, cfg) if self.scheduled else jnp.asarray(cfg.temperature)
+        ids = trajectory_ids(batch.terminations, batch.truncations)
+        w, clipped = gear_weights(state["frozen"], self._x(batch), batch.values, ids, temperature, cfg)
+        off = ~state["distilled"] | jnp.isinf(temperature)
+        w = jnp.where(off, 1.0, w)
+        metrics = {"weights_mean": w.mean(), "weights_std": std(w), "weights_min": w.min(), "weights_max": w.max(),
+                   "weights_clipped_frac": jnp.where(off, 0.0, clipped.astype(jnp.float32).mean())}
+        if self.scheduled:
+            metrics["gear_temperature"] = temperature.astype(jnp.float32)
+        return state, Output(weights=w), metrics
+
+    def winners(self, batch: Batch):
+        """(ids (T, N), winners (slots,), outcomes (slots,), number of trajectories)."""
+        ids = trajectory_ids(batch.terminations, batch.truncations)
+        flat_ids = ids.reshape(-1)
+        slots = flat_ids.shape[0]
+        n = flat_ids.max() + 1
+        outcomes = jax.ops.segment_sum(batch.rewards.reshape(-1), flat_ids, slots)
+        lengths = jax.ops.segment_sum(jnp.ones_like(flat_ids), flat_ids, slots)
+        return ids, select_winners(outcomes, lengths, n, self.k_table), outcomes, n
+
+    def targets(self, batch: Batch, ids, outcomes):
+        if self.cfg.return_kind == "discounted":
+            bootstrap = batch.next_values * (1.0 - batch.terminations)
+            return returns_to_go(batch.rewards, ids, self.ctx.gamma, bootstrap).reshape(-1)
+        return outcomes[ids.reshape(-1)]
+
+    def after_update(self, state, batch: Batch, key, value_fn, estimate):
+        cfg = self.cfg
+        ids, winners, outcomes, n = self.winners(batch)
+        y = self.targets(batch, ids, outcomes)
+        keep = winners[ids.reshape(-1)] if cfg.distill_on == "winners" else jnp.ones_like(y, bool)
+        x = self._x(batch)
+        err = lambda p, xs, ys: (head(p, xs) - ys) ** 2  # noqa: E731
+        heldout = jnp.where(state["distilled"], masked_mean(err(state["frozen"], x, y), keep), jnp.nan)
+        params, opt_state, _ = fit_rows(err, state["head"], state["opt"], self.opt, (x, y), key, epochs=cfg.epochs,
+                                        minibatch_size=cfg.minibatch_size, mask=keep)
+        tau = jnp.where(state["distilled"], cfg.target_ema, 1.0)
+        frozen = jax.tree_util.tree_map(lambda t, s: jnp.where(state["distilled"], t, s),
+                                        polyak(state["frozen"], params, tau), params)  # first: a copy
+        metrics = {"value_head_heldout_loss": heldout, "value_head_loss": masked_mean(err(params, x, y), keep),
+                   "winners": winners.sum().astype(jnp.float32), "trajectories": n.astype(jnp.float32)}
+        return {"head": params, "opt": opt_state, "frozen": frozen, "distilled": jnp.asarray(True)}, metrics

@@ -1,0 +1,302 @@
+"""The host side of the JAX backend: S seeds of one configuration trained as one compiled
+program (jaxrl/ppo.py), each seed writing an ordinary run directory.
+
+`JaxGroup` holds the seeds' stacked training state and advances it a chunk of iterations per
+call of the program; between calls it writes each seed's rows (metrics.jsonl, TensorBoard),
+its checkpoints (checkpoint.pt: the seed's state as numpy leaves, atomically replaced) and
+honours SIGTERM at a chunk's end. Chunks are fixed by the config (never by where a run was
+resumed), and an iteration past the end is computed but not applied, so a run killed at any
+instant and resumed from its last checkpoint ends with the same parameters as one never
+stopped. `JaxTrainer` is one seed of it, behind the interface `reflectrl train` drives.
+
+A seed whose loss turns non-finite stops logging and checkpointing (its last good
+checkpoint is kept and its run marked failed); the others go on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import sys
+import time
+from collections import deque
+
+import numpy as np
+
+from reflectrl.config import RunConfig, trainer_knobs
+from reflectrl.errors import NonFiniteError, UserError
+from reflectrl.runs.rundir import MetricsLogger, RunDir
+from reflectrl.runs.session import Terminated, stop_requested
+
+CHECKPOINT_FORMAT = "reflectrl-jax-ppo-1"
+CHUNK_STEPS = 32_768  # env steps per seed per call of the program (at most; at least one iteration)
+INT_METRICS = ("episodes", "unique_states", "unique_states_total", "achievements_total")
+
+
+def _same_but_seed(cfgs: list[RunConfig]) -> None:
+    first = {k: v for k, v in cfgs[0].to_dict().items() if k != "seed"}
+    for cfg in cfgs[1:]:
+        if {k: v for k, v in cfg.to_dict().items() if k != "seed"} != first:
+            raise UserError("the runs of one JAX group must differ only in their seed")
+
+
+def chunk_length(iterations: int, target: int) -> int:
+    """Iterations per call of the program: `target` or a little less where that divides the run
+    (so the last chunk computes no iteration past the end), never more than the run."""
+    target = min(target, iterations)
+    for c in range(target, max(1, target // 2) - 1, -1):
+        if iterations % c == 0:
+            return c
+    return target
+
+
+class JaxGroup:
+    def __init__(self, cfgs: list[RunConfig], runs: list[RunDir | None]):
+        import jax
+        import jax.numpy as jnp
+
+        from reflectrl.jaxrl import ppo
+        from reflectrl.jaxrl.envs import make_env
+        from reflectrl.jaxrl.resolve import build_signals
+
+        _same_but_seed(cfgs)
+        self.cfgs, self.runs = cfgs, runs
+        cfg = self.cfg = cfgs[0]
+        self.knobs = trainer_knobs(cfg)
+        self.env = make_env(cfg.env_id, cfg.env)
+        self.signals = build_signals(cfg)
+        self.batch_size = self.knobs.batch_size
+        self.num_iterations = math.ceil(cfg.total_steps / self.batch_size)
+        self.setup = ppo.Setup(env=self.env, knobs=self.knobs, signals=self.signals,
+                               total_iterations=self.num_iterations)
+        self.chunk = chunk_length(self.num_iterations, max(1, min(CHUNK_STEPS // self.batch_size,
+                                                                  cfg.checkpoint_every // self.batch_size)))
+        self._jax, self._ppo = jax, ppo
+        self.states = ppo.make_init(self.setup)(jnp.stack([ppo.seed_key(c.seed) for c in cfgs]))
+        self.iteration = 0
+        self.recent = [deque(maxlen=100) for _ in cfgs]
+        self.failed: dict[int, str] = {}
+        self.loggers: list[MetricsLogger | None] = [None] * len(cfgs)
+        self._program = None
+        self.compile_seconds = 0.0
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def global_step(self) -> int:
+        return self.iteration * self.batch_size
+
+    def seed_state(self, i: int) -> dict:
+        leaves = self._jax.tree_util.tree_leaves(self.states)
+        return {"format": CHECKPOINT_FORMAT, "config": self.cfgs[i].to_dict(), "global_step": self.global_step,
+                "iteration": self.iteration, "leaves": [np.asarray(leaf[i]) for leaf in leaves],
+                "recent_returns": list(self.recent[i])}
+
+    def load_seed_states(self, states: list[dict]) -> None:
+        import jax.numpy as jnp
+
+        steps = {s.get("iteration") for s in states}
+        if len(steps) != 1:
+            raise UserError("the runs of one JAX group must resume from the same iteration")
+        for state in states:
+            if state.get("format") != CHECKPOINT_FORMAT:
+                raise UserError("this checkpoint was not written by backend=jax (or by another version of it); "
+                                "resume it with the backend that wrote it")
+        leaves, treedef = self._jax.tree_util.tree_flatten(self.states)
+        saved = [s["leaves"] for s in states]
+        if any(len(s) != len(leaves) for s in saved):
+            raise UserError("the checkpoint does not fit this run's program (written by another reflectrl?)")
+        stacked = [jnp.asarray(np.stack([s[j] for s in saved])).astype(leaf.dtype) for j, leaf in enumerate(leaves)]
+        self.states = self._jax.tree_util.tree_unflatten(treedef, stacked)
+        self.iteration = int(states[0]["iteration"])
+        self.recent = [deque(s.get("recent_returns", []), maxlen=100) for s in states]
+
+    def params_sha256(self, i: int) -> str:
+        """A hash of seed i's policy parameters, in path order (trainers/policies.params_sha256's role)."""
+        h = hashlib.sha256()
+        flat = self._jax.tree_util.tree_flatten_with_path(self.states["params"])[0]
+        for path, leaf in sorted(flat, key=lambda kv: self._jax.tree_util.keystr(kv[0])):
+            h.update(self._jax.tree_util.keystr(path).encode())
+            h.update(np.ascontiguousarray(np.asarray(leaf[i])).tobytes())
+        return h.hexdigest()
+
+    def save_checkpoints(self) -> None:
+        for i, run in enumerate(self.runs):
+            if run is not None and i not in self.failed:
+                run.save_checkpoint(self.seed_state(i))
+
+    # ------------------------------------------------------------------ training
+
+    def program(self):
+        if self._program is None:
+            self._program = self._ppo.make_program(self.setup, self.chunk, total=self.num_iterations)
+        return self._program
+
+    def _rows(self, rows: dict, first: int, count: int, seconds: float) -> list[list[dict]]:
+        host = {k: np.asarray(v) for k, v in rows.items()}
+        out = []
+        for i in range(len(self.cfgs)):
+            seed_rows = []
+            for j in range(count):
+                it = first + j + 1
+                row = {"global_step": it * self.batch_size, "iteration": it}
+                for key, values in host.items():
+                    v = values[i, j]
+                    if key == "first_reward_step":
+                        row[key] = int(v) if v >= 0 else None
+                    elif key in INT_METRICS:
+                        row[key] = int(v)
+                    else:
+                        f = float(v)
+                        row[key] = f if math.isfinite(f) else None
+                row["steps_per_second"] = count * self.batch_size / seconds
+                seed_rows.append(row)
+            out.append(seed_rows)
+        return out
+
+    def open_loggers(self) -> None:
+        for i, run in enumerate(self.runs):
+            if run is not None and self.loggers[i] is None:
+                self.loggers[i] = MetricsLogger(run, resume_step=self.global_step)
+
+    def close(self) -> None:
+        for logger in self.loggers:
+            if logger is not None:
+                logger.close()
+        self.loggers = [None] * len(self.cfgs)
+
+    def train(self, progress: bool = True, on_failed=None) -> None:
+        from tqdm import tqdm
+
+        fresh = self.iteration == 0
+        self.open_loggers()
+        if fresh:
+            self.save_checkpoints()  # a good checkpoint before the first update
+        total = self.num_iterations * self.batch_size
+        bar = tqdm(total=total, initial=self.global_step, unit="step", unit_scale=True, disable=not progress,
+                   dynamic_ncols=True, mininterval=0.5)
+        program = self.program()
+        try:
+            while self.iteration < self.num_iterations:
+                before = self.global_step
+                start = time.perf_counter()
+                states, rows = program(self.states)
+                self._jax.block_until_ready(states)
+                seconds = time.perf_counter() - start
+                if self.iteration == 0 or self.compile_seconds == 0.0:
+                    self.compile_seconds = seconds  # the first call compiles (reported apart by the benchmarks)
+                count = min(self.chunk, self.num_iterations - self.iteration)
+                host_rows = self._rows(rows, self.iteration, count, seconds)
+                self.states = states
+                for i, seed_rows in enumerate(host_rows):
+                    if i in self.failed:
+                        continue
+                    for row in seed_rows:
+                        loss = row.get("loss")
+                        if loss is None:
+                            self.failed[i] = str(NonFiniteError("loss", row["global_step"]))
+                            if on_failed is not None:
+                                on_failed(i, self.failed[i])
+                            break
+                        if self.loggers[i] is not None:
+                            self.loggers[i].log(row)
+                        if row["episodic_return"] is not None and row["episodes"]:
+                            self.recent[i].append(row["episodic_return"])
+                self.iteration += count
+                bar.update(self.global_step - before)
+                done = self.iteration >= self.num_iterations
+                if done or self.global_step // self.cfg.checkpoint_every > before // self.cfg.checkpoint_every:
+                    self.save_checkpoints()
+                if len(self.failed) == len(self.cfgs):
+                    break
+                if stop_requested() and not done:
+                    self.save_checkpoints()
+                    raise Terminated
+        finally:
+            bar.close()
+            self.close()
+
+
+class JaxTrainer:
+    """One run of backend=jax behind the interface `reflectrl train` drives (runs/session.py)."""
+
+    def __init__(self, cfg: RunConfig, run: RunDir | None):
+        self.cfg, self.run = cfg, run
+        self.group = JaxGroup([cfg], [run])
+
+    @property
+    def global_step(self) -> int:
+        return self.group.global_step
+
+    @property
+    def recent_returns(self) -> list:
+        return list(self.group.recent[0])
+
+    def load_state_dict(self, state: dict) -> None:
+        self.group.load_seed_states([state])
+
+    def state_dict(self) -> dict:
+        return self.group.seed_state(0)
+
+    def params_sha256(self) -> str:
+        return self.group.params_sha256(0)
+
+    def train(self, progress: bool = True) -> None:
+        self.group.train(progress)
+        if self.group.failed:
+            raise NonFiniteError("loss", self.global_step)
+
+    def close(self) -> None:
+        self.group.close()
+
+
+def train_group(paths: list[str], argvs: list[list[str]], progress: bool = False) -> int:
+    """`reflectrl train-group`: train several runs of one configuration (differing only in their
+    seed) as one program; each `argvs[i]` is run i's `reflectrl train` arguments (a new run) or
+    ["--resume", DIR]. Returns the exit code (0 when every run finished)."""
+    from reflectrl.cli import _finish_jax, config_from_argv
+    from reflectrl.errors import EXIT_FAILED
+    from reflectrl.runs.session import open_to_resume, sigterm_stops_training
+
+    cfgs, runs, states = [], [], []
+    try:
+        for path, argv in zip(paths, argvs, strict=True):
+            if argv[:1] == ["--resume"]:
+                run = open_to_resume(path, [], "control")
+                if run is None:
+                    continue
+                cfg = RunConfig.from_dict(run.config())
+                states.append(run.load_checkpoint())
+                run.set_status("running")
+            else:
+                cfg = config_from_argv(argv)
+                run = RunDir.create(path, cfg.to_dict(), command=["reflectrl", "train", *argv])
+            cfgs.append(cfg)
+            runs.append(run)
+        if not cfgs:
+            return 0
+        group = JaxGroup(cfgs, runs)
+        if states:
+            if len(states) != len(cfgs):
+                raise UserError("a JAX group resumes all its runs or none")
+            group.load_seed_states(states)
+
+        def failed(i, reason):
+            runs[i].set_status("failed", reason=reason)
+            print(f"reflectrl: error: {runs[i].path}: {reason}", file=sys.stderr)
+
+        try:
+            with sigterm_stops_training():
+                group.train(progress=progress, on_failed=failed)
+        except KeyboardInterrupt:
+            for i, run in enumerate(runs):
+                if i not in group.failed:
+                    run.set_status("interrupted", global_step=group.global_step)
+            raise
+        for i, run in enumerate(runs):
+            if i not in group.failed:
+                _finish_jax(group, i, run)
+        return EXIT_FAILED if group.failed else 0
+    finally:
+        for run in runs:
+            run.unlock()
