@@ -35,6 +35,14 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "setup: installing reflectrl[$extras] and its dependencies (gymnasium with box2d and mujoco, minigrid," \
        "transformers, ray, stable-baselines3, ...): about 2 minutes on a fresh machine"
   "${pip[@]}" install -e ".[$extras]" 2>&1 | grep -v -E "^WARNING: Location .* is ignored" || true
+  if [ "$extras" = "all" ] || [[ ",$extras," == *",jax,"* ]]; then
+    # gymnax pins gymnasium<1.4 for its renderer only: installed without dependencies (its own are jax, flax
+    # and matplotlib, all present); on a CUDA machine, jax's accelerator build
+    "${pip[@]}" install --no-deps "gymnax>=1.0" 2>&1 | grep -v -E "^WARNING: Location .* is ignored" || true
+    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+      "${pip[@]}" install "jax[cuda12]" 2>&1 | grep -v -E "^WARNING: Location .* is ignored" || true
+    fi
+  fi
   "$venv/bin/python" -c "import reflectrl" # fail here, not later, if the install did not work
   echo "$want" > "$stamp"
   echo "setup: done ($venv)"

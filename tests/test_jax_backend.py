@@ -1,0 +1,133 @@
+"""backend=jax (issue 39): the compiled PPO's run directories, resume, seeds vectorised, and the
+one-line refusals. Shapes are tiny and the compiled programs shared within the module."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+pytest.importorskip("gymnax")
+
+from reflectrl.cli import main  # noqa: E402
+from reflectrl.jaxrl.trainer import JaxGroup, chunk_length  # noqa: E402
+from reflectrl.runs.rundir import RunDir, read_metrics  # noqa: E402
+from reflectrl.trainers.resolve import new_run_config  # noqa: E402
+
+TINY = ["backend=jax", "num_envs=2", "num_steps=16", "num_minibatches=2", "update_epochs=2", "hidden_sizes=8,8"]
+
+
+def tiny_config(seed: int, algo: str = "ppo", total: int = 256, extra=()):
+    return new_run_config(algo=algo, env_id="gymnax:CartPole-v1", seed=seed, total_steps=total,
+                          overrides=[*TINY, "checkpoint_every=64", *extra])
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--env", "gymnax:CartPole-v1"], "is a JAX env: add --set backend=jax"),
+    (["--env", "CartPole-v1", "--set", "backend=jax"], "backend=jax takes gymnax:<id>"),
+    (["--algo", "dqn", "--env", "gymnax:CartPole-v1", "--set", "backend=jax"], "dqn is torch-only"),
+    (["--algo", "ppo+lagrangian", "--env", "gymnax:CartPole-v1", "--set", "backend=jax"],
+     "signal 'lagrangian' has no JAX implementation"),
+    (["--env", "gymnax:CartPole-v1", "--set", "backend=jax", "target_kl=0.01"], "target_kl=0.01 is torch-only"),
+    (["--env", "gymnax:CartPole-v1", "--set", "backend=jax", "norm_obs=true"], "norm_obs=true is torch-only"),
+    (["--env", "gymnax:NoSuchEnv-v0", "--set", "backend=jax"], "gymnax has no such env"),
+    (["--env", "navix:Navix-NoSuch-v0", "--set", "backend=jax"], "navix has no such env"),
+    (["--env", "gymnax:CartPole-v1", "--wrapper", "sparse", "--set", "backend=jax"], "--wrapper sparse is torch-only"),
+])
+def test_refusals_are_one_line_and_leave_no_run(tmp_path, capsys, argv, says):
+    out = tmp_path / "run"
+    assert main(["train", *argv, "--total-steps", "1024", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and "Traceback" not in err and len(err.splitlines()) == 1
+    assert not out.exists()
+
+
+def test_chunks_divide_the_run_where_they_can():
+    assert chunk_length(196, 64) == 49
+    assert chunk_length(10, 64) == 10
+    assert chunk_length(97, 64) == 64  # a prime: the last chunk is masked (computed, not applied)
+    assert chunk_length(1, 1) == 1
+
+
+@pytest.fixture(scope="module")
+def group_and_single():
+    """Seeds 1 and 2 as one program, and seed 2 alone; trained in process (no run directories)."""
+    group = JaxGroup([tiny_config(1), tiny_config(2)], [None, None])
+    group.train(progress=False)
+    single = JaxGroup([tiny_config(2)], [None])
+    single.train(progress=False)
+    return group, single
+
+
+def test_a_seed_in_a_group_trains_as_it_would_alone(group_and_single):
+    group, single = group_and_single
+    a = jax.tree_util.tree_leaves(jax.tree_util.tree_map(lambda x: x[1], group.states["params"]))
+    b = jax.tree_util.tree_leaves(jax.tree_util.tree_map(lambda x: x[0], single.states["params"]))
+    for x, y in zip(a, b, strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-4, atol=1e-5)
+    assert group.params_sha256(0) != group.params_sha256(1)  # the seeds differ
+    assert group.global_step == single.global_step == 256
+
+
+def test_the_exploration_metrics_are_computed_in_the_program(group_and_single):
+    group, _ = group_and_single
+    state = jax.tree_util.tree_map(lambda x: np.asarray(x[0]), group.states)
+    seen = int(state["seen"].sum())
+    assert 0 < seen <= 2 ** 16
+    assert state["first_reward_step"] > 0  # CartPole pays a reward on every step
+
+
+@pytest.mark.slow
+def test_run_directories_and_kill_9_resume_give_the_same_parameters(tmp_path):
+    """An uninterrupted run and one killed (SIGKILL) after a checkpoint, then resumed, end with the same
+    parameters; both directories hold what `report` reads."""
+    base = ["train", "--env", "gymnax:CartPole-v1", "--seed", "3", "--total-steps", "8192", "--no-progress",
+            "--set", *TINY, "checkpoint_every=512"]
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    subprocess.run([sys.executable, "-m", "reflectrl", *base, "--out", str(whole)], check=True, env=env,
+                   capture_output=True)
+    proc = subprocess.Popen([sys.executable, "-m", "reflectrl", *base, "--out", str(killed)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        rows = read_metrics(killed) if (killed / "metrics.jsonl").exists() else []
+        if rows and rows[-1]["global_step"] >= 1024:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert RunDir(killed).load_checkpoint()["global_step"] < 8192
+    subprocess.run([sys.executable, "-m", "reflectrl", "train", "--resume", str(killed), "--no-progress"],
+                   check=True, env=env, capture_output=True)
+    a, b = (json.loads((d / "run.json").read_text()) for d in (whole, killed))
+    assert a["status"] == b["status"] == "finished"
+    assert a["params_sha256"] == b["params_sha256"]
+    rows = read_metrics(killed)
+    steps = [r["global_step"] for r in rows]
+    assert steps == sorted(set(steps)) and steps == [r["global_step"] for r in read_metrics(whole)]
+    assert rows[-1]["global_step"] == 8192
+    for key in ("episodic_return", "unique_states", "unique_states_total", "visitation_entropy", "loss"):
+        assert key in rows[-1]
+
+
+@pytest.mark.slow
+def test_compare_trains_an_entrys_seeds_as_one_program(tmp_path):
+    out = tmp_path / "cmp"
+    code = main(["compare", "--env", "gymnax:CartPole-v1", "--algos", "ppo,ppo+count", "--seeds", "2",
+                 "--total-steps", "512", "--out", str(out), "--set", *TINY, "--no-progress"])
+    assert code == 0
+    logs = sorted(out.rglob("*.log"))
+    assert len(logs) == 4
+    groups = [p for p in logs if "train-group" in p.read_text()]
+    assert len(groups) == 2  # one program per entry, its seeds together
+    for run_json in out.rglob("run.json"):
+        assert json.loads(run_json.read_text())["status"] == "finished"
+    assert (out / "report" / "report.md").exists()
