@@ -69,6 +69,10 @@ def evaluate(
         check_writable(video, "--video")  # before the episodes, not after them
         prepare_headless_rendering()  # before the first make_env: MuJoCo picks its GL backend on import
     run = RunDir.open(run_path, kind="control")
+    if run.config().get("backend") == "jax":
+        from reflectrl.jaxrl.evaluate import evaluate_run
+
+        return evaluate_run(run, episodes, deterministic, seed, video, max_steps)
     cfg, agent, state = load_policy(run)
     env = make_env(cfg.env_id, env_kwargs=cfg.env, render_mode="rgb_array" if video else None,
                    keep_image=cnn_encoder(cfg), learning=False)

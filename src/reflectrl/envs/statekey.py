@@ -68,6 +68,28 @@ def pack_minigrid_key(x, y, direction, kind, color):
     return x | (y << 8) | (direction << 16) | (kind << 18) | (color << 23)
 
 
+# The JAX backend's keys (jaxrl/envs.py), ints below a small key space so that its tables stay small:
+# navix's player cell (row < 64, column < 32), heading and whether it carries something; Craftax's
+# player cell on its 64 x 64 map (and level).
+def pack_navix_key(row, col, direction, carried):
+    return (((row * 32 + col) * 4 + direction) * 2) + carried
+
+
+def unpack_navix_key(keys):
+    """(column, row) of navix keys (arrays)."""
+    cell = keys // 8
+    return cell % 32, cell // 32
+
+
+def pack_craftax_key(level, x, y):
+    return (level * 64 + x) * 64 + y
+
+
+def unpack_craftax_key(keys):
+    """(x, y) of Craftax keys (arrays)."""
+    return (keys // 64) % 64, keys % 64
+
+
 def minigrid_key(env: gym.Env) -> int:
     from minigrid.core.constants import COLOR_TO_IDX, OBJECT_TO_IDX
 

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from reflectrl.envs.statekey import pack_craftax_key, pack_navix_key
 from reflectrl.errors import UserError
 from reflectrl.jaxrl.resolve import FAMILIES, is_jax_env  # noqa: F401  (the ids' one definition)
 
@@ -170,13 +171,16 @@ class NavixEnv(JaxEnv):
         self.discrete = True
         self.action_dim = len(self.env.action_set)
         self.height, self.width = (int(x) for x in ts.state.grid.shape)
-        self.key_space = self.height * self.width * 8
+        if self.height > 64 or self.width > 32:
+            raise UserError(f"--env {self.id}: grids up to 64 x 32 cells are supported (this one is "
+                            f"{self.height} x {self.width})")
+        self.key_space = self.height * 32 * 8
 
     def _key(self, state):
         player = state.get_player()
         pos = player.position.reshape(-1)
         carried = (player.pocket.reshape(-1)[0] != -1).astype(jnp.int32)
-        return ((pos[0] * self.width + pos[1]) * 4 + player.direction.reshape(-1)[0]) * 2 + carried
+        return pack_navix_key(pos[0], pos[1], player.direction.reshape(-1)[0], carried)
 
     def reset(self, key):
         ts = self.env.reset(key)
@@ -212,15 +216,16 @@ class CraftaxEnv(JaxEnv):
         self.action_dim = int(self.env.action_space(self.params).n)
         self.max_steps = int(self.params.max_timesteps)
         self.map_size = int(state.map.shape[-1])
-        self.key_space = self.map_size * self.map_size * (int(state.map.shape[0]) if state.map.ndim == 3 else 1)
+        if self.map_size > 64:
+            raise UserError(f"--env {self.id}: maps up to 64 x 64 are supported")
+        self.key_space = 64 * 64 * (int(state.map.shape[0]) if state.map.ndim == 3 else 1)
         from craftax.craftax_classic.constants import Achievement
 
         self.achievement_names = tuple(a.name.lower() for a in Achievement)
 
     def _key(self, state):
         pos = state.player_position.reshape(-1)
-        level = getattr(state, "player_level", 0)
-        return (level * self.map_size + pos[0]) * self.map_size + pos[1]
+        return pack_craftax_key(getattr(state, "player_level", 0), pos[0], pos[1])
 
     def reset(self, key):
         obs, state = self.env.reset_env(key, self.params)

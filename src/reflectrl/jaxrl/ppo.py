@@ -44,6 +44,7 @@ class Setup:
     knobs: Any                  # PPOConfig, resolved
     signals: tuple = ()         # jaxrl signals, in --algo order
     total_iterations: int = 1
+    snapshots: tuple = ()       # 1-based iterations whose rollouts are kept for state maps (runs/state_samples.py)
 
     @property
     def T(self) -> int:
@@ -157,7 +158,66 @@ def init_state(setup: Setup, seed_key) -> dict:
         "window": jnp.full((WINDOW, setup.T * N), -1, jnp.int32),
         "first_reward_step": jnp.full((), -1, jnp.int32),
         "achieved_ever": jnp.zeros((achievements,), bool),
+        "snapshots": init_snapshots(setup),
     }
+
+
+SNAPSHOT_OBS_DIM = 64  # observations kept in a state-map snapshot up to this width (state_samples.MAX_OBS_DIM)
+
+
+def snapshot_fields(setup: Setup) -> dict:
+    """{name: (shape per step, dtype)} of what a state-map snapshot keeps of a rollout."""
+    fields = {"state_keys": ((), jnp.int32), "rewards": ((), jnp.float32)}
+    if setup.env.obs_dim <= SNAPSHOT_OBS_DIM:
+        fields["obs"] = ((setup.env.obs_dim,), jnp.float32)
+    for name in term_names(setup):
+        fields[f"term:{name}"] = ((), jnp.float32)
+    return fields
+
+
+def term_names(setup: Setup) -> list[str]:
+    """The per-step terms the signals give, as the torch side names them ("count reward", "gear weight", ...)."""
+    names = []
+    for s in setup.signals:
+        names += [f"{s.name} {kind}" for kind in term_kinds(s)]
+        if s.stream is not None:
+            names.append(f"{s.name} {s.stream.name}")
+    return list(dict.fromkeys(names))
+
+
+def term_kinds(signal) -> tuple[str, ...]:
+    """What kind of per-step term a signal gives (besides a reward stream)."""
+    if signal.name == "gear":
+        return ("weight",)
+    if signal.name == "rnd":
+        return ()
+    if signal.name == "calibration" and not signal.cfg.recompute_advantages:
+        return ("advantage",)
+    return ("reward",)
+
+
+def init_snapshots(setup: Setup) -> dict:
+    k = len(setup.snapshots)
+    out = {name: jnp.zeros((k, setup.T, setup.N, *shape), dtype) for name, (shape, dtype) in
+           snapshot_fields(setup).items()}
+    out["global_step"] = jnp.zeros((k,), jnp.int32)
+    return out
+
+
+def keep_snapshot(setup: Setup, state: dict, traj: dict, terms: dict, step_before) -> dict:
+    """Write this iteration's rollout into its snapshot slot, where it is one of setup.snapshots."""
+    if not setup.snapshots:
+        return state["snapshots"]
+    at = jnp.asarray(setup.snapshots, jnp.int32)
+    hit = at == state["iteration"] + 1
+    slot, any_hit = jnp.argmax(hit), hit.any()
+    values = {"state_keys": traj["state_keys"], "rewards": traj["rewards"], "obs": traj["obs"]}
+    values.update({f"term:{name}": terms.get(name, jnp.zeros_like(traj["rewards"])) for name in term_names(setup)})
+    snaps = dict(state["snapshots"])
+    for name in snapshot_fields(setup):
+        snaps[name] = jnp.where(any_hit, snaps[name].at[slot].set(values[name].astype(snaps[name].dtype)), snaps[name])
+    snaps["global_step"] = jnp.where(any_hit, snaps["global_step"].at[slot].set(step_before), snaps["global_step"])
+    return snaps
 
 
 # --------------------------------------------------------------------------- one iteration
@@ -241,7 +301,11 @@ def apply_signals(setup: Setup, state: dict, batch: Batch, key):
         return lambda rewards: gae(rewards, b.values, b.next_values, b.terminations, b.truncations, k.gamma,
                                    k.gae_lambda)
 
-    metrics, states = {}, list(state["signals"])
+    metrics, states, terms = {}, list(state["signals"]), {}
+
+    def add_term(key, value):
+        terms[key] = value if key not in terms or not key.endswith(" reward") else terms[key] + value
+
     keys = jax.random.split(key, 2 * max(len(setup.signals), 1))
     base, total = batch.rewards, None
     for i, s in enumerate(setup.signals):
@@ -249,6 +313,7 @@ def apply_signals(setup: Setup, state: dict, batch: Batch, key):
                                              keys[2 * i])
         metrics.update(m)
         if term is not None:
+            add_term(f"{s.name} reward", term)
             total = term if total is None else total + term
     rewards = base if total is None else base + total
     estimate = estimate_with(batch)
@@ -260,6 +325,11 @@ def apply_signals(setup: Setup, state: dict, batch: Batch, key):
         states[i], out, m = s.after_advantages(states[i], seen_by, keys[2 * i + 1], estimate)
         metrics.update(m)
         out = out if out is not None else Output()
+        for kind, value in (("reward", out.reward), ("advantage", out.advantage), ("weight", out.weights)):
+            if value is not None:
+                add_term(f"{s.name} {kind}", value)
+        if out.stream is not None and s.stream is not None:
+            add_term(f"{s.name} {s.stream.name}", out.stream)
         if out.reward is not None:
             rewards = seen_by.rewards + out.reward
             seen_by = seen_by._replace(rewards=rewards)
@@ -273,7 +343,7 @@ def apply_signals(setup: Setup, state: dict, batch: Batch, key):
             weights = out.weights if weights is None else weights * out.weights
         if out.stream is not None:
             stream = out.stream
-    return {**state, "signals": states}, batch, seen_by, weights, stream, metrics
+    return {**state, "signals": states}, batch, seen_by, weights, stream, metrics, terms
 
 
 def stream_advantages(setup: Setup, params, traj: dict, stream_rewards):
@@ -360,7 +430,8 @@ def iteration(setup: Setup, state: dict):
     rng, k_sig, k_upd, k_after = jax.random.split(state["rng"], 4)
     state = {**state, "rng": rng}
     batch = make_batch(traj, state, state["params"], state["iteration"], step_before)
-    state, batch, signalled, weights, stream, sig_metrics = apply_signals(setup, state, batch, k_sig)
+    state, batch, signalled, weights, stream, sig_metrics, terms = apply_signals(setup, state, batch, k_sig)
+    state = {**state, "snapshots": keep_snapshot(setup, state, traj, terms, step_before)}
     advantages, returns = signalled.advantages, signalled.returns
     stream_returns = None
     if setup.stream is not None:

@@ -67,8 +67,11 @@ class JaxGroup:
         self.signals = build_signals(cfg)
         self.batch_size = self.knobs.batch_size
         self.num_iterations = math.ceil(cfg.total_steps / self.batch_size)
+        from reflectrl.runs.state_samples import snapshot_iterations
+
         self.setup = ppo.Setup(env=self.env, knobs=self.knobs, signals=self.signals,
-                               total_iterations=self.num_iterations)
+                               total_iterations=self.num_iterations,
+                               snapshots=tuple(snapshot_iterations(self.num_iterations, cfg.state_map_snapshots)))
         self.chunk = chunk_length(self.num_iterations, max(1, min(CHUNK_STEPS // self.batch_size,
                                                                   cfg.checkpoint_every // self.batch_size)))
         self._jax, self._ppo = jax, ppo
@@ -154,6 +157,28 @@ class JaxGroup:
             out.append(seed_rows)
         return out
 
+    def record_snapshots(self, before: int) -> None:
+        """Hand the state-map snapshots taken in iterations (before, self.iteration] to each seed's
+        StateSampler (runs/state_samples.py: it samples the rows and rewrites state_samples.npz)."""
+        import torch
+
+        from reflectrl.runs.state_samples import StateSampler
+
+        due = [(slot, it) for slot, it in enumerate(self.setup.snapshots) if before < it <= self.iteration]
+        if not due:
+            return
+        snaps = {k: np.asarray(v) for k, v in self.states["snapshots"].items()}
+        for i, run in enumerate(self.runs):
+            if run is None or i in self.failed:
+                continue
+            sampler = StateSampler(run.path, self.cfgs[i].seed, self.num_iterations, self.cfg.state_map_snapshots)
+            for slot, it in due:
+                terms = {k[5:]: torch.from_numpy(v[i, slot]) for k, v in snaps.items() if k.startswith("term:")}
+                obs = snaps["obs"][i, slot] if "obs" in snaps else np.zeros(snaps["rewards"][i, slot].shape + (65,))
+                sampler.record(it, int(snaps["global_step"][i, slot]), torch.from_numpy(np.ascontiguousarray(obs)),
+                               torch.from_numpy(snaps["state_keys"][i, slot].astype(np.int64)),
+                               torch.from_numpy(snaps["rewards"][i, slot]), terms)
+
     def open_loggers(self) -> None:
         for i, run in enumerate(self.runs):
             if run is not None and self.loggers[i] is None:
@@ -203,6 +228,7 @@ class JaxGroup:
                         if row["episodic_return"] is not None and row["episodes"]:
                             self.recent[i].append(row["episodic_return"])
                 self.iteration += count
+                self.record_snapshots(before // self.batch_size)
                 bar.update(self.global_step - before)
                 done = self.iteration >= self.num_iterations
                 if done or self.global_step // self.cfg.checkpoint_every > before // self.cfg.checkpoint_every:

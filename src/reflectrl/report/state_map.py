@@ -25,7 +25,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from reflectrl.config import RunConfig, env_settings  # noqa: E402
-from reflectrl.envs.statekey import is_montezuma, room_of_key  # noqa: E402
+from reflectrl.envs.statekey import is_montezuma, room_of_key, unpack_craftax_key, unpack_navix_key  # noqa: E402
 from reflectrl.errors import UserError  # noqa: E402
 from reflectrl.outputs import check_writable, write_files  # noqa: E402
 from reflectrl.report.plots import gif_bytes, png_bytes  # noqa: E402
@@ -59,6 +59,12 @@ def projection(cfg: RunConfig, sample: dict, dims: tuple[int, int] | None):
             return col, row, "column", "row", True
         if env_id.startswith(("MiniGrid", "BabyAI")):
             return keys & 0xFF, (keys >> 8) & 0xFF, "x", "y", True
+        if env_id.startswith("navix:"):
+            col, row = unpack_navix_key(keys)
+            return col, row, "column", "row", True
+        if env_id.startswith("craftax:"):
+            x, y = unpack_craftax_key(keys)
+            return x, y, "x", "y", True
         if is_montezuma(env_id):
             return (keys >> 8) & 0xFF, keys & 0xFF, "x (RAM 42)", "y (RAM 43)", False
         dims = (0, 1)
