@@ -3,7 +3,7 @@ backend on Gymnasium/MiniGrid and backend=jax on gymnax/navix, the same knobs (P
 defaults, 4 envs x 128 steps), 10 seeds each. Prints each run's final return (the report's
 definition: the mean of the last 10% of the learning curve), the IQM difference (jax - torch)
 with its 95% bootstrap CI, and the verdict of the report's tests: equivalent within 5% of the
-observed range (TOST), different, or inconclusive.
+range of returns either backend logged (TOST), different, or inconclusive.
 
     python bench/jax_parity.py [--out runs/jax-parity] [--seeds 10]
 
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from reflectrl.report import stats
-from reflectrl.report.analysis import ALPHA, MARGIN_SHARE, load_experiment, run_scores
+from reflectrl.report.analysis import ALPHA, MARGIN_SHARE, load_experiment, observed_range, run_scores
 
 PAIRS = [  # (name, torch env, jax env, total steps)
     ("CartPole-v1", "CartPole-v1", "gymnax:CartPole-v1", 500_000),
@@ -37,10 +37,12 @@ def run(out: Path, env: str, steps: int, seeds: int, jax: bool) -> None:
     subprocess.run(cmd, check=True)
 
 
-def finals(out: Path) -> tuple[list[int], np.ndarray]:
+def finals(out: Path) -> tuple[list[int], np.ndarray, tuple[float, float]]:
+    """The finished runs' seeds, final returns, and the worst and best return logged (the report's range)."""
     exp = load_experiment(out)
     runs = sorted(exp.finished, key=lambda r: r.spec.seed)
-    return [r.spec.seed for r in runs], np.array([run_scores(r)["final"] for r in runs])
+    return ([r.spec.seed for r in runs], np.array([run_scores(r)["final"] for r in runs]),
+            observed_range(exp, exp.spec.envs[0]))
 
 
 def main() -> int:
@@ -54,10 +56,10 @@ def main() -> int:
     for name, torch_env, jax_env, steps in PAIRS:
         run(root / f"{name}-torch", torch_env, steps, args.seeds, jax=False)
         run(root / f"{name}-jax", jax_env, steps, args.seeds, jax=True)
-        seeds_t, torch_final = finals(root / f"{name}-torch")
-        seeds_j, jax_final = finals(root / f"{name}-jax")
-        both = np.concatenate([torch_final, jax_final])
-        margin = MARGIN_SHARE * (both.max() - both.min() if both.max() > both.min() else 1.0)
+        seeds_t, torch_final, range_t = finals(root / f"{name}-torch")
+        seeds_j, jax_final, range_j = finals(root / f"{name}-jax")
+        lo, hi = min(range_t[0], range_j[0]), max(range_t[1], range_j[1])
+        margin = MARGIN_SHARE * (hi - lo if hi > lo else 1.0)  # the report's margin: 5% of the returns seen
         samples = stats.stratified_bootstrap([jax_final[:, None], torch_final[:, None]], stats.iqm_difference,
                                              stats.BOOTSTRAP_REPS, 0)
         lo, hi = np.percentile(samples, [2.5, 97.5])

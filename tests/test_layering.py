@@ -18,7 +18,8 @@ LAYERS = [
     ("signals", ["reflectrl.signals"]),
     ("trainer kit", ["reflectrl.trainers"]),
     ("trainers", [f"reflectrl.trainers.{p.name}" for p in (SRC / "trainers").iterdir()
-                  if p.is_dir() and (p / "__init__.py").exists() and p.name != "onpolicy"]),
+                  if p.is_dir() and (p / "__init__.py").exists() and p.name != "onpolicy"]
+                 + ["reflectrl.jaxrl"]),  # the JAX backend's PPO and its signals (backend=jax)
     ("applications", ["reflectrl.evaluate", "reflectrl.experiments", "reflectrl.knobs", "reflectrl.llm.sft",
                       "reflectrl.integrations"]),
     ("reports", ["reflectrl.report"]),

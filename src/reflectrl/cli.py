@@ -219,9 +219,6 @@ def make_trainer(cfg, run):
     return trainer_class(trainer_name(cfg))(cfg, run)
 
 
-config_from_argv = config_from_train_argv
-
-
 def _train_group(args) -> int:
     import json
 
@@ -231,24 +228,9 @@ def _train_group(args) -> int:
         items = json.loads(open(args.runs).read())
     except (OSError, ValueError) as err:
         raise UserError(f"train-group: cannot read {args.runs}: {err}") from None
-    return train_group([item["path"] for item in items], [item["argv"] for item in items],
-                       progress=not args.no_progress)
-
-
-def _finish_jax(group, i: int, run) -> None:
-    """A JAX group's run i finished: its status, the signals' pictures, the one-line summary."""
-    import numpy as np
-
-    from reflectrl.registry import finish_signals
-
-    cfg = group.cfgs[i]
-    run.set_status("finished", global_step=group.global_step, params_sha256=group.params_sha256(i))
-    finish_signals(cfg.algo, "control", run.path)
-    recent = list(group.recent[i])
-    outcome = (f"mean return of the last {len(recent)} iterations' episodes {_num(float(np.mean(recent)))}"
-               if recent else "no episode ended in training")
-    print(f"finished {cfg.algo} on {cfg.env_id} (backend=jax, seed {cfg.seed}): {group.global_step} steps, "
-          f"{outcome}; run: {run.path}")
+    runs = [(item["path"], None if item["argv"][:1] == ["--resume"] else config_from_train_argv(item["argv"]),
+             item["argv"]) for item in items]
+    return train_group(runs, progress=not args.no_progress)
 
 
 def _train_new(args) -> int:
@@ -285,7 +267,9 @@ def _finish(trainer, run) -> None:
     from reflectrl.trainers.policies import params_sha256
 
     if hasattr(trainer, "group"):  # backend=jax
-        _finish_jax(trainer.group, 0, run)
+        from reflectrl.jaxrl.trainer import finish_run
+
+        finish_run(trainer.group, 0, run)
         return
     run.set_status("finished", global_step=trainer.global_step, params_sha256=params_sha256(trainer.policy_module))
     finish_signals(trainer.cfg.algo, "control", run.path)

@@ -111,6 +111,7 @@ class TrainerSpec:
     entry         the trainer class: Trainer(cfg, run) runs the train loop (trainers/base.py)
     load_policy   load_policy(cfg, state) -> a policy with act(obs, generator) and deterministic_action(obs)
                   that `reflectrl eval` steps ("" where eval does not take its runs: `no_eval` says why)
+    jax           resolve(cfg) -> cfg of the trainer's JAX version (--set backend=jax; reflectrl/jaxrl)
     """
 
     name: str
@@ -125,6 +126,7 @@ class TrainerSpec:
     no_eval: str = ""                  # why `reflectrl eval` does not take its runs (with load_policy "")
     multiagent: bool = False           # trains multi-agent (PettingZoo) envs
     runs_signals: bool = True          # False: --algo takes the trainer alone (no +SIGNAL yet)
+    jax: str = ""                      # backend=jax: the resolve of its compiled version ("": torch only)
 
     def load(self, part: str):
         """One of its parts (config, resolve, entry, load_policy), imported."""
@@ -374,7 +376,7 @@ for _spec in (
                 frozenset({"features", "feature_grad", "next_obs", "state_keys", "value_stream", "costs", "policy"}),
                 "PPO on Gymnasium envs (CleanRL's details)", entry=_T + "ppo.trainer:PPOTrainer",
                 config=_T + "ppo.config:PPOConfig", resolve=_T + "ppo.resolve:resolve",
-                load_policy=_T + "ppo.resolve:load_policy"),
+                load_policy=_T + "ppo.resolve:load_policy", jax="reflectrl.jaxrl.resolve:resolve"),
     TrainerSpec("dqn", "control", ("transition",), frozenset({"features", "next_obs"}),
                 "DQN on Gymnasium envs with discrete actions (CleanRL's dqn.py / dqn_atari.py)",
                 entry=_T + "replay.dqn:DQNTrainer", config=_T + "replay.config:DQNConfig",

@@ -30,9 +30,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from reflectrl.envs.jax_ids import FAMILIES
 from reflectrl.envs.statekey import pack_craftax_key, pack_navix_key
 from reflectrl.errors import UserError
-from reflectrl.jaxrl.resolve import FAMILIES, is_jax_env  # noqa: F401  (the ids' one definition)
 
 SIMHASH_BITS = 16
 
@@ -147,7 +147,11 @@ def _minigrid_max_steps(name: str) -> int | None:
 
 class NavixEnv(JaxEnv):
     def __init__(self, name: str, kwargs: dict):
-        import navix
+        import warnings
+
+        with warnings.catch_warnings():  # navix 0.7 touches an API jax deprecates: not the user's concern
+            warnings.filterwarnings("ignore", message=".*pytype_aval_mappings", category=DeprecationWarning)
+            import navix
 
         if name not in navix.registry():
             raise UserError(f"--env navix:{name}: navix has no such env; e.g. navix:Navix-DoorKey-Random-8x8-v0 "

@@ -6,24 +6,14 @@ from __future__ import annotations
 import dataclasses
 
 from reflectrl.config import RunConfig, trainer_knobs, trainer_name
+from reflectrl.envs.jax_ids import check_jax_env_id
 from reflectrl.errors import UserError
 from reflectrl.registry import parse_algo
 
 JAX_TRAINERS = ("ppo",)
-FAMILIES = ("gymnax", "navix", "craftax")  # env id prefixes: FAMILY:NAME (jaxrl/envs.py)
 # the signals with a JAX implementation (jaxrl/signals): kept here so that checking a config imports no JAX
 JAX_SIGNAL_NAMES = ("count", "calibration", "shaping", "gear", "rnd")
 FIX = "use backend=gymnasium for it"
-
-
-def is_jax_env(env_id: str) -> bool:
-    return ":" in env_id and env_id.split(":", 1)[0] in FAMILIES
-
-
-def check_jax_env_id(cfg: RunConfig) -> None:
-    """A JAX env id (gymnax:, navix:, craftax:) needs backend=jax."""
-    if is_jax_env(cfg.env_id) and cfg.backend != "jax":
-        raise UserError(f"--env {cfg.env_id} is a JAX env: add --set backend=jax (pip install 'reflectrl[jax]')")
 
 
 def resolve(cfg: RunConfig) -> RunConfig:
@@ -34,14 +24,11 @@ def resolve(cfg: RunConfig) -> RunConfig:
     trainer = trainer_name(cfg)
     if trainer not in JAX_TRAINERS:
         raise UserError(f"backend=jax trains --algo ppo and its signals; {trainer} is torch-only ({FIX})")
+    check_jax_env_id(cfg.env_id, cfg.backend)
     missing = [s for s in parse_algo(cfg.algo, "control").signals if s not in JAX_SIGNAL_NAMES]
     if missing:
         raise UserError(f"signal '{missing[0]}' has no JAX implementation; backend=jax runs "
                         f"{', '.join(JAX_SIGNAL_NAMES)} ({FIX})")
-    if not is_jax_env(cfg.env_id):
-        raise UserError(f"--env {cfg.env_id}: backend=jax takes {', '.join(f + ':<id>' for f in FAMILIES)} "
-                        "(e.g. gymnax:CartPole-v1, navix:Navix-DoorKey-Random-8x8-v0, "
-                        "craftax:Craftax-Classic-Symbolic-v1)")
     if cfg.wrapper:
         raise UserError(f"--wrapper {cfg.wrapper} is torch-only ({FIX})")
     knobs = trainer_knobs(cfg)

@@ -167,7 +167,7 @@ class JaxGroup:
         due = [(slot, it) for slot, it in enumerate(self.setup.snapshots) if before < it <= self.iteration]
         if not due:
             return
-        snaps = {k: np.asarray(v) for k, v in self.states["snapshots"].items()}
+        snaps = {k: np.array(v) for k, v in self.states["snapshots"].items()}  # writable copies (torch.from_numpy)
         for i, run in enumerate(self.runs):
             if run is None or i in self.failed:
                 continue
@@ -276,18 +276,32 @@ class JaxTrainer:
         self.group.close()
 
 
-def train_group(paths: list[str], argvs: list[list[str]], progress: bool = False) -> int:
+def finish_run(group: JaxGroup, i: int, run: RunDir) -> None:
+    """A group's run i finished: its status, its signals' end-of-run pictures, the one-line summary."""
+    from reflectrl.registry import finish_signals
+
+    cfg = group.cfgs[i]
+    run.set_status("finished", global_step=group.global_step, params_sha256=group.params_sha256(i))
+    finish_signals(cfg.algo, "control", run.path)
+    recent = list(group.recent[i])
+    outcome = (f"mean return of the last {len(recent)} iterations' episodes {np.mean(recent):.4g}"
+               if recent else "no episode ended in training")
+    print(f"finished {cfg.algo} on {cfg.env_id} (backend=jax, seed {cfg.seed}): {group.global_step} steps, "
+          f"{outcome}; run: {run.path}")
+
+
+def train_group(items: list[tuple[str, RunConfig | None, list[str]]], progress: bool = False) -> int:
     """`reflectrl train-group`: train several runs of one configuration (differing only in their
-    seed) as one program; each `argvs[i]` is run i's `reflectrl train` arguments (a new run) or
-    ["--resume", DIR]. Returns the exit code (0 when every run finished)."""
-    from reflectrl.cli import _finish_jax, config_from_argv
+    seed) as one program. Each item is (run directory, its resolved config for a new run or None to
+    resume it, the `reflectrl train` arguments that made it). Returns the exit code (0 when every
+    run finished)."""
     from reflectrl.errors import EXIT_FAILED
     from reflectrl.runs.session import open_to_resume, sigterm_stops_training
 
     cfgs, runs, states = [], [], []
     try:
-        for path, argv in zip(paths, argvs, strict=True):
-            if argv[:1] == ["--resume"]:
+        for path, cfg, argv in items:
+            if cfg is None:
                 run = open_to_resume(path, [], "control")
                 if run is None:
                     continue
@@ -295,7 +309,6 @@ def train_group(paths: list[str], argvs: list[list[str]], progress: bool = False
                 states.append(run.load_checkpoint())
                 run.set_status("running")
             else:
-                cfg = config_from_argv(argv)
                 run = RunDir.create(path, cfg.to_dict(), command=["reflectrl", "train", *argv])
             cfgs.append(cfg)
             runs.append(run)
@@ -321,7 +334,7 @@ def train_group(paths: list[str], argvs: list[list[str]], progress: bool = False
             raise
         for i, run in enumerate(runs):
             if i not in group.failed:
-                _finish_jax(group, i, run)
+                finish_run(group, i, run)
         return EXIT_FAILED if group.failed else 0
     finally:
         for run in runs:

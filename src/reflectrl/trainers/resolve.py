@@ -12,6 +12,7 @@ from reflectrl.config import RunConfig, add_algo_section, apply_overrides, train
 from reflectrl.envs import is_atari_id, is_continuous, is_image_space, is_minigrid, is_pettingzoo_id, make_env
 from reflectrl.envs.cost import has_cost_channel
 from reflectrl.envs.envpool_backend import check_backend
+from reflectrl.envs.jax_ids import check_jax_env_id
 from reflectrl.errors import UserError
 from reflectrl.registry import TRAINERS, parse_algo, signal_spec
 
@@ -33,11 +34,14 @@ def resolve_config(cfg: RunConfig) -> RunConfig:
         hosts = [t.name for t in TRAINERS.values() if t.multiagent]
         raise UserError(f"--env {cfg.env_id} is a multi-agent (PettingZoo) env; --algo {cfg.algo} trains "
                         f"single-agent Gymnasium envs: use --algo {' or '.join(hosts)}")
-    from reflectrl.jaxrl.resolve import check_jax_env_id
-    from reflectrl.jaxrl.resolve import resolve as resolve_jax
-
-    check_jax_env_id(cfg)
-    cfg = resolve_jax(cfg) if cfg.backend == "jax" else spec.load("resolve")(cfg)
+    if cfg.backend == "jax":
+        if not spec.jax:
+            raise UserError(f"backend=jax trains --algo {' or '.join(t.name for t in TRAINERS.values() if t.jax)} "
+                            f"and its signals; {spec.name} is torch-only (use backend=gymnasium for it)")
+        cfg = spec.load("jax")(cfg)
+    else:
+        check_jax_env_id(cfg.env_id, cfg.backend)
+        cfg = spec.load("resolve")(cfg)
     add_algo_section(cfg)
     validate(cfg)
     return cfg
