@@ -38,9 +38,10 @@ def trajectory_ids(terminations, truncations):
     return (jnp.cumsum(starts.T.reshape(-1)) - 1).reshape(starts.shape[1], starts.shape[0]).T
 
 
-def winners_count_table(top_frac: float, slots: int) -> jax.Array:
-    """k(n) = max(1, ceil(top_frac * n)) for n = 0..slots, computed in Python's float64 as torch does."""
-    return jnp.asarray(np.array([max(1, math.ceil(top_frac * n)) for n in range(slots + 1)], np.int32))
+def winners_count_table(top_frac: float, slots: int) -> np.ndarray:
+    """k(n) = max(1, ceil(top_frac * n)) for n = 0..slots, computed in Python's float64 as torch does
+    (a numpy constant: a signal may be initialised inside a trace)."""
+    return np.array([max(1, math.ceil(top_frac * n)) for n in range(slots + 1)], np.int32)
 
 
 def select_winners(outcomes, lengths, n, k_table):
@@ -51,7 +52,7 @@ def select_winners(outcomes, lengths, n, k_table):
     invalid = index >= n
     order = jnp.lexsort((index, lengths, -outcomes, invalid))  # the last key sorts first
     rank = jnp.zeros((slots,), jnp.int32).at[order].set(jnp.arange(slots, dtype=jnp.int32))
-    return (rank < k_table[n]) & ~invalid
+    return (rank < jnp.asarray(k_table)[n]) & ~invalid
 
 
 def returns_to_go(rewards, ids, gamma: float, bootstrap=None):

@@ -25,21 +25,45 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from reflectrl.jaxrl.nets import orthogonal_mlp
 from reflectrl.jaxrl.signals.base import Batch, Output, Signal, Stream
 from reflectrl.signals.base import validate_once
 from reflectrl.signals.rnd import RndConfig
 
 
+def orthogonal_many(keys, shapes, gain: float, iterations: int = 60) -> list:
+    """Random matrices of `shapes` with orthonormal rows or columns, times `gain`: torch's
+    orthogonal_ distribution (Haar), as the polar factors of Gaussian matrices found by Newton-Schulz
+    iterations (matrix products only; all the matrices in one loop). jax.nn.initializers.orthogonal's
+    QR is slow to compile and to run batched on CPU: the RND nets' init under vmap over seeds took
+    minutes there."""
+    xs = []
+    for key, (rows, cols) in zip(keys, shapes, strict=True):
+        w = jax.random.normal(key, (max(rows, cols), min(rows, cols)))
+        xs.append(w / jnp.linalg.norm(w))  # every singular value in (0, 1]: the iteration converges
+
+    def step(xs, _):
+        return [1.5 * x - 0.5 * x @ (x.T @ x) for x in xs], None
+
+    xs, _ = jax.lax.scan(step, xs, None, length=iterations)
+    return [gain * (x if rows >= cols else x.T) for x, (rows, cols) in zip(xs, shapes, strict=True)]
+
+
+def orthogonal(key, shape, gain: float, iterations: int = 60):
+    """One such matrix."""
+    return orthogonal_many([key], [shape], gain, iterations)[0]
+
+
 def rnd_nets(key, in_dim: int, hidden_sizes, embedding_dim: int):
     """(target, predictor) parameters (torch mlp_nets)."""
-    k1, k2, k3 = jax.random.split(key, 3)
-    root2 = math.sqrt(2.0)
-    target = orthogonal_mlp(k1, [in_dim, *hidden_sizes, embedding_dim], root2)
     last = hidden_sizes[-1] if hidden_sizes else in_dim
-    trunk = orthogonal_mlp(k2, [in_dim, *hidden_sizes], root2) if hidden_sizes else []
-    tail = orthogonal_mlp(k3, [last, embedding_dim, embedding_dim, embedding_dim], root2)
-    return target, trunk + tail
+    target_sizes = [in_dim, *hidden_sizes, embedding_dim]
+    trunk_sizes = [in_dim, *hidden_sizes]
+    tail_sizes = [last, embedding_dim, embedding_dim, embedding_dim]
+    shapes = [list(zip(s[:-1], s[1:], strict=True)) for s in (target_sizes, trunk_sizes, tail_sizes)]
+    flat = [shape for group in shapes for shape in group]
+    ws = orthogonal_many(list(jax.random.split(key, len(flat))), flat, math.sqrt(2.0))
+    layers = [{"w": w, "b": jnp.zeros((shape[1],), jnp.float32)} for w, shape in zip(ws, flat, strict=True)]
+    return layers[:len(shapes[0])], layers[len(shapes[0]):]
 
 
 def target_forward(params, x):
