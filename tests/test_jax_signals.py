@@ -412,8 +412,8 @@ def test_rnd_intrinsic_rewards_equal_torch(arrays):
 
 
 @pytest.mark.parametrize("shape", [(6, 16), (16, 16), (16, 8)])
-def test_rnd_orthogonal_init_is_orthogonal(shape):
-    from reflectrl.jaxrl.signals.rnd import orthogonal
+def test_the_orthogonal_init_is_orthogonal(shape):
+    from reflectrl.jaxrl.nets import orthogonal
 
     q = np.asarray(jax.vmap(lambda k: orthogonal(k, shape, 2.0))(jax.random.split(jax.random.PRNGKey(0), 3)))
     assert q.shape == (3, *shape)

@@ -19,14 +19,37 @@ import optax
 Params = list  # [{"w": (in, out), "b": (out,)}, ...]
 
 
+def orthogonal_many(keys, shapes, gain: float, iterations: int = 60) -> list:
+    """Random matrices of `shapes` with orthonormal rows or columns, times `gain`: torch's
+    orthogonal_ distribution (Haar), as the polar factors of Gaussian matrices found by Newton-Schulz
+    iterations (matrix products only; all the matrices in one loop). jax.nn.initializers.orthogonal's
+    QR is slow to compile and to run batched on CPU (the RND nets' init under vmap over seeds took
+    minutes there), and its batched LAPACK kernel deadlocked two processes on this 2-core machine
+    (jax 0.10: ParallelBatchMap waiting on a saturated pool)."""
+    xs = []
+    for key, (rows, cols) in zip(keys, shapes, strict=True):
+        w = jax.random.normal(key, (max(rows, cols), min(rows, cols)))
+        xs.append(w / jnp.linalg.norm(w))  # every singular value in (0, 1]: the iteration converges
+
+    def step(xs, _):
+        return [1.5 * x - 0.5 * x @ (x.T @ x) for x in xs], None
+
+    xs, _ = jax.lax.scan(step, xs, None, length=iterations)
+    return [gain * (x if rows >= cols else x.T) for x, (rows, cols) in zip(xs, shapes, strict=True)]
+
+
+def orthogonal(key, shape, gain: float, iterations: int = 60):
+    """One such matrix."""
+    return orthogonal_many([key], [shape], gain, iterations)[0]
+
+
+
 def orthogonal_mlp(key: jax.Array, sizes: Sequence[int], out_gain: float) -> Params:
     """CleanRL's layer_init: orthogonal weights (gain sqrt 2; `out_gain` on the last), zero biases."""
-    keys = jax.random.split(key, len(sizes) - 1)
-    layers = []
-    for i, (k, a, b) in enumerate(zip(keys, sizes[:-1], sizes[1:], strict=True)):
-        gain = out_gain if i == len(sizes) - 2 else math.sqrt(2.0)
-        layers.append({"w": jax.nn.initializers.orthogonal(gain)(k, (a, b), jnp.float32), "b": jnp.zeros((b,))})
-    return layers
+    shapes = list(zip(sizes[:-1], sizes[1:], strict=True))
+    ws = orthogonal_many(list(jax.random.split(key, len(shapes))), shapes, 1.0)
+    gains = [math.sqrt(2.0)] * (len(shapes) - 1) + [out_gain]
+    return [{"w": g * w, "b": jnp.zeros((b,))} for g, w, (_, b) in zip(gains, ws, shapes, strict=True)]
 
 
 def torch_default_mlp(key: jax.Array, sizes: Sequence[int], near_zero_output: bool = True) -> Params:

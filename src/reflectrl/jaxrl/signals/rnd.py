@@ -25,32 +25,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from reflectrl.jaxrl.nets import orthogonal_many
 from reflectrl.jaxrl.signals.base import Batch, Output, Signal, Stream
 from reflectrl.signals.base import validate_once
 from reflectrl.signals.rnd import RndConfig
-
-
-def orthogonal_many(keys, shapes, gain: float, iterations: int = 60) -> list:
-    """Random matrices of `shapes` with orthonormal rows or columns, times `gain`: torch's
-    orthogonal_ distribution (Haar), as the polar factors of Gaussian matrices found by Newton-Schulz
-    iterations (matrix products only; all the matrices in one loop). jax.nn.initializers.orthogonal's
-    QR is slow to compile and to run batched on CPU: the RND nets' init under vmap over seeds took
-    minutes there."""
-    xs = []
-    for key, (rows, cols) in zip(keys, shapes, strict=True):
-        w = jax.random.normal(key, (max(rows, cols), min(rows, cols)))
-        xs.append(w / jnp.linalg.norm(w))  # every singular value in (0, 1]: the iteration converges
-
-    def step(xs, _):
-        return [1.5 * x - 0.5 * x @ (x.T @ x) for x in xs], None
-
-    xs, _ = jax.lax.scan(step, xs, None, length=iterations)
-    return [gain * (x if rows >= cols else x.T) for x, (rows, cols) in zip(xs, shapes, strict=True)]
-
-
-def orthogonal(key, shape, gain: float, iterations: int = 60):
-    """One such matrix."""
-    return orthogonal_many([key], [shape], gain, iterations)[0]
 
 
 def rnd_nets(key, in_dim: int, hidden_sizes, embedding_dim: int):
