@@ -116,6 +116,12 @@ def test_run_directories_and_kill_9_resume_give_the_same_parameters(tmp_path):
     assert rows[-1]["global_step"] == 8192
     for key in ("episodic_return", "unique_states", "unique_states_total", "visitation_entropy", "loss"):
         assert key in rows[-1]
+    # `reflectrl eval` takes the run: the checkpoint's policy, the parameters the run finished with
+    done = subprocess.run([sys.executable, "-m", "reflectrl", "eval", str(killed), "--episodes", "3", "--json"],
+                          check=True, env=env, capture_output=True, text=True)
+    result = json.loads(done.stdout)
+    assert result["episodes"] == 3 and len(result["returns"]) == 3
+    assert result["params_sha256"] == b["params_sha256"]
 
 
 @pytest.mark.slow

@@ -1,6 +1,6 @@
 """PPO compiled end to end (PureJaxRL's shape): one training iteration, rollout, GAE, the
 signals' fits and terms, the update and the exploration metrics, is one pure function of the
-training state; `make_program` scans it over K iterations, vmaps that over seeds and jits the
+training state; `make_program` vmaps it over seeds, scans that over K iterations and jits the
 whole, so a call advances every seed K iterations without returning to Python.
 
 The algorithm is the torch PPO's (trainers/ppo, onpolicy/update.py), with CleanRL's ppo.py
@@ -204,12 +204,12 @@ def init_snapshots(setup: Setup) -> dict:
     return out
 
 
-def keep_snapshot(setup: Setup, state: dict, traj: dict, terms: dict, step_before) -> dict:
+def keep_snapshot(setup: Setup, state: dict, traj: dict, terms: dict, step_before, it) -> dict:
     """Write this iteration's rollout into its snapshot slot, where it is one of setup.snapshots."""
     if not setup.snapshots:
         return state["snapshots"]
     at = jnp.asarray(setup.snapshots, jnp.int32)
-    hit = at == state["iteration"] + 1
+    hit = at == it + 1
     slot, any_hit = jnp.argmax(hit), hit.any()
     values = {"state_keys": traj["state_keys"], "rewards": traj["rewards"], "obs": traj["obs"]}
     values.update({f"term:{name}": terms.get(name, jnp.zeros_like(traj["rewards"])) for name in term_names(setup)})
@@ -359,7 +359,7 @@ def stream_advantages(setup: Setup, params, traj: dict, stream_rewards):
     return gae(stream_rewards, values, next_values, zeros, zeros, s.gamma, setup.knobs.gae_lambda)
 
 
-def update(setup: Setup, state: dict, traj: dict, advantages, returns, weights, stream_returns, key):
+def update(setup: Setup, state: dict, traj: dict, advantages, returns, weights, stream_returns, key, it):
     k = setup.knobs
     B = setup.T * setup.N
     mb = B // k.num_minibatches
@@ -369,7 +369,7 @@ def update(setup: Setup, state: dict, traj: dict, advantages, returns, weights, 
             "weights": (jnp.ones((B,)) if weights is None else weights.reshape(B)),
             "stream_returns": (jnp.zeros((B,)) if stream_returns is None else stream_returns.reshape(B))}
     opt = optimizer(k)
-    frac = 1.0 - state["iteration"].astype(jnp.float32) / setup.total_iterations if k.anneal_lr else 1.0
+    frac = 1.0 - jnp.asarray(it, jnp.float32) / setup.total_iterations if k.anneal_lr else 1.0
     opt_state = state["opt_state"]
     opt_state[1].hyperparams["learning_rate"] = frac * k.learning_rate
 
@@ -421,17 +421,20 @@ def update(setup: Setup, state: dict, traj: dict, advantages, returns, weights, 
     return {**state, "params": params, "opt_state": opt_state}, metrics
 
 
-def iteration(setup: Setup, state: dict):
-    """One PPO iteration of one seed: (state, metrics of scalars)."""
+def iteration(setup: Setup, state: dict, it=None):
+    """One PPO iteration of one seed: (state, metrics of scalars). `it`: the 0-based iteration, given
+    unbatched by the program (every seed is at the same one) so that a signal's `lax.cond` on it stays a
+    branch under vmap instead of computing both sides; None: read from the state."""
     k = setup.knobs
+    it = state["iteration"] if it is None else it
     step_before = state["global_step"]
     state, traj = rollout(setup, state)
     state, explore = exploration_metrics(setup, state, traj)
     rng, k_sig, k_upd, k_after = jax.random.split(state["rng"], 4)
     state = {**state, "rng": rng}
-    batch = make_batch(traj, state, state["params"], state["iteration"], step_before)
+    batch = make_batch(traj, state, state["params"], it, step_before)
     state, batch, signalled, weights, stream, sig_metrics, terms = apply_signals(setup, state, batch, k_sig)
-    state = {**state, "snapshots": keep_snapshot(setup, state, traj, terms, step_before)}
+    state = {**state, "snapshots": keep_snapshot(setup, state, traj, terms, step_before, it)}
     advantages, returns = signalled.advantages, signalled.returns
     stream_returns = None
     if setup.stream is not None:
@@ -439,7 +442,7 @@ def iteration(setup: Setup, state: dict):
         stream_rewards = stream if stream is not None else jnp.zeros_like(batch.rewards)
         stream_adv, stream_returns = stream_advantages(setup, state["params"], traj, stream_rewards)
         advantages = s.extrinsic_coef * advantages + s.coef * stream_adv
-    state, metrics = update(setup, state, traj, advantages, returns, weights, stream_returns, k_upd)
+    state, metrics = update(setup, state, traj, advantages, returns, weights, stream_returns, k_upd, it)
 
     def value_fn(obs):
         return value(state["params"], obs)
@@ -477,20 +480,25 @@ def iteration(setup: Setup, state: dict):
 
 
 def make_program(setup: Setup, chunk: int, total: int | None = None):
-    """jit(vmap over seeds(scan of `chunk` iterations)): (states) -> (states, rows (S, chunk)).
-    An iteration at or past `total` is computed but not applied (the state passes through), so
-    one program of fixed length serves the last, short chunk too."""
-    def masked(state):
-        new, row = iteration(setup, state)
+    """jit(scan of `chunk` iterations of vmap over seeds): (states, first iteration) -> (states, rows
+    (chunk, S)). An iteration at or past `total` is computed but not applied (the state passes through),
+    so one program of fixed length serves the last, short chunk too."""
+    def masked(state, it):
+        new, row = iteration(setup, state, it)
         if total is None:
             return new, row
-        active = state["iteration"] < total
-        return jax.tree_util.tree_map(lambda a, b: jnp.where(active, a, b), new, state), row
+        return jax.tree_util.tree_map(lambda a, b: jnp.where(it < total, a, b), new, state), row
 
-    def run(state):
-        return jax.lax.scan(lambda s, _: masked(s), state, None, length=chunk)
+    def run(states, first):
+        def body(carry, _):
+            states, it = carry
+            states, rows = jax.vmap(masked, in_axes=(0, None))(states, it)
+            return (states, it + 1), rows
 
-    return jax.jit(jax.vmap(run))
+        (states, _), rows = jax.lax.scan(body, (states, jnp.asarray(first, jnp.int32)), None, length=chunk)
+        return states, rows
+
+    return jax.jit(run)
 
 
 def make_init(setup: Setup):

@@ -205,7 +205,8 @@ class JaxGroup:
             while self.iteration < self.num_iterations:
                 before = self.global_step
                 start = time.perf_counter()
-                states, rows = program(self.states)
+                states, rows = program(self.states, self.iteration)
+                rows = {k: np.swapaxes(np.asarray(v), 0, 1) for k, v in rows.items()}  # (S, chunk)
                 self._jax.block_until_ready(states)
                 seconds = time.perf_counter() - start
                 if self.iteration == 0 or self.compile_seconds == 0.0:
