@@ -333,6 +333,11 @@ def train_group(items: list[tuple[str, RunConfig | None, list[str]]], progress: 
                 if i not in group.failed:
                     run.set_status("interrupted", global_step=group.global_step)
             raise
+        except Exception as err:  # a crash says so in every run's status; each resumes from its checkpoint
+            for i, run in enumerate(runs):
+                if i not in group.failed:
+                    run.set_status("failed", reason=f"{type(err).__name__}: {err}"[:500])
+            raise
         for i, run in enumerate(runs):
             if i not in group.failed:
                 finish_run(group, i, run)
