@@ -8,6 +8,7 @@ no torch port). The JAX side's compile time is shown apart (the first call of it
 one process with the seeds vectorised. Per-seed rate = seeds x steps / wall seconds.
 
     python bench/jax_vs_torch.py [--steps 500000] [--only cartpole,doorkey,craftax] [--seeds 1,16]
+                                 [--many-steps 100000]
 
 Prints one line per measurement and the ratios; writes nothing but a temporary folder.
 """
@@ -32,8 +33,10 @@ KNOBS = ["num_envs=16", "num_steps=128"]  # the same on both backends (16 envs: 
 
 
 def whole_process(cmd: list[str]) -> float:
+    """Seconds of one process, with JAX's compilation cache off (every program compiled, as a first run)."""
     start = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                   env={**os.environ, "REFLECTRL_JAX_CACHE": "0"})
     return time.perf_counter() - start
 
 
@@ -58,7 +61,20 @@ def jax_rate(env: str, steps: int, seeds: int, tmp: Path) -> tuple[float, float,
     spec.write_text(json.dumps(items))
     seconds = whole_process([sys.executable, "-m", "reflectrl", "train-group", str(spec), "--no-progress"])
     first = _first_call_seconds(Path(items[0]["path"]))
-    return seeds * steps / seconds, seconds, first
+    return seeds * steps / seconds, seconds, first, _loop_rate(Path(items[0]["path"])) * seeds
+
+
+def _loop_rate(run: Path) -> float:
+    """One seed's steps/s after the first call (the compiled program's own rate, host work included)."""
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    first = rows[0]["steps_per_second"]
+    later = [r for r in rows if r["steps_per_second"] != first]
+    if not later:
+        return first
+    steps = later[-1]["global_step"] - rows[len(rows) - len(later) - 1]["global_step"]
+    seconds = sum(1.0 / r["steps_per_second"] * (r["global_step"] - p["global_step"])
+                  for p, r in zip(rows[-len(later) - 1:-1], later, strict=True))
+    return steps / seconds
 
 
 def _first_call_seconds(run: Path) -> float:
@@ -74,6 +90,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=None, help="override every task's env steps per seed")
     parser.add_argument("--only", default="cartpole,doorkey,craftax")
     parser.add_argument("--seeds", default="1,16")
+    parser.add_argument("--many-steps", type=int, default=100_000,
+                        help="env steps per seed where several seeds run (16 torch processes take long here)")
     args = parser.parse_args()
     seed_counts = [int(s) for s in args.seeds.split(",")]
     print(f"machine: {os.cpu_count()} cores; PPO {' '.join(KNOBS)}; whole processes (start-up, compilation)")
@@ -83,13 +101,15 @@ def main() -> int:
             torch_env, sets, jax_env, steps = TASKS[name]
             steps = args.steps or steps
             for seeds in seed_counts:
-                j_rate, j_sec, compile_s = jax_rate(jax_env, steps, seeds, tmp)
-                line = (f"{name:9s} {seeds:2d} seed(s) x {steps:,} steps: jax {j_rate:9,.0f} steps/s "
-                        f"({j_sec:6.1f} s, first call incl. compilation {compile_s:5.1f} s)")
+                n = steps if seeds == 1 else min(steps, args.many_steps)
+                j_rate, j_sec, compile_s, loop = jax_rate(jax_env, n, seeds, tmp)
+                line = (f"{name:9s} {seeds:2d} seed(s) x {n:,} steps: jax {j_rate:9,.0f} steps/s "
+                        f"({j_sec:6.1f} s, first call incl. compilation {compile_s:5.1f} s, after it {loop:,.0f} "
+                        "steps/s)")
                 if torch_env is None:
-                    print(line + "; torch: no port of this env")
+                    print(line + "; torch: no port of this env", flush=True)
                     continue
-                t_rate, t_sec = torch_rate(torch_env, sets, steps, seeds, tmp)
+                t_rate, t_sec = torch_rate(torch_env, sets, n, seeds, tmp)
                 print(line + f"; torch {t_rate:9,.0f} steps/s ({t_sec:6.1f} s): jax / torch = {j_rate / t_rate:.2f}x",
                       flush=True)
     return 0

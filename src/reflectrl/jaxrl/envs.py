@@ -9,8 +9,10 @@ randomises it; use its `-Random-` ids for MiniGrid's task. By default (`env.mini
 navix env is built with MiniGrid's settings, so that a run compares with the torch side's
 MiniGrid runs: the agent's 7x7 first-person view (`symbolic_first_person`, flattened), MiniGrid's
 step limit for the task (DoorKey 10 n^2, Empty 4 n^2, KeyCorridor 30 s^2, FourRooms 100, ...;
-navix's default is 100 for every task) and MiniGrid's reward 1 - 0.9 t / max_steps on reaching the
-goal (navix's `penality_coeff=0.9`). `env.minigrid=false` keeps navix's own defaults.
+navix's default is 100 for every task), MiniGrid's reward 1 - 0.9 t / max_steps on reaching the
+goal (navix's `penality_coeff=0.9`) and, for the -Random- DoorKey, MiniGrid's layout
+(`minigrid_doorkey`: navix puts the goal anywhere in the right room, MiniGrid in its corner).
+`env.minigrid=false` keeps navix's own defaults.
 
 Every env here terminates or truncates on its own; `step` resets an env whose episode ended in
 the same call (the next observation is the new episode's first) and returns the final
@@ -18,6 +20,11 @@ observation and the state key of the state the step reached (for bootstrapping a
 step and for the exploration metrics). State keys (exploration metrics, the count bonus) are
 ints in [0, key_space): navix's player cell, heading and whether it carries something; Craftax's
 player cell; elsewhere a 16-bit SimHash of the observation (envs/statekey.py's idea).
+
+Resets in a vector step (`vector_step`): every env whose episode ended gets a fresh reset, except
+with `env.reset_ratio=k` (Craftax's default 16: its reset generates a world, the cost of many
+steps), where N / k resets are computed per step and handed out as Craftax's optimistic resets do
+(distinct while they last, then shared by envs that ended at the same step).
 """
 
 from __future__ import annotations
@@ -68,12 +75,61 @@ class JaxEnv:
     key_space: int = 2 ** SIMHASH_BITS
     achievement_names: tuple[str, ...] = ()
 
+    reset_ratio: int = 1        # envs per reset computed in each vector step (vector_step); 1: every env its own
+
     def reset(self, key):
         """(obs, env_state, state key)."""
         raise NotImplementedError
 
-    def step(self, key, env_state, action) -> StepOut:
+    def transition(self, key, env_state, action):
+        """One step without the reset: (obs, env_state, reward, terminated, truncated, state key, achievements)."""
         raise NotImplementedError
+
+    def step(self, key, env_state, action) -> StepOut:
+        """One env's step, reset where its episode ended (eval)."""
+        k_step, k_reset = jax.random.split(key)
+        obs, state, reward, terminated, truncated, reached, achievements = self.transition(k_step, env_state, action)
+        return _with_resets(self.reset(k_reset), obs, state, reward, terminated, truncated, reached, achievements)
+
+
+def _with_resets(resets, obs, state, reward, terminated, truncated, reached, achievements) -> StepOut:
+    reset_obs, reset_state, reset_key = resets
+    done = jnp.logical_or(terminated, truncated)
+
+    def pick(r, s):
+        return jnp.where(done.reshape(done.shape + (1,) * (s.ndim - done.ndim)), r, s)
+
+    return StepOut(pick(reset_obs, obs), jax.tree_util.tree_map(pick, reset_state, state), reward.astype(jnp.float32),
+                   terminated, truncated, obs, reached, jnp.where(done, reset_key, reached), achievements)
+
+
+def vector_step(env: JaxEnv, key, env_states, actions) -> StepOut:
+    """N envs' step (vmapped), the ended episodes reset. With `env.reset_ratio` = k > 1, only N / k
+    resets are computed per step and handed to the envs that ended (distinct ones while they last, then
+    shared): Craftax's optimistic resets, for envs whose reset costs many steps (Craftax builds a world)."""
+    n = actions.shape[0]
+    k_step, k_reset, k_pick = jax.random.split(key, 3)
+    obs, state, reward, terminated, truncated, reached, achievements = jax.vmap(env.transition)(
+        jax.random.split(k_step, n), env_states, actions)
+    resets_n = max(1, n // max(1, env.reset_ratio))
+    resets = jax.vmap(env.reset)(jax.random.split(k_reset, resets_n))
+    if resets_n < n:
+        done = jnp.logical_or(terminated, truncated)
+        index = jnp.arange(resets_n).repeat(-(-n // resets_n))[:n]
+        chosen = jax.random.choice(k_pick, n, shape=(resets_n,), replace=False,
+                                   p=(done + 1e-6) / (done + 1e-6).sum())
+        index = index.at[chosen].set(jnp.arange(resets_n))
+        resets = jax.tree_util.tree_map(lambda x: x[index], resets)
+    return _with_resets(resets, obs, state, reward, terminated, truncated, reached, achievements)
+
+
+def _reset_ratio(kwargs: dict, default: int) -> int:
+    """env.reset_ratio: envs per reset computed in a vector step (vector_step's optimistic resets)."""
+    value = kwargs.pop("reset_ratio", default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise UserError(f"env.reset_ratio={value}: give a positive integer (1: every env that ends gets its own "
+                        "reset; k: one reset per k envs each step, shared where more end at once)")
+    return value
 
 
 def _simhash(obs: jax.Array, obs_dim: int) -> jax.Array:
@@ -90,6 +146,8 @@ class GymnaxEnv(JaxEnv):
         if name not in gymnax.registered_envs:
             raise UserError(f"--env gymnax:{name}: gymnax has no such env; it has {', '.join(gymnax.registered_envs)}")
         self.id = f"gymnax:{name}"
+        kwargs = dict(kwargs)
+        self.reset_ratio = _reset_ratio(kwargs, 1)
         self.env, params = gymnax.make(name)
         self.params = params.replace(**kwargs) if kwargs else params
         space = self.env.action_space(self.params)
@@ -112,18 +170,12 @@ class GymnaxEnv(JaxEnv):
         obs = self._flat(obs)
         return obs, state, _simhash(obs, self.obs_dim)
 
-    def step(self, key, env_state, action) -> StepOut:
-        k_step, k_reset = jax.random.split(key)
-        obs, state, reward, terminated, _ = self.env.step_env(k_step, env_state, action, self.params)
+    def transition(self, key, env_state, action):
+        obs, state, reward, terminated, _ = self.env.step_env(key, env_state, action, self.params)
         obs = self._flat(obs)
         # gymnax >= 1.0 tells the time limit apart: a step that ends on both is a termination
         truncated = jnp.logical_and(self.env.is_truncated(state, self.params), jnp.logical_not(terminated))
-        done = jnp.logical_or(terminated, truncated)
-        reset_obs, reset_state, reset_key = self.reset(k_reset)
-        reached = _simhash(obs, self.obs_dim)
-        new_state = jax.tree_util.tree_map(lambda r, s: jnp.where(done, r, s), reset_state, state)
-        return StepOut(jnp.where(done, reset_obs, obs), new_state, reward.astype(jnp.float32),
-                       terminated, truncated, obs, reached, jnp.where(done, reset_key, reached), jnp.zeros((0,), bool))
+        return obs, state, reward, terminated, truncated, _simhash(obs, self.obs_dim), jnp.zeros((0,), bool)
 
 
 # MiniGrid's step limits by task (minigrid/envs/*.py), for navix's ids
@@ -145,6 +197,51 @@ def _minigrid_max_steps(name: str) -> int | None:
     return None
 
 
+def minigrid_doorkey(env):
+    """navix's -Random- DoorKey with MiniGrid's layout (minigrid/envs/doorkey.py): the goal in the
+    bottom-right corner (navix places it anywhere in the right room), the door in rows 1 .. h-3
+    (navix: 1 .. h-2), the agent anywhere in the left room with any heading, the key elsewhere there."""
+    import dataclasses
+
+    from navix.components import EMPTY_POCKET_ID
+    from navix.entities import Door, Goal, Key, Player, Wall
+    from navix.environments import Timestep
+    from navix.environments.door_key import DoorKey
+    from navix.grid import mask_by_coordinates, random_directions, random_positions, room
+    from navix.rendering.cache import RenderingCache
+    from navix.rendering.registry import PALETTE
+    from navix.states import State
+
+    class MiniGridDoorKey(DoorKey):
+        def _reset(self, key, cache=None):
+            h, w = self.height, self.width
+            key, k_player, k_dir, k_key, k_row, k_col = jax.random.split(key, 6)
+            grid = room(height=h, width=w)
+            door_col = jax.random.randint(k_col, (), 2, w - 2)
+            door_row = jax.random.randint(k_row, (), 1, h - 2)
+            door_pos = jnp.asarray((door_row, door_col))
+            door = Door.create(position=door_pos, requires=jnp.asarray(3), open=jnp.asarray(False),
+                               colour=PALETTE.YELLOW)
+            wall_pos = jnp.stack((jnp.arange(1, h - 1), jnp.full((h - 2,), door_col)), axis=1)
+            walls = Wall.create(position=jnp.delete(wall_pos, door_row - 1, axis=0, assume_unique_indices=True))
+            first_room = jnp.where(mask_by_coordinates(grid, (jnp.asarray(h), door_col), jnp.less), grid, -1)
+            player_pos = random_positions(k_player, first_room)
+            player = Player.create(position=player_pos, direction=random_directions(k_dir),
+                                   pocket=EMPTY_POCKET_ID)
+            goal = Goal.create(position=jnp.asarray([h - 2, w - 2]), probability=jnp.asarray(1.0))
+            key_entity = Key.create(position=random_positions(k_key, first_room, exclude=player_pos),
+                                    id=jnp.asarray(3), colour=PALETTE.YELLOW)
+            grid = grid.at[tuple(door_pos)].set(0)
+            state = State(key=key, grid=grid, cache=cache or RenderingCache.init(grid),
+                          entities={"player": player[None], "key": key_entity[None], "door": door[None],
+                                    "goal": goal[None], "wall": walls})
+            return Timestep(t=jnp.asarray(0, dtype=jnp.int32), observation=self.observation_fn(state),
+                            action=jnp.asarray(-1, dtype=jnp.int32), reward=jnp.asarray(0.0, dtype=jnp.float32),
+                            step_type=jnp.asarray(0, dtype=jnp.int32), state=state)
+
+    return MiniGridDoorKey(**{f.name: getattr(env, f.name) for f in dataclasses.fields(env)})
+
+
 class NavixEnv(JaxEnv):
     def __init__(self, name: str, kwargs: dict):
         import warnings
@@ -158,6 +255,7 @@ class NavixEnv(JaxEnv):
                             f"(it has {len(navix.registry())}: {', '.join(sorted(navix.registry())[:6])}, ...)")
         kwargs = dict(kwargs)
         minigrid = bool(kwargs.pop("minigrid", True))
+        self.reset_ratio = _reset_ratio(kwargs, 1)
         if minigrid:
             max_steps = _minigrid_max_steps(name)
             if max_steps is not None:
@@ -168,6 +266,8 @@ class NavixEnv(JaxEnv):
             self.env = navix.make(name, **kwargs)
         except TypeError as err:
             raise UserError(f"--env navix:{name}: {err}") from None
+        if minigrid and "DoorKey" in name and "Random" in name:
+            self.env = minigrid_doorkey(self.env)
         self.id = f"navix:{name}"
         self.max_steps = int(self.env.max_steps)
         ts = self.env.reset(jax.random.PRNGKey(0))
@@ -190,18 +290,14 @@ class NavixEnv(JaxEnv):
         ts = self.env.reset(key)
         return ts.observation.reshape(-1).astype(jnp.float32), ts, self._key(ts.state)
 
-    def step(self, key, env_state, action) -> StepOut:
+    def transition(self, key, env_state, action):
         from navix.environments.environment import StepType
 
         ts = self.env._step(env_state, action)
-        done = ts.step_type != StepType.TRANSITION
+        ts = ts.replace(state=ts.state.replace(key=jax.random.fold_in(ts.state.key, 1)))
         obs = ts.observation.reshape(-1).astype(jnp.float32)
-        reset_obs, reset_ts, reset_key = self.reset(ts.state.key)
-        reached = self._key(ts.state)
-        new_ts = jax.tree_util.tree_map(lambda r, s: jnp.where(done, r, s), reset_ts, ts)
-        return StepOut(jnp.where(done, reset_obs, obs), new_ts, ts.reward.astype(jnp.float32),
-                       ts.step_type == StepType.TERMINATION, ts.step_type == StepType.TRUNCATION, obs, reached,
-                       jnp.where(done, reset_key, reached), jnp.zeros((0,), bool))
+        return (obs, ts, ts.reward, ts.step_type == StepType.TERMINATION, ts.step_type == StepType.TRUNCATION,
+                self._key(ts.state), jnp.zeros((0,), bool))
 
 
 class CraftaxEnv(JaxEnv):
@@ -212,6 +308,8 @@ class CraftaxEnv(JaxEnv):
             raise UserError(f"--env craftax:{name}: use craftax:Craftax-Classic-Symbolic-v1 or "
                             "craftax:Craftax-Symbolic-v1 (the pixel versions are not supported)")
         self.id = f"craftax:{name}"
+        kwargs = dict(kwargs)
+        self.reset_ratio = _reset_ratio(kwargs, 16)  # Craftax's own PPO: a reset builds a world
         self.env = make_craftax_env_from_name(name, auto_reset=False)
         self.params = self.env.default_params.replace(**kwargs) if kwargs else self.env.default_params
         obs, state = self.env.reset(jax.random.PRNGKey(0), self.params)
@@ -235,18 +333,12 @@ class CraftaxEnv(JaxEnv):
         obs, state = self.env.reset_env(key, self.params)
         return obs.reshape(-1).astype(jnp.float32), state, self._key(state)
 
-    def step(self, key, env_state, action) -> StepOut:
-        k_step, k_reset = jax.random.split(key)
-        obs, state, reward, done, _ = self.env.step_env(k_step, env_state, action, self.params)
+    def transition(self, key, env_state, action):
+        obs, state, reward, done, _ = self.env.step_env(key, env_state, action, self.params)
         obs = obs.reshape(-1).astype(jnp.float32)
         truncated = jnp.logical_and(done, state.timestep >= self.max_steps)
         terminated = jnp.logical_and(done, jnp.logical_not(truncated))
-        reset_obs, reset_state, reset_key = self.reset(k_reset)
-        reached = self._key(state)
-        achievements = state.achievements
-        new_state = jax.tree_util.tree_map(lambda r, s: jnp.where(done, r, s), reset_state, state)
-        return StepOut(jnp.where(done, reset_obs, obs), new_state, reward.astype(jnp.float32), terminated,
-                       truncated, obs, reached, jnp.where(done, reset_key, reached), achievements)
+        return obs, state, reward, terminated, truncated, self._key(state), state.achievements
 
 
 def make_env(env_id: str, kwargs: dict | None = None) -> JaxEnv:

@@ -30,6 +30,7 @@ import numpy as np
 import optax
 
 from reflectrl.jaxrl import nets
+from reflectrl.jaxrl.envs import vector_step
 from reflectrl.jaxrl.gae import gae
 from reflectrl.jaxrl.signals.base import Batch, Context, Output
 
@@ -138,6 +139,13 @@ def optimizer(knobs) -> optax.GradientTransformation:
 # --------------------------------------------------------------------------- the training state
 
 def init_state(setup: Setup, seed_key) -> dict:
+    """A seed's training state, every leaf strongly typed: a weakly typed leaf (navix's reset writes a
+    Python 0.0) comes back strongly typed from an iteration, and the program would compile a second time."""
+    state = _init_state(setup, seed_key)
+    return jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype=jnp.asarray(x).dtype), state)
+
+
+def _init_state(setup: Setup, seed_key) -> dict:
     env, N = setup.env, setup.N
     k_params, k_env, k_sig, k_rng = jax.random.split(seed_key, 4)
     params = init_params(setup, k_params)
@@ -233,7 +241,7 @@ def rollout(setup: Setup, state: dict):
         action = sample_action(setup, params, out, k_act)
         logp, _ = log_prob_entropy(setup, params, out, action)
         v = value(params, obs)
-        res = jax.vmap(env.step)(jax.random.split(k_env, setup.N), env_state, env_action(setup, action))
+        res = vector_step(env, k_env, env_state, env_action(setup, action))
         done = jnp.logical_or(res.terminated, res.truncated)
         ep_ret = ep_ret + res.reward
         ep_len = ep_len + 1
