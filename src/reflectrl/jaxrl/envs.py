@@ -197,6 +197,25 @@ def _minigrid_max_steps(name: str) -> int | None:
     return None
 
 
+def import_navix():
+    """navix, without its agents and experiment modules: its package imports them (wandb, distrax,
+    tensorflow-probability: 4 of navix's 6 s of import here) and its envs use neither. Stand-ins
+    take their place in sys.modules unless navix was imported already."""
+    import sys
+    import types
+
+    if "navix" not in sys.modules:
+        for name in ("navix.agents", "navix.experiment"):
+            if name not in sys.modules:
+                stub = types.ModuleType(name)
+                stub.__doc__ = "not imported by reflectrl (jaxrl/envs.py import_navix): import navix first to use it"
+                stub.Experiment = None
+                sys.modules[name] = stub
+    import navix
+
+    return navix
+
+
 def minigrid_doorkey(env):
     """navix's -Random- DoorKey with MiniGrid's layout (minigrid/envs/doorkey.py): the goal in the
     bottom-right corner (navix places it anywhere in the right room), the door in rows 1 .. h-3
@@ -248,7 +267,7 @@ class NavixEnv(JaxEnv):
 
         with warnings.catch_warnings():  # navix 0.7 touches an API jax deprecates: not the user's concern
             warnings.filterwarnings("ignore", message=".*pytype_aval_mappings", category=DeprecationWarning)
-            import navix
+            navix = import_navix()
 
         if name not in navix.registry():
             raise UserError(f"--env navix:{name}: navix has no such env; e.g. navix:Navix-DoorKey-Random-8x8-v0 "
@@ -270,7 +289,7 @@ class NavixEnv(JaxEnv):
             self.env = minigrid_doorkey(self.env)
         self.id = f"navix:{name}"
         self.max_steps = int(self.env.max_steps)
-        ts = self.env.reset(jax.random.PRNGKey(0))
+        ts = jax.eval_shape(self.env.reset, jax.random.PRNGKey(0))  # shapes only: an eager reset takes seconds
         self.obs_dim = int(np.prod(ts.observation.shape))
         self.discrete = True
         self.action_dim = len(self.env.action_set)
@@ -312,7 +331,7 @@ class CraftaxEnv(JaxEnv):
         self.reset_ratio = _reset_ratio(kwargs, 16)  # Craftax's own PPO: a reset builds a world
         self.env = make_craftax_env_from_name(name, auto_reset=False)
         self.params = self.env.default_params.replace(**kwargs) if kwargs else self.env.default_params
-        obs, state = self.env.reset(jax.random.PRNGKey(0), self.params)
+        obs, state = jax.eval_shape(lambda k: self.env.reset(k, self.params), jax.random.PRNGKey(0))
         self.obs_dim = int(np.prod(obs.shape))
         self.discrete = True
         self.action_dim = int(self.env.action_space(self.params).n)
@@ -341,8 +360,21 @@ class CraftaxEnv(JaxEnv):
         return obs, state, reward, terminated, truncated, self._key(state), state.achievements
 
 
+_MADE: dict = {}
+
+
 def make_env(env_id: str, kwargs: dict | None = None) -> JaxEnv:
-    """The JAX env an id names (FAMILY:NAME), with one clear line for a missing package or a bad id."""
+    """The JAX env an id names (FAMILY:NAME), with one clear line for a missing package or a bad id;
+    built once per process for an id and settings (a run's resolve and its trainer share it)."""
+    import json
+
+    key = (env_id, json.dumps(kwargs or {}, sort_keys=True, default=str))
+    if key not in _MADE:
+        _MADE[key] = _make_env(env_id, kwargs)
+    return _MADE[key]
+
+
+def _make_env(env_id: str, kwargs: dict | None = None) -> JaxEnv:
     family, _, name = env_id.partition(":")
     if family not in FAMILIES or not name:
         raise UserError(f"--env {env_id}: backend=jax takes gymnax:<id>, navix:<id> or craftax:<id> "

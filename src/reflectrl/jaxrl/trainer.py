@@ -114,10 +114,15 @@ class JaxGroup:
     def global_step(self) -> int:
         return self.iteration * self.batch_size
 
-    def seed_state(self, i: int) -> dict:
-        leaves = self._jax.tree_util.tree_leaves(self.states)
+    def host_leaves(self) -> list[np.ndarray]:
+        """The stacked state's leaves on the host, in one transfer (indexing device arrays leaf by leaf
+        compiles a gather per leaf shape: dozens of programs)."""
+        return [np.asarray(leaf) for leaf in self._jax.device_get(self._jax.tree_util.tree_leaves(self.states))]
+
+    def seed_state(self, i: int, leaves: list[np.ndarray] | None = None) -> dict:
+        leaves = self.host_leaves() if leaves is None else leaves
         return {"format": CHECKPOINT_FORMAT, "config": self.cfgs[i].to_dict(), "global_step": self.global_step,
-                "iteration": self.iteration, "leaves": [np.asarray(leaf[i]) for leaf in leaves],
+                "iteration": self.iteration, "leaves": [leaf[i].copy() for leaf in leaves],
                 "recent_returns": list(self.recent[i])}
 
     def load_seed_states(self, states: list[dict]) -> None:
@@ -142,16 +147,17 @@ class JaxGroup:
     def params_sha256(self, i: int) -> str:
         """A hash of seed i's policy parameters, in path order (trainers/policies.params_sha256's role)."""
         h = hashlib.sha256()
-        flat = self._jax.tree_util.tree_flatten_with_path(self.states["params"])[0]
+        flat = self._jax.tree_util.tree_flatten_with_path(self._jax.device_get(self.states["params"]))[0]
         for path, leaf in sorted(flat, key=lambda kv: self._jax.tree_util.keystr(kv[0])):
             h.update(self._jax.tree_util.keystr(path).encode())
-            h.update(np.ascontiguousarray(np.asarray(leaf[i])).tobytes())
+            h.update(np.ascontiguousarray(np.asarray(leaf)[i]).tobytes())
         return h.hexdigest()
 
     def save_checkpoints(self) -> None:
+        leaves = self.host_leaves()
         for i, run in enumerate(self.runs):
             if run is not None and i not in self.failed:
-                run.save_checkpoint(self.seed_state(i))
+                run.save_checkpoint(self.seed_state(i, leaves))
 
     # ------------------------------------------------------------------ training
 
