@@ -1,4 +1,4 @@
-"""The JAX side's networks and the one fit helper of its signals (torch: nets.py, signals/fit.py).
+"""The JAX side's networks (torch: nets.py); the signals' one fit helper is signals/__init__.py's fit_rows.
 
 Parameters are plain pytrees: a list of {"w": (in, out), "b": (out,)} layers, so that a torch
 layer's weight is `w.T` (the fixture tests copy torch heads in with `from_torch`). Inits follow
@@ -13,7 +13,6 @@ from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 Params = list  # [{"w": (in, out), "b": (out,)}, ...]
@@ -92,43 +91,6 @@ def adam(lr: float) -> optax.GradientTransformation:
     return optax.adam(lr, b1=0.9, b2=0.999, eps=1e-8)
 
 
-def fit_mse(loss_fn: Callable, params, opt_state, opt: optax.GradientTransformation, data: tuple,
-            epochs: int, minibatch_size: int, key: jax.Array, shuffle: str = "always"):
-    """Minibatch MSE fit (signals/fit.py HeadFitter.fit): `epochs` passes over the rows of `data`
-    (a tuple of row-aligned arrays) in minibatches of `minibatch_size` (the last, short one
-    dropped only where rows do not divide: the torch fitter keeps it; here the rows are padded by
-    repeating a permutation's head, see below), `loss_fn(params, *minibatch) -> scalar`.
-    `shuffle="when_split"` keeps the rows in order when one minibatch holds them all.
-
-    Returns (params, opt_state, loss of the whole data before the fit)."""
-    n = data[0].shape[0]
-    mb = min(minibatch_size, n)
-    num = max(n // mb, 1)
-    loss_before = loss_fn(params, *data)
-
-    def epoch(carry, k):
-        params, opt_state = carry
-        order = jnp.arange(n) if (shuffle == "when_split" and mb >= n) else jax.random.permutation(k, n)
-
-        def step(carry, idx):
-            params, opt_state = carry
-            rows = tuple(d[idx] for d in data)
-            grads = jax.grad(loss_fn)(params, *rows)
-            updates, opt_state = opt.update(grads, opt_state, params)
-            return (optax.apply_updates(params, updates), opt_state), None
-
-        batches = order[: num * mb].reshape(num, mb)
-        (params, opt_state), _ = jax.lax.scan(step, (params, opt_state), batches)
-        return (params, opt_state), None
-
-    (params, opt_state), _ = jax.lax.scan(epoch, (params, opt_state), jax.random.split(key, epochs))
-    return params, opt_state, loss_before
-
-
 def polyak(target, source, tau: float):
     """target <- tau * source + (1 - tau) * target (nets.update_target)."""
     return jax.tree_util.tree_map(lambda t, s: t + tau * (s - t), target, source)
-
-
-def to_numpy(tree):
-    return jax.tree_util.tree_map(np.asarray, tree)

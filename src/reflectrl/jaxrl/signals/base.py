@@ -92,6 +92,10 @@ class Signal:
     wants_features = False
 
     def __init__(self, cfg: Any):
+        """Its knobs checked (once: a run's config check usually did it), then kept."""
+        from reflectrl.signals.base import validate_once
+
+        validate_once(cfg)
         self.cfg = cfg
 
     def init(self, key: jax.Array, ctx: Context) -> Any:

@@ -21,7 +21,6 @@ import jax.numpy as jnp
 from reflectrl.jaxrl.nets import adam, head, torch_default_mlp
 from reflectrl.jaxrl.signals import encode_actions, fit_rows, std, torch_only
 from reflectrl.jaxrl.signals.base import Batch, Output, Signal, mean_abs_ratio
-from reflectrl.signals.base import validate_once
 from reflectrl.signals.calibration import CalibrationConfig
 
 
@@ -69,11 +68,10 @@ class Calibration(Signal):
     config = CalibrationConfig
 
     def __init__(self, cfg: CalibrationConfig):
-        validate_once(cfg)
+        super().__init__(cfg)
         if cfg.shared_trunk:
             raise torch_only("calibration.shared_trunk",
                              "its auxiliary loss trains the actor's trunk inside the torch PPO update")
-        super().__init__(cfg)
         self.wants_features = cfg.inputs != "obs_action"
 
     def width(self, ctx) -> int:

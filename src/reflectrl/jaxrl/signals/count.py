@@ -19,7 +19,6 @@ import jax
 import jax.numpy as jnp
 
 from reflectrl.jaxrl.signals.base import Batch, Signal
-from reflectrl.signals.base import validate_once
 from reflectrl.signals.count import CountConfig
 
 
@@ -66,7 +65,6 @@ class Count(Signal):
     config = CountConfig
 
     def __init__(self, cfg: CountConfig):
-        validate_once(cfg)
         super().__init__(cfg)
 
     def init(self, key, ctx):

@@ -27,7 +27,6 @@ import optax
 
 from reflectrl.jaxrl.nets import orthogonal_many
 from reflectrl.jaxrl.signals.base import Batch, Output, Signal, Stream
-from reflectrl.signals.base import validate_once
 from reflectrl.signals.rnd import RndConfig
 
 
@@ -108,7 +107,6 @@ class Rnd(Signal):
     config = RndConfig
 
     def __init__(self, cfg: RndConfig):
-        validate_once(cfg)
         super().__init__(cfg)
         self.stream = (Stream(name="rnd", gamma=cfg.int_gamma, episodic=False, coef=cfg.int_coef,
                               extrinsic_coef=cfg.ext_coef) if cfg.int_coef > 0 else None)

@@ -28,7 +28,6 @@ from reflectrl.jaxrl.gae import gae
 from reflectrl.jaxrl.nets import adam, head, polyak, torch_default_mlp
 from reflectrl.jaxrl.signals import encode_actions, fit_rows, masked_mean, std, torch_only, var
 from reflectrl.jaxrl.signals.base import Batch, Signal
-from reflectrl.signals.base import validate_once
 from reflectrl.signals.shaping import ShapingConfig
 
 
@@ -60,7 +59,7 @@ class Shaping(Signal):
     config = ShapingConfig
 
     def __init__(self, cfg: ShapingConfig):
-        validate_once(cfg)
+        super().__init__(cfg)
         refusals = [(cfg.mode in ("bootstrap", "advice"), f"shaping.mode={cfg.mode}"),
                     (bool(cfg.prior), "shaping.prior"),
                     (cfg.safety_beta > 0, "shaping.safety_beta"),
@@ -70,7 +69,6 @@ class Shaping(Signal):
         for refused, knob in refusals:
             if refused:
                 raise torch_only(knob)
-        super().__init__(cfg)
 
     def forward(self, params, obs, actions, next_obs, terminations):
         return shaper_forward(params, obs, actions, next_obs, terminations, self.cfg.mode, self.cfg.eta,
