@@ -23,6 +23,8 @@ def build_signals(signal_names, sections: dict) -> list[Signal]:
         signal = spec.factory(config)
         signal.fix_wants(spec.wants_for(config))
         out.append(signal)
+    for i, signal in enumerate(out):  # what a member needs of the others (gear.advantage=total: rnd before it)
+        signal.check_position(out[:i], out[i + 1:])
     return out
 
 

@@ -128,6 +128,15 @@ class Batch:
     # (every agent's summed) in each agent's column, (T, N), and the team's value of any column observations
     team_rewards: torch.Tensor | None = None
     team_value_fn: Callable[[torch.Tensor], torch.Tensor] | None = None
+    # the run's reward streams (signals with a value head of their own: RND), filled by a trainer that
+    # keeps them: `stream_weights` {stream: coef_s / extrinsic_coef}; `stream_values()` {stream: (V_s,
+    # V_s of the state reached, episodic)} (T, N) under the heads that acted; `stream_rewards` {stream:
+    # (T, N) rewards} as the stack's members give them (a member sees those of the members before it);
+    # `stream_advantages` {stream: A_s} as the policy used them, set before after_update
+    stream_weights: dict | None = None
+    stream_values: Callable[[], dict] | None = None
+    stream_rewards: dict | None = None
+    stream_advantages: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -324,6 +333,11 @@ class Signal:
         """The reward streams (each with its own value head) this signal, as bound, gives
         rewards for in every after_advantages; asked once, after bind."""
         return []
+
+    def check_position(self, before: list[Signal], after: list[Signal]) -> None:
+        """Refuse (UserError, one line) a run in which this signal lacks what it needs of the
+        others written with it: `before` and `after` are the members written before and after
+        it (empty for a lone signal). Called once, when the run's signals are built."""
 
     # the extrinsic advantage's weight in the policy's advantage while a reward stream is learnt
     extrinsic_coef = 1.0

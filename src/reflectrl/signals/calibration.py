@@ -23,6 +23,17 @@ Option `adaptive`: alpha is scaled by the current L_cal (capped at `adaptive_max
 the target has unit variance, L_cal = 1 is a predictor that knows nothing, so the bonus
 weighs in fully while the reflection net is uncalibrated and fades as it calibrates.
 
+`mode="uncertainty"` (issue 42) turns the reflection onto exploration. The seed's bonus is 0
+before the first reward (the relative clip is k x mean |r| = 0), so on a sparse task it cannot
+act where exploration is the problem. Here an ensemble of `ensemble` reflection heads (each its
+own initialisation, with default rather than near-zero output layers, and each fit on its own
+bootstrap mask: every row in with probability `bootstrap`) predicts A_n; the bonus is
++alpha x std_k f_k(s, a), the heads' disagreement, taken before they are fit on the batch. Where
+the agent has not learned what its actions are worth the heads disagree, from the first
+iteration, reward or not. Its scale is absolute (no clip, budget, adaptive alpha or
+bonus_target: those shape the seed's bonus), decayed by `schedule`. Logged: `ensemble_std`,
+`bonus_mean`, `bonus_to_reward`, `calibration_alpha` (alpha x the schedule's factor).
+
 On a replay trainer (DQN, SAC) the batch is a sampled minibatch and the advantage is
 Q(s, a) - V(s) (V = max_a Q for DQN; E_pi[Q - alpha log pi], one sampled action, for SAC):
 the bonus joins the sampled rewards in the TD target at learning time (trainers/replay/base.py).
@@ -50,7 +61,9 @@ from reflectrl.nets import relu_mlp
 from reflectrl.registry import SignalSpec, register_signal
 from reflectrl.signals.base import Batch, Signal, SignalContext, SignalOutput, checked_once
 from reflectrl.signals.fit import HeadFitter, OneHotRows, mse, one_hot_rows
+from reflectrl.signals.schedule import check_schedule, factor_at
 
+MODES = ("miscalibration", "uncertainty")
 INPUTS = ("obs_action", "obs_action_features", "features_action")
 CLIPS = ("relative", "absolute", "none")
 TARGETS = ("denormalized", "seed")
@@ -61,8 +74,19 @@ TARGETS = ("denormalized", "seed")
 class CalibrationConfig:
     RENAMED: ClassVar[dict[str, str]] = {"reflection_epochs": "epochs"}  # old knob names still accepted, with a warning
 
+    mode: str = "miscalibration"
+    """miscalibration (the seed's bonus, -alpha x error^2) or uncertainty (+alpha x the disagreement of an
+    ensemble of heads: acts before the first reward)"""
     alpha: float = 0.05
     """bonus strength (0: the run equals --algo ppo bit for bit)"""
+    ensemble: int = 5
+    """mode=uncertainty: the number of reflection heads, each its own initialisation and bootstrap mask"""
+    bootstrap: float = 0.5
+    """mode=uncertainty: each row's chance of being in a head's fit, drawn anew every iteration"""
+    schedule: str = "constant"
+    """decay of alpha over the run: constant, linear or exponential (signals/schedule.py)"""
+    schedule_steps: int = 0
+    """the env step by which the decayed bonus is gone (exponential: 1% left); 0: the run's whole length"""
     beta: float = 1.0
     """weight of the clipped bonus in the reward"""
     hidden_sizes: tuple[int, ...] = (64, 64)
@@ -117,7 +141,15 @@ class CalibrationConfig:
             bad(f"snapshots={self.snapshots}: must be >= 0")
         if not self.hidden_sizes or any(h < 1 for h in self.hidden_sizes):
             bad(f"hidden_sizes={self.hidden_sizes}: give positive layer widths, e.g. 64,64")
-        for name, allowed in (("inputs", INPUTS), ("clip", CLIPS), ("bonus_target", TARGETS)):
+        if self.ensemble < 2:
+            bad(f"ensemble={self.ensemble}: needs at least 2 heads (their disagreement is the bonus)")
+        if not 0.0 < self.bootstrap <= 1.0:
+            bad(f"bootstrap={self.bootstrap}: must be in (0, 1] (1: every head fits every row)")
+        check_schedule("calibration", self.schedule, self.schedule_steps)
+        if self.mode == "uncertainty" and self.shared_trunk:
+            bad("shared_trunk=true trains the actor's trunk on the seed's calibration loss; mode=uncertainty has "
+                "no such loss: leave shared_trunk=false")
+        for name, allowed in (("mode", MODES), ("inputs", INPUTS), ("clip", CLIPS), ("bonus_target", TARGETS)):
             if getattr(self, name) not in allowed:
                 bad(f"{name}='{getattr(self, name)}': use one of {', '.join(allowed)}")
         if self.shared_trunk and self.inputs == "obs_action":
@@ -150,9 +182,19 @@ class CalibrationBonus(Signal):
             self._features_fn = not self.wants_features
         width = {"obs_action": ctx.obs_dim, "obs_action_features": ctx.obs_dim + ctx.feature_dim,
                  "features_action": ctx.feature_dim}[self.inputs] + ctx.action_dim
+        self.heads: list[HeadFitter] = []
         with self.own_rng():
-            self.net = relu_mlp(width, self.cfg.hidden_sizes)  # near-zero output: no bonus until it has learned
-        self.fitter = HeadFitter(self.net, lr=self.cfg.lr_multiplier * ctx.learning_rate)
+            if self.cfg.mode == "uncertainty":
+                # the ensemble: default (not near-zero) output layers, so that the heads disagree where
+                # they have not been fit; each drawn in turn from the signal's own stream
+                self.heads = [HeadFitter(relu_mlp(width, self.cfg.hidden_sizes, near_zero_output=False),
+                                         lr=self.cfg.lr_multiplier * ctx.learning_rate)
+                              for _ in range(self.cfg.ensemble)]
+                self.net = self.heads[0].head
+            else:
+                self.net = relu_mlp(width, self.cfg.hidden_sizes)  # near-zero output: no bonus until it has learned
+        lr = self.cfg.lr_multiplier * ctx.learning_rate
+        self.fitter = self.heads[0] if self.heads else HeadFitter(self.net, lr=lr)
         self.snapshot_at = self.snapshot_iterations(self.cfg.snapshots)
 
     # -------------------------------------------------------------------------- inputs
@@ -205,6 +247,14 @@ class CalibrationBonus(Signal):
             features = features[valid] if features is not None else None
         mean, std = adv.mean(), adv.std()
         target = (adv - mean) / (std + 1e-8)
+        if cfg.mode == "uncertainty":
+            term = self._uncertainty(batch, x, target, rewards)
+            if valid is not None:
+                term = torch.zeros(valid.shape).masked_scatter_(valid, term)
+            term = term.reshape(shape)
+            if cfg.recompute_advantages:
+                return SignalOutput(reward=term, recompute=True)
+            return SignalOutput(advantage=term)
 
         inputs = self.fitter.prepare(x)  # one-hot rows (a tabular obs, the action) are looked up, once
         heldout = self._fit(inputs, target)
@@ -219,6 +269,8 @@ class CalibrationBonus(Signal):
             prev_loss = mse(prev_f[0], self.previous[1]) if prev_f else None
             prediction = f * (std + 1e-8) + mean if cfg.bonus_target == "denormalized" else f
             alpha = cfg.alpha * (min(train_loss, cfg.adaptive_max) if cfg.adaptive else 1.0)
+            if cfg.schedule != "constant":
+                alpha = alpha * factor_at(cfg, batch, self.ctx.total_iterations)
             bonus = -alpha * (prediction - adv).square()
             mean_abs_r = rewards.abs().mean()
             if cfg.clip == "relative":
@@ -268,6 +320,44 @@ class CalibrationBonus(Signal):
             return SignalOutput(reward=term, recompute=True)
         return SignalOutput(advantage=term)
 
+    def _uncertainty(self, batch: Batch, x, target: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
+        """mode=uncertainty: the heads' disagreement on the batch's (s, a) before they are fit on
+        it (as RND's error is taken before its predictor trains) is the bonus, +alpha x std; then
+        each head is fit to the normalised advantages on the rows of its own bootstrap mask."""
+        cfg = self.cfg
+        inputs = self.heads[0].prepare(x)  # one-hot rows grouped once, for every head
+        with torch.no_grad():
+            predictions = torch.stack([head.predict(inputs) for head in self.heads])  # (K, B)
+            spread = predictions.std(0, unbiased=False)
+            losses = (predictions - target).square().mean(1)
+        alpha = cfg.alpha * factor_at(cfg, batch, self.ctx.total_iterations)
+        term = cfg.beta * alpha * spread
+        n = target.shape[0]
+        for head in self.heads:
+            rows = (torch.rand(n, generator=self.generator) < cfg.bootstrap).nonzero().squeeze(-1)
+            if rows.numel() == 0:  # a mask with no row: this head sits this iteration out
+                continue
+            head.fit(inputs[rows], target[rows], epochs=cfg.epochs, minibatch_size=cfg.minibatch_size,
+                     generator=self.generator, shuffle="always")
+        if batch.iteration in self.snapshot_at and not (self.snapshots and
+                                                        self.snapshots[-1]["iteration"] == batch.iteration):
+            pick = torch.randperm(n, generator=self.generator)[:400]
+            self.snapshots.append({"iteration": batch.iteration, "target": target[pick].tolist(),
+                                   "prediction": predictions.mean(0)[pick].tolist()})
+        mean_abs_r = rewards.abs().mean()
+        lo, hi = torch.aminmax(term)
+        self._last = {
+            "calibration_loss": losses.mean().item(),
+            "calibration_alpha": alpha,
+            "ensemble_std": spread.mean().item(),
+            "bonus_mean": term.mean().item(),
+            "bonus_std": term.std().item() if n > 1 else 0.0,
+            "bonus_min": lo.item(),
+            "bonus_max": hi.item(),
+            "bonus_to_reward": (term.abs().mean() / mean_abs_r).item() if mean_abs_r.item() > 0 else None,
+        }
+        return term
+
     def _fit(self, inputs, target: torch.Tensor) -> float:
         """Fit the reflection net to the batch; returns its loss on the batch before the fit
         (held out). That is the first step's loss when one minibatch holds the whole batch,
@@ -295,6 +385,9 @@ class CalibrationBonus(Signal):
         return dict(self._last)
 
     def state_dict(self) -> dict:
+        if self.heads:  # mode=uncertainty: every head of the ensemble
+            return {**super().state_dict(), "snapshots": self.snapshots,
+                    "ensemble": [head.state_dict(head_key="net") for head in self.heads]}
         return {
             **super().state_dict(),
             **self.fitter.state_dict(head_key="net"),
@@ -306,6 +399,11 @@ class CalibrationBonus(Signal):
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
+        if self.heads:
+            for head, saved in zip(self.heads, state["ensemble"]):
+                head.load_state_dict(saved, head_key="net")
+            self.snapshots = state["snapshots"]
+            return
         self.fitter.load_state_dict(state, head_key="net")
         self.previous = state["previous"]
         self._previous_inputs = None

@@ -98,6 +98,8 @@ class SignalStack(Signal):
             if out.weights is not None:
                 combined.weights = out.weights if combined.weights is None else combined.weights * out.weights
             combined.streams.update(out.streams)
+            if out.streams:  # later members may read them (gear.advantage=total)
+                batch.stream_rewards = {**(batch.stream_rewards or {}), **out.streams}
             combined.metrics.update(out.metrics)
         if combined.reward is None and combined.advantage is None and combined.weights is None and not combined.streams:
             return None

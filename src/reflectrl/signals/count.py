@@ -12,7 +12,9 @@ the next (and through a checkpoint). `episodic=false` counts over all of trainin
 env instead (the classic 1 / sqrt(N(s)) bonus, as MBIE-EB).
 
 The bonus is a reward term added before advantages are estimated; `beta=0` adds exact zeros,
-so the run equals --algo ppo bit for bit.
+so the run equals --algo ppo bit for bit. `schedule` decays beta over the run (constant, the
+default, leaves it as it is; linear or exponential: signals/schedule.py), so that a decayed
+count bonus is a baseline on the same terms as a variant that outlives its bonus (issue 42).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch
 from reflectrl.errors import UserError
 from reflectrl.registry import SignalSpec, register_signal
 from reflectrl.signals.base import Batch, Signal, SignalContext, checked_once
+from reflectrl.signals.schedule import check_schedule, factor_at
 
 
 @checked_once
@@ -35,10 +38,15 @@ class CountConfig:
     """bonus scale: beta / sqrt(visits of the state reached) (0: the run equals --algo ppo bit for bit)"""
     episodic: bool = True
     """count within each episode (reset at its start); false: over all of training"""
+    schedule: str = "constant"
+    """decay of beta over the run: constant, linear or exponential (signals/schedule.py)"""
+    schedule_steps: int = 0
+    """the env step by which the decayed bonus is gone (exponential: 1% left); 0: the run's whole length"""
 
     def validate(self) -> None:
         if not math.isfinite(self.beta) or self.beta < 0:
             raise UserError(f"count.beta={self.beta}: must be a finite number >= 0")
+        check_schedule("count", self.schedule, self.schedule_steps)
 
 
 class CountBonus(Signal):
@@ -84,9 +92,10 @@ class CountBonus(Signal):
         ended = (batch.terminations.bool() | batch.truncations.bool()).numpy()
         n = self.visits(batch.state_keys.numpy(), batch.next_state_keys.numpy(), ended,
                         None if batch.env_ids is None else batch.env_ids.numpy())
-        bonus = (self.cfg.beta / np.sqrt(n)).astype(np.float32)
+        beta = self.cfg.beta * factor_at(self.cfg, batch, self.ctx.total_iterations)
+        bonus = (beta / np.sqrt(n)).astype(np.float32)
         self._last = {"count_bonus_mean": float(bonus.mean()), "count_visits_mean": float(n.mean()),
-                      "count_new_frac": float((n == 1).mean())}
+                      "count_new_frac": float((n == 1).mean()), "count_beta": beta}
         return torch.from_numpy(bonus)
 
     def metrics(self) -> dict:

@@ -36,7 +36,15 @@ Each iteration:
    the last K distillations and fits on them with the current batch's. Both are measured by
    `value_head_heldout_loss`: the frozen head's MSE on the current batch's winners before it
    is fit on them (how well what it learnt generalises to new winners).
-5. `rank_groups` (seed section 3.4; GRPO only): the completions of each prompt's group are
+5. Exploration forms (issue 42): `advantage` picks the reward whose returns the head distils
+   and whose baseline V_orig the weights compare against: `extrinsic` (the trainer's reward and
+   critic; count's bonus, a reward term, is in it), `intrinsic` (the reward streams, RND's, each
+   weighted as the policy's advantage weighs it, coef_s / extrinsic_coef, with its own head's
+   values) or `total` (both); `select` picks the reward whose trajectory sums rank the winners.
+   DECISION: one discount, the trainer's gamma, for every part of the returns. The streams'
+   rewards come from members written before gear (ppo+rnd+gear); a run without a stream has
+   total == extrinsic and refuses intrinsic.
+6. `rank_groups` (seed section 3.4; GRPO only): the completions of each prompt's group are
    re-ranked by their mean reweighted advantage s_i = mean_t(w_t A_i) over their tokens, and
    A_i is replaced by the group-standardised s_i (s_i - mean_g s) / (std_g s + 1e-4), times
    w_t per token. DECISION: standardised values, not bare ranks, so that the margins between
@@ -64,6 +72,8 @@ DISTILL_ON = ("winners", "all")
 RETURN_KINDS = ("discounted", "trajectory")
 DIFF_SCALES = ("standardize", "value_std", "none")
 INPUTS = ("auto", "features", "obs")
+ADVANTAGES = ("extrinsic", "total", "intrinsic")
+SELECTS = ("extrinsic", "total")
 
 
 @checked_once
@@ -109,6 +119,11 @@ class GEARConfig:
     """past distillations whose winners are fit again with the current ones (seed 5.2; 0: none)"""
     target_ema: float = 1.0
     """the frozen head's step towards the fitted one after each distillation (1: a copy)"""
+    advantage: str = "extrinsic"
+    """the reward and baseline the head distils and the weights compare: extrinsic (the trainer's), total (plus
+    the reward streams: RND's) or intrinsic (the streams alone)"""
+    select: str = "extrinsic"
+    """which reward's trajectory sums rank the winners: extrinsic (the trainer's) or total (plus the reward streams)"""
 
     def validate(self) -> None:
         def bad(msg):
@@ -122,7 +137,8 @@ class GEARConfig:
         if not 0 < self.top_frac <= 1:
             bad(f"top_frac={self.top_frac}: must be in (0, 1]")
         for name, allowed in (("distill_on", DISTILL_ON), ("return_kind", RETURN_KINDS), ("head", HEADS),
-                              ("inputs", INPUTS), ("diff_scale", DIFF_SCALES)):
+                              ("inputs", INPUTS), ("diff_scale", DIFF_SCALES), ("advantage", ADVANTAGES),
+                              ("select", SELECTS)):
             if getattr(self, name) not in allowed:
                 bad(f"{name}='{getattr(self, name)}': use one of {', '.join(allowed)}")
         for name in ("epochs", "minibatch_size"):
@@ -211,6 +227,37 @@ def scheduled_temperature(step: int, cfg: GEARConfig) -> float:
     return math.inf if inverse == 0 else 1.0 / inverse
 
 
+def reward_parts(batch: Batch, kind: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(rewards, values, bootstrap) of one kind of reward, (T, N) each: `extrinsic` is the trainer's
+    reward and critic (count's bonus, a reward term, is in it), `intrinsic` the reward streams
+    weighted as the policy's advantage weighs them (weight_s = coef_s / extrinsic_coef) with their
+    heads' values, `total` both. `bootstrap` is the value of the state each step reached, 0 past
+    a termination for the extrinsic part and for an episodic stream (a non-episodic stream runs on)."""
+    alive = 1.0 - batch.terminations.float()
+    extrinsic = (batch.rewards, batch.values, batch.next_values * alive)
+    if kind == "extrinsic" or (kind == "total" and not batch.stream_weights):
+        return extrinsic
+    if not batch.stream_weights:
+        raise UserError("gear.advantage=intrinsic needs a reward stream with its own value head: rnd, written "
+                        "before gear, e.g. ppo+rnd+gear[advantage=intrinsic]")
+    given = batch.stream_rewards or {}
+    missing = [name for name in batch.stream_weights if name not in given]
+    if missing:
+        raise UserError(f"gear.advantage/select={kind} reads the reward streams {missing} of signals written after "
+                        "gear: write them before it, e.g. ppo+rnd+gear")
+    values_of = batch.stream_values()
+    rewards = torch.zeros_like(batch.rewards)
+    values, bootstrap = torch.zeros_like(batch.values), torch.zeros_like(batch.values)
+    for name, weight in batch.stream_weights.items():
+        v, v_next, episodic = values_of[name]
+        rewards = rewards + weight * given[name].reshape(rewards.shape).float()
+        values = values + weight * v.reshape(values.shape)
+        bootstrap = bootstrap + weight * v_next.reshape(values.shape) * (alive if episodic else 1.0)
+    if kind == "intrinsic":
+        return rewards, values, bootstrap
+    return extrinsic[0] + rewards, extrinsic[1] + values, extrinsic[2] + bootstrap
+
+
 class GEARReweighting(Signal):
     name = "gear"
 
@@ -230,6 +277,18 @@ class GEARReweighting(Signal):
         self.fitter = HeadFitter(self.head, lr=self.cfg.lr_multiplier * ctx.learning_rate)
         self.frozen = copy.deepcopy(self.head).requires_grad_(False)
 
+    def check_position(self, before: list[Signal], after: list[Signal]) -> None:
+        kinds = {self.cfg.advantage, self.cfg.select} - {"extrinsic"}
+        if not kinds:
+            return
+        streams = lambda members: [m.name for m in members if m.reward_streams()]  # noqa: E731
+        if streams(after):
+            raise UserError(f"gear.advantage/select={'/'.join(sorted(kinds))} reads the reward streams of "
+                            f"{', '.join(streams(after))}, written after gear: write them before it, e.g. ppo+rnd+gear")
+        if "intrinsic" in kinds and not streams(before):
+            raise UserError("gear.advantage=intrinsic needs a reward stream with its own value head: rnd, written "
+                            "before gear, e.g. ppo+rnd+gear[advantage=intrinsic]")
+
     def _x(self, batch: Batch) -> torch.Tensor:
         x = batch.features if self.wants_features else batch.obs
         return x.reshape(batch.values.numel(), -1).detach()
@@ -248,15 +307,15 @@ class GEARReweighting(Signal):
             v_d = self.frozen(self._x(batch)).reshape(batch.values.shape)
         ids = trajectory_ids(batch.terminations, batch.truncations)
         valid = batch.mask if batch.mask is not None else torch.ones_like(batch.values, dtype=torch.bool)
-        v_orig = batch.values
+        v_orig = batch.values if cfg.advantage == "extrinsic" else reward_parts(batch, cfg.advantage)[1]
         if cfg.diff_scale == "standardize":
             # compare V_d and V_orig up to the batch-wide offset between them: weights then
             # move credit between steps instead of scaling the whole batch's step size
-            diff = v_d - batch.values
+            diff = v_d - v_orig
             real = diff[valid]
             v_d, v_orig = (diff - real.mean()) / (real.std() + 1e-8), torch.zeros_like(diff)
         elif cfg.diff_scale == "value_std":
-            temperature = temperature * (batch.values[valid].std().item() + 1e-8)
+            temperature = temperature * (v_orig[valid].std().item() + 1e-8)
         if batch.mask is not None:  # steps that are not real get weight 1 and no say in the renormalisation
             v_d, v_orig, ids = v_d.where(valid, 0.0), v_orig.where(valid, 0.0), ids.where(valid, ids.max() + 1)
         w, clipped = reweight(v_d, v_orig, temperature, cfg.w_min, cfg.w_max, ids, cfg.renormalize)
@@ -296,7 +355,8 @@ class GEARReweighting(Signal):
         n = int(flat_ids.max()) + 1
         valid = (batch.mask.reshape(-1) if batch.mask is not None
                  else torch.ones_like(flat_ids, dtype=torch.bool))
-        rewards = batch.rewards.reshape(-1) * valid
+        ranked = batch.rewards if cfg.select == "extrinsic" else reward_parts(batch, cfg.select)[0]
+        rewards = ranked.reshape(-1) * valid
         outcomes = torch.zeros(n).index_add_(0, flat_ids, rewards)
         lengths = torch.zeros(n, dtype=torch.long).index_add_(0, flat_ids, valid.long())
         if batch.groups is None:
@@ -307,12 +367,18 @@ class GEARReweighting(Signal):
             for g in group_of.unique():
                 members = (group_of == g).nonzero().squeeze(-1)
                 winners[members] = select_winners(outcomes[members], lengths[members], cfg.top_frac)
-        if cfg.return_kind == "discounted":
+        if cfg.advantage == "extrinsic":
             # where a trajectory stops without terminating, continue it with the critic's value
-            bootstrap = batch.next_values * (1.0 - batch.terminations.float())
-            targets = returns_to_go(batch.rewards, ids, self.ctx.gamma, bootstrap).reshape(-1)
+            own_rewards, bootstrap = batch.rewards, batch.next_values * (1.0 - batch.terminations.float())
         else:
+            own_rewards, _, bootstrap = reward_parts(batch, cfg.advantage)
+        if cfg.return_kind == "discounted":
+            targets = returns_to_go(own_rewards, ids, self.ctx.gamma, bootstrap).reshape(-1)
+        elif cfg.advantage == cfg.select:
             targets = outcomes[flat_ids]
+        else:  # every step's target is its trajectory's sum of the distilled kind of reward
+            own = own_rewards.reshape(-1) * valid
+            targets = torch.zeros(n).index_add_(0, flat_ids, own)[flat_ids]
         keep = valid & (winners[flat_ids] if cfg.distill_on == "winners" else True)
         x, y = self._x(batch)[keep], targets[keep]
         if x.shape[0] == 0:  # no real step to learn from (every winner fully masked): keep the head as it is

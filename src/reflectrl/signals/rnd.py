@@ -27,6 +27,10 @@ Distillation"), as CleanRL's ppo_rnd_envpool.py does it (issue 15 item 5).
   more ReLU layers (the shape of CleanRL's conv nets); for pixels (a CNN encoder on images of
   sides >= 36: Atari) CleanRL's conv nets on the last frame.
 
+`schedule` (issue 42) decays the intrinsic reward over the run (linear or exponential,
+signals/schedule.py): the stream's rewards are multiplied by the factor, so its value head
+learns the decayed reward; `constant`, the default, leaves them as they are.
+
 `int_coef=0` turns the intrinsic stream off (no second value head, no ext_coef scaling):
 the run equals --algo ppo bit for bit, while the RND nets still train and log.
 """
@@ -46,6 +50,7 @@ from reflectrl.errors import UserError
 from reflectrl.nets import flatten_parameters, layer_init, mlp
 from reflectrl.registry import SignalSpec, register_signal
 from reflectrl.signals.base import Batch, RewardStream, Signal, SignalContext, SignalOutput, checked_once
+from reflectrl.signals.schedule import check_schedule, factor_at
 
 PIXEL_MIN_SIDE = 36  # images at least this big get CleanRL's conv nets (the Nature CNN's smallest input)
 
@@ -75,6 +80,10 @@ class RndConfig:
     """width of the target's output (512 for the conv nets, as CleanRL)"""
     obs_clip: float = 5.0
     """clip of the normalised observations the nets read"""
+    schedule: str = "constant"
+    """decay of the intrinsic reward over the run: constant, linear or exponential (signals/schedule.py)"""
+    schedule_steps: int = 0
+    """the env step by which the decayed reward is gone (exponential: 1% left); 0: the run's whole length"""
 
     def validate(self) -> None:
         def bad(msg):
@@ -96,6 +105,7 @@ class RndConfig:
                 bad(f"{name}={getattr(self, name)}: must be a positive integer")
         if not self.hidden_sizes or any(h < 1 for h in self.hidden_sizes):
             bad(f"hidden_sizes={self.hidden_sizes}: give positive layer widths, e.g. 256,256")
+        check_schedule("rnd", self.schedule, self.schedule_steps)
 
 
 class RunningMeanStd(gym_utils.RunningMeanStd):
@@ -248,9 +258,13 @@ class RND(Signal):
         reward = self.normalise_rewards(raw, None if batch.env_ids is None else batch.env_ids.numpy())
         if not first:
             self.obs_rms.update(x)
+        factor = factor_at(self.cfg, batch, self.ctx.total_iterations)
+        if factor != 1.0:  # the decayed reward is what the intrinsic value head learns (schedule)
+            reward = reward * factor
         self._train_obs = x
         self._last = {"rnd_intrinsic_mean": float(reward.mean()), "rnd_intrinsic_max": float(reward.max()),
-                      "rnd_error_mean": float(raw.mean()), "rnd_return_std": float(np.sqrt(self.reward_rms.var))}
+                      "rnd_error_mean": float(raw.mean()), "rnd_return_std": float(np.sqrt(self.reward_rms.var)),
+                      "rnd_schedule_factor": factor}
         if self.cfg.int_coef == 0:
             return None
         return SignalOutput(streams={"rnd": torch.from_numpy(reward.astype(np.float32))})

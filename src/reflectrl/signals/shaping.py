@@ -25,6 +25,12 @@
      sum along the policy's path is F's. DECISION: a state potential Phi(s), not the
      paper's state-action Phi(s, a) (that needs the next action, which a rollout's
      reward hook does not have); potential-based all the same.
+   `distill` (issue 42) says whose advantages the labels are: `extrinsic` (the default) the
+   trainer's reward under its critic, as above (count's bonus is a term of that reward, so
+   ppo+count+shaping already distils it); `total` adds each reward stream's advantage (RND's
+   intrinsic one, weighted as the policy weighs it: coef_s / extrinsic_coef) as the policy used
+   it for that rollout (DECISION: the stream's part is not recomputed after the update), so that
+   an exploration drive with a value head of its own becomes a potential-based term too.
 4. Prior: `prior="module:function"`, a heuristic h(s, a, s') -> (B,) tensor, is fit by F
    before the first update (on the first rollout's transitions, `prior_epochs` epochs), and
    F_target starts from it.
@@ -94,6 +100,7 @@ from reflectrl.signals.fit import HeadFitter, predict_in_chunks
 from reflectrl.signals.world_model import WorldModel, imagined_advantages
 
 MODES = ("direct", "potential", "bootstrap", "advice", "off")
+DISTILLS = ("extrinsic", "total")
 ENCODERS = ("policy", "cnn")
 
 
@@ -163,6 +170,10 @@ class ShapingConfig:
     """whose advantage F is distilled from: own (the batch's rewards and critic), team (a multi-agent trainer's team
     reward and value: seed 002 section 4.3, --algo mappo+shaping) or auto (team where the trainer has one, else own)"""
 
+    distill: str = "extrinsic"
+    """the critic whose advantages F is distilled from: extrinsic (the trainer's) or total (plus the reward
+    streams' advantages: RND's)"""
+
     def validate(self) -> None:
         def bad(msg):
             raise UserError(f"shaping.{msg}")
@@ -215,6 +226,10 @@ class ShapingConfig:
                 f"mode={self.mode} distils none: use mode=direct or potential")
         if self.safety_beta > 0 and self.encoder == "cnn":
             bad("safety_beta: the constraint critic reads the policy's features of images; use shaping.encoder=policy")
+        if self.distill not in DISTILLS:
+            bad(f"distill='{self.distill}': use one of {', '.join(DISTILLS)}")
+        if self.distill == "total" and self.mode in ("bootstrap", "off"):
+            bad(f"distill=total: mode={self.mode} distils nothing; use mode=potential, direct or advice")
         if self.labels not in ("auto", "own", "team"):
             bad(f"labels='{self.labels}': use one of auto, own, team (team: --algo mappo+shaping)")
 
@@ -393,7 +408,9 @@ class SelfDistilledShaping(Signal):
                             "shape": batch.values.shape,
                             "truncations": batch.truncations, "raw_terminations": batch.terminations,
                             "raw_actions": batch.actions.reshape(batch.values.numel(), *batch.actions.shape[2:]),
-                            **({"costs": batch.costs} if self.safety is not None else {})})
+                            **({"costs": batch.costs} if self.safety is not None else {}),
+                            **({"stream_advantage": self._stream_advantage(batch)} if self.cfg.distill == "total"
+                               else {})})
         self.buffer = self.buffer[-self.cfg.buffer_rollouts:]
         self.updates += 1
         if self.model is not None:  # its error on the new rollout, then the rollout joins its data
@@ -436,6 +453,18 @@ class SelfDistilledShaping(Signal):
                 self._last.update(self._fit_safety(batch.gae, batch.features_fn))
         if self.cfg.mode == "advice":
             self._last["advice_loss"] = self._fit_advice(batch.gae, batch.features_fn)
+
+    @staticmethod
+    def _stream_advantage(batch: Batch) -> torch.Tensor | None:
+        """distill=total: sum_s weight_s A_s, the reward streams' part of the policy's advantage
+        (relative to the extrinsic one's), as the policy used it; None without streams."""
+        if not batch.stream_weights or not batch.stream_advantages:
+            return None
+        total = None
+        for name, weight in batch.stream_weights.items():
+            part = weight * batch.stream_advantages[name].reshape(batch.values.shape)
+            total = part if total is None else total + part
+        return total
 
     def _imagine(self, batch: Batch):
         """Fit the world model, then imagine from real states of the buffer: (obs, actions, next_obs,
@@ -522,6 +551,8 @@ class SelfDistilledShaping(Signal):
                     values = value_fn(item["obs"]).reshape(shape)
                     next_values = value_fn(item["next_obs"]).reshape(shape)
                     adv, _ = gae(item["rewards"], values, next_values, item["raw_terminations"], item["truncations"])
+                    if item.get("stream_advantage") is not None:  # distill=total
+                        adv = adv + item["stream_advantage"]
                 obs.append(item["obs"]), actions.append(item["actions"]), next_obs.append(item["next_obs"])
                 terms.append(item["terminations"]), labels.append(adv.reshape(-1))
         norm = lambda x: self.cfg.scale * (x - x.mean()) / (x.std() + 1e-8)  # noqa: E731

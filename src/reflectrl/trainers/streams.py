@@ -77,6 +77,7 @@ class ValueStreams:
                                             for s in self.streams})
         self.flat = flatten_parameters(self.heads)
         self.returns: dict[str, torch.Tensor] = {}
+        self.advantages_of: dict[str, torch.Tensor] = {}
         self.losses: dict[str, float] = {}
 
     def value(self, name: str, obs: torch.Tensor) -> torch.Tensor:
@@ -85,14 +86,20 @@ class ValueStreams:
             return self.heads[name].value(obs)
         return _forward(self.heads[name], obs).squeeze(-1)
 
+    def weights(self) -> dict[str, float]:
+        """Each stream's weight relative to the extrinsic advantage's, coef_s / extrinsic_coef:
+        the policy's advantage is extrinsic_coef x (A_ext + sum_s weight_s A_s)."""
+        return {s.name: s.coef / self.extrinsic_coef for s in self.streams}
+
     @torch.no_grad()
-    def advantages(self, rollout, stream_rewards: dict, extrinsic: torch.Tensor) -> torch.Tensor:
-        """The policy's combined advantage; keeps each stream's returns for the update."""
-        missing = [s.name for s in self.streams if s.name not in stream_rewards]
-        if missing:
-            raise RuntimeError(f"the signal declared reward streams {missing} but gave no rewards for them")
-        T, N = extrinsic.shape
-        combined = extrinsic if self.extrinsic_coef == 1.0 else self.extrinsic_coef * extrinsic
+    def rollout_values(self, rollout) -> dict[str, tuple[torch.Tensor, torch.Tensor, bool]]:
+        """{stream: (V_s, V_s of the state each step reached, episodic)} over the rollout, (T, N) each,
+        with the heads as they were during collection (computed once per rollout)."""
+        cached = getattr(rollout, "stream_values", None)
+        if cached is not None:
+            return cached
+        T, N = rollout.terminations.shape
+        out = {}
         for s in self.streams:
             truncated = rollout.truncated_final if s.episodic else None
             if self.shared:  # the trunk's outputs of every step, the last observation and the truncated finals
@@ -108,9 +115,26 @@ class ValueStreams:
             next_values[:-1] = values[1:]
             next_values[-1] = v[T * N:T * N + N]
             if s.episodic:
-                terms, truncs = rollout.terminations, rollout.truncations
                 for k, (t, i) in enumerate(truncated[0] if truncated is not None else []):
                     next_values[t, i] = v[T * N + N + k]
+            out[s.name] = (values, next_values, s.episodic)
+        rollout.stream_values = out
+        return out
+
+    @torch.no_grad()
+    def advantages(self, rollout, stream_rewards: dict, extrinsic: torch.Tensor) -> torch.Tensor:
+        """The policy's combined advantage; keeps each stream's returns for the update and its
+        advantage in `self.advantages_of` (what shaping's distill=total adds to its labels)."""
+        missing = [s.name for s in self.streams if s.name not in stream_rewards]
+        if missing:
+            raise RuntimeError(f"the signal declared reward streams {missing} but gave no rewards for them")
+        combined = extrinsic if self.extrinsic_coef == 1.0 else self.extrinsic_coef * extrinsic
+        values_of = self.rollout_values(rollout)
+        self.advantages_of = {}
+        for s in self.streams:
+            values, next_values, _ = values_of[s.name]
+            if s.episodic:
+                terms, truncs = rollout.terminations, rollout.truncations
             else:
                 terms = truncs = torch.zeros_like(rollout.terminations)
             if self.estimator is not None:
@@ -120,6 +144,7 @@ class ValueStreams:
                 adv, self.returns[s.name] = compute_gae(stream_rewards[s.name].float(), values, next_values, terms,
                                                         truncs, s.gamma, self.gae_lambda)
             self.returns[s.name] = self.returns[s.name].reshape(-1)
+            self.advantages_of[s.name] = adv
             combined = combined + s.coef * adv
         return combined
 

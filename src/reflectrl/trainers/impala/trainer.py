@@ -328,18 +328,23 @@ class IMPALATrainer(EnvStepTrainer):
                       next_obs=next_obs, iteration=self.iteration, global_step=self.global_step, estimate=estimate,
                       value_fn=self.agent.value, gae=gae, features_fn=self.agent.features,
                       state_keys=b.state_keys, next_state_keys=b.next_state_keys, env_ids=b.env_ids)
-        result = apply_signals(signal, batch, lambda rewards: estimator(rewards, values, next_values, b.terminations,
-                                                                         b.truncations))
-        self._own_estimate.seconds += result.own_estimate.seconds  # the estimate made with or without a signal
-        advantages, targets, vstats = result.advantages, result.returns, result.estimated[2]
-        weights, terms = result.weights, result.terms
+        rollout = None
         if self.streams is not None:
             self.streams.estimator = gae
             rollout = SimpleNamespace(obs=b.obs, last_obs=b.last_obs, terminations=b.terminations,
                                       truncations=b.truncations, trunk=None,
                                       truncated_final=([(t, i) for t, i, _ in truncated], final_obs)
                                       if truncated else None)
+            batch.stream_weights = self.streams.weights()
+            batch.stream_values = lambda: self.streams.rollout_values(rollout)
+        result = apply_signals(signal, batch, lambda rewards: estimator(rewards, values, next_values, b.terminations,
+                                                                         b.truncations))
+        self._own_estimate.seconds += result.own_estimate.seconds  # the estimate made with or without a signal
+        advantages, targets, vstats = result.advantages, result.returns, result.estimated[2]
+        weights, terms = result.weights, result.terms
+        if self.streams is not None:
             advantages = self.streams.advantages(rollout, result.streams, advantages)
+            batch.stream_advantages = dict(self.streams.advantages_of)
         return batch, advantages, targets, vstats, weights, terms
 
     # ------------------------------------------------------------------ what the shared loop needs

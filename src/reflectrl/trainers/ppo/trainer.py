@@ -77,6 +77,7 @@ class Rollout:
     trunk: torch.Tensor | None = None          # the CNN trunk's outputs of obs, last_obs and the truncated finals,
                                                # in that order (kept for value heads on the trunk: streams.py)
     costs: torch.Tensor | None = None          # info["cost"] of each step, where the env has a cost channel
+    stream_values: dict | None = None          # the reward streams' values over the rollout (streams.py, cached)
 
 
 class PPOTrainer(EnvStepTrainer):
@@ -267,12 +268,16 @@ class PPOTrainer(EnvStepTrainer):
                       state_keys=rollout.state_keys, next_state_keys=rollout.next_state_keys,
                       costs=rollout.costs, episode_costs=list(self.cost_tracker.finished),
                       act_fn=lambda obs, generator: self.agent.act(obs, generator)[0])
+        if self.streams is not None:
+            batch.stream_weights = self.streams.weights()
+            batch.stream_values = lambda: self.streams.rollout_values(rollout)
         result = apply_signals(signal, batch, lambda rewards: self._gae(rollout, rewards))
         self._own_estimate.seconds += result.own_estimate.seconds  # the estimate made with or without a signal
         rollout.learn_rewards, rollout.advantages, rollout.returns = result.rewards, result.advantages, result.returns
         rollout.weights, rollout.signal_terms = result.weights, result.terms
         if self.streams is not None:  # the signals' own reward streams, each with its value head
             rollout.advantages = self.streams.advantages(rollout, result.streams, rollout.advantages)
+            batch.stream_advantages = dict(self.streams.advantages_of)
         return batch
 
     # ------------------------------------------------------------------ update
