@@ -3,6 +3,14 @@ finishes inside a 10-minute device window and writes its report.
 
     python bench/jax_device.py [--out $OUT/hard-exploration] [--steps 10000000] [--seeds 16]
                                [--tasks doorkey16,keycorridor,craftax] [--budget 540]
+                               [--suite seeds|variants]
+
+`--suite variants` (issue 42) runs the exploration forms of the seed signals instead, against the
+baselines with and without a decay schedule: ppo, ppo+count, ppo+count[schedule=linear], ppo+rnd,
+ppo+rnd[schedule=linear], ppo+calibration[mode=uncertainty], ppo+count+shaping[mode=potential]
+(with count, distill=total is the same run), ppo+rnd+shaping[mode=potential;distill=total],
+ppo+rnd+gear[advantage=total], and the seed forms ppo+calibration and ppo+rnd+gear for reference,
+on DoorKey-8x8 and the tasks above (navix has no multi-room task, so none is run).
 
 On the JAX backend: ppo, ppo+count, ppo+rnd, each seed signal alone and on top of the count bonus,
 on DoorKey-16x16, KeyCorridorS3R3 (navix's -Random- DoorKey; MiniGrid's settings) and
@@ -23,12 +31,20 @@ import time
 from pathlib import Path
 
 TASKS = {
+    "doorkey8": "navix:Navix-DoorKey-Random-8x8-v0",
     "doorkey16": "navix:Navix-DoorKey-Random-16x16-v0",
     "keycorridor": "navix:Navix-KeyCorridorS3R3-v0",
     "craftax": "craftax:Craftax-Classic-Symbolic-v1",
 }
-ALGOS = ("ppo,ppo+count,ppo+rnd,ppo+calibration,ppo+shaping[mode=potential],ppo+gear,"
-         "ppo+count+calibration,ppo+count+shaping[mode=potential],ppo+count+gear")
+SUITES = {
+    "seeds": ("ppo,ppo+count,ppo+rnd,ppo+calibration,ppo+shaping[mode=potential],ppo+gear,"
+              "ppo+count+calibration,ppo+count+shaping[mode=potential],ppo+count+gear"),
+    "variants": ("ppo,ppo+count,ppo+count[schedule=linear],ppo+rnd,ppo+rnd[schedule=linear],"
+                 "ppo+calibration[mode=uncertainty],ppo+count+shaping[mode=potential],"
+                 "ppo+rnd+shaping[mode=potential;distill=total],ppo+rnd+gear[advantage=total],"
+                 "ppo+calibration,ppo+rnd+gear"),
+}
+ALGOS = SUITES["seeds"]
 ACCELERATOR_KNOBS = ["num_envs=256", "num_steps=128", "num_minibatches=8"]
 CPU_KNOBS = ["num_envs=16", "num_steps=128", "num_minibatches=4"]
 
@@ -53,7 +69,9 @@ def main() -> int:
     parser.add_argument("--out", default="runs/hard-exploration-device")
     parser.add_argument("--steps", type=int, default=10_000_000)
     parser.add_argument("--seeds", type=int, default=16)
-    parser.add_argument("--tasks", default="doorkey16,keycorridor,craftax")
+    parser.add_argument("--tasks", default=None, help="default: doorkey16,keycorridor,craftax "
+                        "(suite variants: doorkey8 too)")
+    parser.add_argument("--suite", choices=sorted(SUITES), default="seeds")
     parser.add_argument("--budget", type=float, default=540.0, help="seconds the whole suite may take")
     parser.add_argument("--force-size", action="store_true", help="run --steps even where the timing says it "
                         "will not fit the budget")
@@ -61,8 +79,14 @@ def main() -> int:
     kind = accelerator()
     knobs = ACCELERATOR_KNOBS if kind else CPU_KNOBS
     print(f"jax devices: {kind or 'cpu only'}; knobs {' '.join(knobs)}", flush=True)
-    tasks = args.tasks.split(",")
-    entries = len(ALGOS.split(","))
+    algos = SUITES[args.suite]
+    tasks = (args.tasks or ("doorkey8,doorkey16,keycorridor,craftax" if args.suite == "variants"
+                            else "doorkey16,keycorridor,craftax")).split(",")
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown:
+        print(f"jax_device: unknown task {', '.join(unknown)}; use some of {', '.join(TASKS)}", file=sys.stderr)
+        return 2
+    entries = len(algos.split(","))
     root = Path(args.out)
     # time one short entry per task (compilation included) to size the suite
     probe_steps = 256 * 128 * 8 if kind else 16 * 128 * 8
@@ -77,7 +101,7 @@ def main() -> int:
         print(f"the suite at {args.steps:,} steps does not fit {args.budget:.0f} s here: running {steps:,} steps "
               f"per seed (a timing that includes compilation, so an underestimate of what fits)", flush=True)
     for task in tasks:
-        seconds = compare(TASKS[task], ALGOS, steps, args.seeds, root / task, knobs)
+        seconds = compare(TASKS[task], algos, steps, args.seeds, root / task, knobs)
         print(f"{task}: {entries} entries x {args.seeds} seeds x {steps:,} steps in {seconds:.0f} s", flush=True)
     subprocess.run([sys.executable, "-m", "reflectrl", "claims", *[str(root / t) for t in tasks],
                     "--out", str(root / "claims.md")], check=False)
