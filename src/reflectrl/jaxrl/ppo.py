@@ -10,7 +10,10 @@ advantage normalisation then the signals' weights, clipped value loss, global gr
 GAE that tells truncation from termination (bootstrapping a truncated step from V of its
 final observation). Signals apply in the order written and combine as signals/compose.py
 says: reward terms add (one estimate on their sum), advantage terms add, weights multiply;
-a signal's reward stream gets its own value head (RND's intrinsic stream).
+a signal's reward stream gets its own value head (RND's intrinsic stream), and the signals
+see it weighted by k_s = coef / extrinsic_coef in the Batch's intrinsic_* fields: its values
+at collection from the start, its rewards once its signal gave them, its advantages as the
+policy used them in after_update (gear's advantage/select, shaping's distill=total).
 
 Exploration metrics inside the program: `unique_states` (distinct keys among the
 iteration's steps), `unique_states_total` (over training: a visited-table of key_space
@@ -288,15 +291,21 @@ def exploration_metrics(setup: Setup, state: dict, traj: dict):
                    "first_reward_step": first}
 
 
-def make_batch(traj: dict, state: dict, params, iteration, global_step) -> Batch:
+def make_batch(traj: dict, state: dict, params, iteration, global_step, streamed=None) -> Batch:
+    """The signals' Batch of a rollout; `streamed`: the reward stream's (values, next values) at
+    collection (stream_values), given to the signals weighted by the stream's k_s."""
     not_term = 1.0 - traj["terminations"]
     next_values = value(params, traj["next_obs"]) * not_term
     zeros = jnp.zeros_like(traj["rewards"])
-    return Batch(obs=traj["obs"], actions=traj["actions"], rewards=traj["rewards"],
-                 terminations=traj["terminations"], truncations=traj["truncations"], values=traj["values"],
-                 next_values=next_values, next_obs=traj["next_obs"], features=traj["features"],
-                 state_keys=traj["state_keys"], next_state_keys=traj["next_state_keys"], advantages=zeros,
-                 returns=zeros, iteration=iteration, global_step=global_step)
+    batch = Batch(obs=traj["obs"], actions=traj["actions"], rewards=traj["rewards"],
+                  terminations=traj["terminations"], truncations=traj["truncations"], values=traj["values"],
+                  next_values=next_values, next_obs=traj["next_obs"], features=traj["features"],
+                  state_keys=traj["state_keys"], next_state_keys=traj["next_state_keys"], advantages=zeros,
+                  returns=zeros, iteration=iteration, global_step=global_step)
+    if streamed is not None:
+        (values_s, next_values_s), k = streamed
+        batch = batch._replace(intrinsic_values=k * values_s, intrinsic_next_values=k * next_values_s)
+    return batch
 
 
 def apply_signals(setup: Setup, state: dict, batch: Batch, key):
@@ -351,19 +360,30 @@ def apply_signals(setup: Setup, state: dict, batch: Batch, key):
             weights = out.weights if weights is None else weights * out.weights
         if out.stream is not None:
             stream = out.stream
+            if s.stream is not None:  # the later signals see the stream's rewards (gear's select, advantage)
+                seen_by = seen_by._replace(intrinsic_rewards=s.stream.weight * out.stream)
     return {**state, "signals": states}, batch, seen_by, weights, stream, metrics, terms
 
 
-def stream_advantages(setup: Setup, params, traj: dict, stream_rewards):
-    """GAE of a signal's reward stream under its own gamma with its own value head; a
-    non-episodic stream runs on over episode ends (signals/base.py RewardStream)."""
-    s = setup.stream
+def stream_values(setup: Setup, params, traj: dict):
+    """(V_s(obs), V'_s) of the reward stream under its value head as it collected: V'_s the value of
+    the state reached, 0 where an episodic stream's episode terminated (a non-episodic stream runs on)."""
     values = value(params, traj["obs"], "stream_critic")
     next_values = value(params, traj["next_obs"], "stream_critic")
+    if setup.stream.episodic:
+        next_values = next_values * (1.0 - traj["terminations"])
+    return values, next_values
+
+
+def stream_advantages(setup: Setup, streamed, traj: dict, stream_rewards):
+    """GAE of a signal's reward stream under its own gamma with its own value head (`streamed`:
+    stream_values); a non-episodic stream runs on over episode ends (signals/base.py RewardStream)."""
+    s = setup.stream
+    values, next_values = streamed
     zeros = jnp.zeros_like(values)
     if s.episodic:
-        return gae(stream_rewards, values, next_values * (1.0 - traj["terminations"]), traj["terminations"],
-                   traj["truncations"], s.gamma, setup.knobs.gae_lambda)
+        return gae(stream_rewards, values, next_values, traj["terminations"], traj["truncations"], s.gamma,
+                   setup.knobs.gae_lambda)
     return gae(stream_rewards, values, next_values, zeros, zeros, s.gamma, setup.knobs.gae_lambda)
 
 
@@ -440,7 +460,9 @@ def iteration(setup: Setup, state: dict, it=None):
     state, explore = exploration_metrics(setup, state, traj)
     rng, k_sig, k_upd, k_after = jax.random.split(state["rng"], 4)
     state = {**state, "rng": rng}
-    batch = make_batch(traj, state, state["params"], it, step_before)
+    streamed = stream_values(setup, state["params"], traj) if setup.stream is not None else None
+    batch = make_batch(traj, state, state["params"], it, step_before,
+                       None if streamed is None else (streamed, setup.stream.weight))
     state, batch, signalled, weights, stream, sig_metrics, terms = apply_signals(setup, state, batch, k_sig)
     state = {**state, "snapshots": keep_snapshot(setup, state, traj, terms, step_before, it)}
     advantages, returns = signalled.advantages, signalled.returns
@@ -448,8 +470,10 @@ def iteration(setup: Setup, state: dict, it=None):
     if setup.stream is not None:
         s = setup.stream
         stream_rewards = stream if stream is not None else jnp.zeros_like(batch.rewards)
-        stream_adv, stream_returns = stream_advantages(setup, state["params"], traj, stream_rewards)
+        stream_adv, stream_returns = stream_advantages(setup, streamed, traj, stream_rewards)
         advantages = s.extrinsic_coef * advantages + s.coef * stream_adv
+        # after the update the signals see the stream as the policy used it (shaping's and gear's totals)
+        batch = batch._replace(intrinsic_rewards=s.weight * stream_rewards, intrinsic_advantages=s.weight * stream_adv)
     state, metrics = update(setup, state, traj, advantages, returns, weights, stream_returns, k_upd, it)
 
     def value_fn(obs):

@@ -56,4 +56,26 @@ def build_signals(cfg: RunConfig) -> tuple:
     from reflectrl.jaxrl.signals import make_signal
 
     add_algo_section(cfg)
-    return tuple(make_signal(name, cfg.sections[name]) for name in parse_algo(cfg.algo, "control").signals)
+    signals = tuple(make_signal(name, cfg.sections[name]) for name in parse_algo(cfg.algo, "control").signals)
+    check_streams(signals)
+    return signals
+
+
+def check_streams(signals: tuple) -> None:
+    """gear.advantage/select other than extrinsic read the reward streams (RND's): the stream's
+    signal must be written before gear, and intrinsic needs one (issue 42; the torch side's
+    GEARReweighting.check_position, the same lines)."""
+    from reflectrl.jaxrl.signals.gear import NEEDS_STREAM
+
+    for i, s in enumerate(signals):
+        if s.name != "gear":
+            continue
+        kinds = {s.cfg.advantage, s.cfg.select} - {"extrinsic"}
+        if not kinds:
+            continue
+        after = [m.name for m in signals[i + 1:] if m.stream is not None]
+        if after:
+            raise UserError(f"gear.advantage/select={'/'.join(sorted(kinds))} reads the reward streams of "
+                            f"{', '.join(after)}, written after gear: write them before it, e.g. ppo+rnd+gear")
+        if "intrinsic" in kinds and not any(m.stream is not None for m in signals[:i]):
+            raise UserError(NEEDS_STREAM)

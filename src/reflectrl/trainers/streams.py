@@ -89,6 +89,8 @@ class ValueStreams:
     def weights(self) -> dict[str, float]:
         """Each stream's weight relative to the extrinsic advantage's, coef_s / extrinsic_coef:
         the policy's advantage is extrinsic_coef x (A_ext + sum_s weight_s A_s)."""
+        if self.extrinsic_coef == 0:  # an intrinsic-only policy (rnd.ext_coef=0): the streams' own coefs
+            return {s.name: s.coef for s in self.streams}
         return {s.name: s.coef / self.extrinsic_coef for s in self.streams}
 
     @torch.no_grad()

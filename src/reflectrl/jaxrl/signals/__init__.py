@@ -103,6 +103,25 @@ def fit_rows(err_fn: Callable, params, opt_state, opt: optax.GradientTransformat
     return params, opt_state, aux
 
 
+def schedule_factor(cfg, batch, ctx):
+    """The decay factor of a config's `schedule` after this batch's rollout (signals/schedule.py), as a
+    traced float32 scalar, or None for `constant` (factor 1 exactly: the caller multiplies by nothing).
+    progress = (env steps after the rollout) / schedule_steps (the JAX Batch's global_step is before
+    it: + T x N), or (iterations done) / total_iterations (the batch's 0-based iteration + 1)."""
+    if cfg.schedule == "constant":
+        return None
+    if cfg.schedule_steps > 0:
+        steps = batch.global_step.astype(jnp.float32) + float(ctx.num_steps * ctx.num_envs)
+        progress = steps / float(cfg.schedule_steps)
+    else:
+        progress = (jnp.asarray(batch.iteration).astype(jnp.float32) + 1.0) / float(max(1, ctx.total_iterations))
+    if cfg.schedule == "linear":
+        return jnp.maximum(0.0, 1.0 - progress).astype(jnp.float32)
+    from reflectrl.signals.schedule import EXPONENTIAL_END
+
+    return jnp.power(jnp.float32(EXPONENTIAL_END), progress).astype(jnp.float32)
+
+
 def torch_only(knob: str, why: str = "") -> UserError:
     """The one-line refusal of a knob the JAX backend does not run."""
     reason = f" ({why})" if why else ""
@@ -129,4 +148,4 @@ def make_signal(name: str, cfg):
 
 
 __all__ = ["JAX_SIGNALS", "Calibration", "Count", "Gear", "Rnd", "Shaping", "encode_actions", "fit_rows",
-           "make_signal", "std"]
+           "make_signal", "schedule_factor", "std"]

@@ -62,6 +62,12 @@ class Batch(NamedTuple):
     returns: jax.Array          # (T, N)
     iteration: jax.Array        # () int32, 0-based: the iteration this batch belongs to
     global_step: jax.Array      # () int32 env steps before this rollout
+    # The run's reward streams (RND's intrinsic one) as one "intrinsic" part, each stream weighted by
+    # k_s = coef / extrinsic_coef (Stream.weight); None where the run has no stream (issue 42):
+    intrinsic_values: jax.Array | None = None       # (T, N) sum_s k_s V_s(obs[t]), the heads at collection
+    intrinsic_next_values: jax.Array | None = None  # (T, N) sum_s k_s V'_s, each by its stream's episodic rule
+    intrinsic_rewards: jax.Array | None = None      # (T, N) sum_s k_s r_s: set once the stream's signal gave them
+    intrinsic_advantages: jax.Array | None = None   # (T, N) sum_s k_s A_s as the policy used them (after_update)
 
 
 class Output(NamedTuple):
@@ -82,6 +88,12 @@ class Stream(NamedTuple):
     episodic: bool
     coef: float
     extrinsic_coef: float  # the extrinsic advantage's weight while this stream is learnt
+
+    @property
+    def weight(self) -> float:
+        """k_s = coef / extrinsic_coef: the stream's weight relative to the extrinsic advantage (the
+        policy's advantage is extrinsic_coef x (A_ext + k_s A_s)); coef itself where extrinsic_coef = 0."""
+        return self.coef / self.extrinsic_coef if self.extrinsic_coef > 0 else self.coef
 
 
 class Signal:

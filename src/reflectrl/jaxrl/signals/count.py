@@ -11,6 +11,10 @@ T steps, then env 1's), which a compiled program cannot afford (N x T sequential
 the envs' steps are counted time-major, step t of every env before step t + 1, envs in column
 order within a step (the episodes' first states of step t first). With one env, and for the
 table at the end of every rollout, the two agree.
+
+`schedule` (issue 42) decays beta over the run: beta x factor (signals/schedule.py; the JAX
+progress reads the batch's 0-based iteration + 1, or its global_step + T x N); `constant` leaves
+today's program as it was. Logged: `count_beta` (beta x factor).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from reflectrl.jaxrl.signals import schedule_factor
 from reflectrl.jaxrl.signals.base import Batch, Signal
 from reflectrl.signals.count import CountConfig
 
@@ -90,7 +95,10 @@ class Count(Signal):
     def shape_rewards(self, state, batch: Batch, key):
         ended = (batch.terminations > 0) | (batch.truncations > 0)
         n, state = self.visits(state, batch.state_keys, batch.next_state_keys, ended)
-        bonus = (self.cfg.beta / jnp.sqrt(n.astype(jnp.float32))).astype(jnp.float32)
+        factor = schedule_factor(self.cfg, batch, self.ctx)
+        beta = self.cfg.beta if factor is None else self.cfg.beta * factor  # constant: today's program exactly
+        bonus = (beta / jnp.sqrt(n.astype(jnp.float32))).astype(jnp.float32)
         metrics = {"count_bonus_mean": bonus.mean(), "count_visits_mean": n.astype(jnp.float32).mean(),
-                   "count_new_frac": (n == 1).astype(jnp.float32).mean()}
+                   "count_new_frac": (n == 1).astype(jnp.float32).mean(),
+                   "count_beta": jnp.asarray(beta, jnp.float32)}
         return state, bonus, metrics

@@ -13,6 +13,14 @@ The head reads the actor's features (`inputs` auto or features: what the torch s
 PPO run, whose trainer gives features) or the observation (`inputs=obs`). `history` > 0 and
 `rank_groups` are torch-only. The torch trainer's `global_step` counts the rollout's steps
 (the JAX Batch's does not): the schedule reads global_step + T x N, as torch does.
+
+`advantage` and `select` (issue 42; torch reward_parts): per step, the extrinsic part is the
+trainer's reward r, its critic's V and V' (today's); the intrinsic part the reward stream
+(RND's), weighted k_s = coef / extrinsic_coef: k r_s, k V_s, k V'_s (the Batch's intrinsic_*,
+V'_s by the stream's episodic rule); total, their sums. `advantage` picks the part whose returns
+the head distils (one gamma, the trainer's) and whose V is V_orig in the weights; `select` the
+part whose trajectory sums rank the winners. Without a stream total == extrinsic; intrinsic
+is refused (jaxrl/resolve.py, and here at trace time).
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from reflectrl.errors import UserError
 from reflectrl.jaxrl.gae import discounted
 from reflectrl.jaxrl.nets import adam, head, polyak, torch_default_mlp
 from reflectrl.jaxrl.signals import fit_rows, masked_mean, std, torch_only
@@ -99,6 +108,27 @@ def gear_weights(frozen, x, values, ids, temperature, cfg: GEARConfig):
     return reweight(v_d, v_orig, temperature, cfg.w_min, cfg.w_max, ids, cfg.renormalize)
 
 
+NEEDS_STREAM = ("gear.advantage=intrinsic needs a reward stream with its own value head: rnd, written before gear, "
+                "e.g. ppo+rnd+gear[advantage=intrinsic]")
+
+
+def reward_parts(batch: Batch, kind: str):
+    """(rewards, values, bootstrap) of one kind of reward, (T, N) each (torch reward_parts): `bootstrap`
+    the value of the state each step reached (0 past a termination for the extrinsic part; the stream's
+    by its own episodic rule). `total` without a stream is `extrinsic`."""
+    alive = 1.0 - batch.terminations
+    extrinsic = (batch.rewards, batch.values, batch.next_values * alive)
+    if kind == "extrinsic" or (kind == "total" and batch.intrinsic_values is None):
+        return extrinsic
+    if batch.intrinsic_values is None:
+        raise UserError(NEEDS_STREAM)
+    rewards = batch.intrinsic_rewards if batch.intrinsic_rewards is not None else jnp.zeros_like(batch.rewards)
+    intrinsic = (rewards, batch.intrinsic_values, batch.intrinsic_next_values)
+    if kind == "intrinsic":
+        return intrinsic
+    return tuple(a + b for a, b in zip(extrinsic, intrinsic, strict=True))
+
+
 class Gear(Signal):
     name = "gear"
     config = GEARConfig
@@ -134,7 +164,8 @@ class Gear(Signal):
         step = batch.global_step + batch.values.size  # torch's global_step counts this rollout's steps
         temperature = scheduled_temperature(step, cfg) if self.scheduled else jnp.asarray(cfg.temperature)
         ids = trajectory_ids(batch.terminations, batch.truncations)
-        w, clipped = gear_weights(state["frozen"], self._x(batch), batch.values, ids, temperature, cfg)
+        v_orig = batch.values if cfg.advantage == "extrinsic" else reward_parts(batch, cfg.advantage)[1]
+        w, clipped = gear_weights(state["frozen"], self._x(batch), v_orig, ids, temperature, cfg)
         off = ~state["distilled"] | jnp.isinf(temperature)
         w = jnp.where(off, 1.0, w)
         metrics = {"weights_mean": w.mean(), "weights_std": std(w), "weights_min": w.min(), "weights_max": w.max(),
@@ -144,20 +175,31 @@ class Gear(Signal):
         return state, Output(weights=w), metrics
 
     def winners(self, batch: Batch):
-        """(ids (T, N), winners (slots,), outcomes (slots,), number of trajectories)."""
+        """(ids (T, N), winners (slots,), outcomes (slots,), number of trajectories): ranked by the
+        trajectory sums of `select`'s reward."""
         ids = trajectory_ids(batch.terminations, batch.truncations)
         flat_ids = ids.reshape(-1)
         slots = flat_ids.shape[0]
         n = flat_ids.max() + 1
-        outcomes = jax.ops.segment_sum(batch.rewards.reshape(-1), flat_ids, slots)
+        rewards = batch.rewards if self.cfg.select == "extrinsic" else reward_parts(batch, self.cfg.select)[0]
+        outcomes = jax.ops.segment_sum(rewards.reshape(-1), flat_ids, slots)
         lengths = jax.ops.segment_sum(jnp.ones_like(flat_ids), flat_ids, slots)
         return ids, select_winners(outcomes, lengths, n, self.k_table), outcomes, n
 
     def targets(self, batch: Batch, ids, outcomes):
-        if self.cfg.return_kind == "discounted":
-            bootstrap = batch.next_values * (1.0 - batch.terminations)
-            return returns_to_go(batch.rewards, ids, self.ctx.gamma, bootstrap).reshape(-1)
-        return outcomes[ids.reshape(-1)]
+        """The head's per-step targets from `advantage`'s reward: its discounted returns-to-go, or its
+        trajectory's sum (the ranking's `outcomes` where advantage and select name the same reward)."""
+        cfg = self.cfg
+        if cfg.advantage == "extrinsic":
+            rewards, bootstrap = batch.rewards, batch.next_values * (1.0 - batch.terminations)
+        else:
+            rewards, _, bootstrap = reward_parts(batch, cfg.advantage)
+        if cfg.return_kind == "discounted":
+            return returns_to_go(rewards, ids, self.ctx.gamma, bootstrap).reshape(-1)
+        flat_ids = ids.reshape(-1)
+        if cfg.advantage != cfg.select:
+            outcomes = jax.ops.segment_sum(rewards.reshape(-1), flat_ids, flat_ids.shape[0])
+        return outcomes[flat_ids]
 
     def after_update(self, state, batch: Batch, key, value_fn, estimate):
         cfg = self.cfg

@@ -14,6 +14,9 @@ of its minibatch's rows, with its own Adam (eps 1e-5) at lr_multiplier x the pol
 rate, annealed as the policy's, its gradient norm clipped to `max_grad_norm` (torch's
 clip_grad_norm_: a factor max_norm / (norm + 1e-6) where below 1).
 
+`schedule` (issue 42): the stream's rewards times the decay factor (signals/schedule.py), logged as
+`rnd_schedule_factor`; `constant` multiplies by nothing.
+
 DELIBERATE DIFFERENCE: the running statistics are float32 (torch keeps them in float64).
 """
 
@@ -26,6 +29,7 @@ import jax.numpy as jnp
 import optax
 
 from reflectrl.jaxrl.nets import orthogonal_many
+from reflectrl.jaxrl.signals import schedule_factor
 from reflectrl.jaxrl.signals.base import Batch, Output, Signal, Stream
 from reflectrl.signals.rnd import RndConfig
 
@@ -143,8 +147,12 @@ class Rnd(Signal):
 
     def after_advantages(self, state, batch: Batch, key, estimate):
         reward, raw, state = self.intrinsic(state, batch)
+        factor = schedule_factor(self.cfg, batch, self.ctx)
+        if factor is not None:  # the decayed reward is what the stream's value head learns
+            reward = reward * factor
         metrics = {"rnd_intrinsic_mean": reward.mean(), "rnd_intrinsic_max": reward.max(),
-                   "rnd_error_mean": raw.mean(), "rnd_return_std": jnp.sqrt(state["reward_rms"]["var"])}
+                   "rnd_error_mean": raw.mean(), "rnd_return_std": jnp.sqrt(state["reward_rms"]["var"]),
+                   "rnd_schedule_factor": jnp.asarray(1.0 if factor is None else factor, jnp.float32)}
         if self.stream is None:
             return state, Output(), metrics
         return state, Output(stream=reward.astype(jnp.float32)), metrics

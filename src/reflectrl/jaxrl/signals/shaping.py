@@ -13,6 +13,11 @@ under the updated critic `value_fn` over the buffer, normalised over its filled 
 step. The buffer's rewards are the batch's (what the advantages were estimated from, as the
 torch trainer's batch.rewards after shape_rewards).
 
+`distill=total` (issue 42): each buffered rollout also keeps its reward stream's part of the
+policy's advantage, k_s A_s as the policy used it (the Batch's intrinsic_advantages, not
+recomputed after the update; zeros in a run without a stream, where total == extrinsic),
+added to the rollout's GAE advantages before they are normalised.
+
 Torch-only: modes bootstrap and advice, `prior`, `safety_beta`, `imagined_fraction`,
 `encoder=cnn`, `labels=team`; the reward-map snapshots are not kept.
 """
@@ -85,6 +90,8 @@ class Shaping(Signal):
         z = lambda *shape: jnp.zeros((B, T, N, *shape), jnp.float32)  # noqa: E731
         buffer = {"obs": z(ctx.obs_dim), "actions": z(ctx.action_dim), "next_obs": z(ctx.obs_dim),
                   "rewards": z(), "terminations": z(), "truncations": z()}
+        if self.cfg.distill == "total":
+            buffer["stream_advantages"] = z()
         return {"shaper": params, "target": params, "opt": self.opt.init(params), "buffer": buffer,
                 "filled": jnp.asarray(0, jnp.int32), "updates": jnp.asarray(0, jnp.int32)}
 
@@ -120,6 +127,8 @@ class Shaping(Signal):
             next_values = value_fn(item["next_obs"].reshape(-1, obs_dim)).reshape(shape)
             adv, _ = gae(item["rewards"], values, next_values, item["terminations"], item["truncations"],
                          self.ctx.gamma, self.ctx.gae_lambda)
+            if "stream_advantages" in item:  # distill=total: + sum_s k_s A_s as the policy used it
+                adv = adv + item["stream_advantages"]
             return adv
 
         adv = jax.vmap(advantages)(buffer)
@@ -138,6 +147,9 @@ class Shaping(Signal):
                 "next_obs": next_obs.reshape(*shape, -1), "rewards": batch.rewards.astype(jnp.float32),
                 "terminations": batch.terminations.astype(jnp.float32),
                 "truncations": batch.truncations.astype(jnp.float32)}
+        if "stream_advantages" in state["buffer"]:
+            item["stream_advantages"] = (jnp.zeros(shape, jnp.float32) if batch.intrinsic_advantages is None
+                                         else batch.intrinsic_advantages.astype(jnp.float32))
         buffer = jax.tree_util.tree_map(lambda buf, x: buf.at[slot].set(x), state["buffer"], item)
         updates = state["updates"] + 1
         filled = jnp.minimum(state["filled"] + 1, B)
