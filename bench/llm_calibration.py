@@ -16,6 +16,19 @@ start from the SFT model (`self-sft`) and from seed 1's final grpo+verdict model
 Writes OUT/summary.md (final held-out greedy metrics and the sampled training episodes' mean
 over the last 50 steps, IQM over seeds with bootstrap intervals; the per-run values in
 OUT/per_run.json), OUT/<task>-<metric>.png curves, and prints the table.
+
+Reflection after feedback (issue 41): `--tasks code,arith9 --entries grpo,verdict,confidence`
+compares the reflection stated after the environment's feedback (`code`: the agent writes the
+body, reads the VISIBLE tests' output, then states "solved 0.8"; judged against the HIDDEN
+tests) with the one stated in the answer's own turn, before any feedback (`arith9`). Also
+writes OUT/feedback.md (final held-out greedy and sampled-episode metrics per task and entry,
+with the `_before_feedback` / `_after_feedback` columns, differences to grpo and the claims) and
+OUT/runs.csv (one row per run). The budget flags (`--steps`, `--sft-steps`, `--group-size`,
+`--prompts`, `--eval-every`, `--eval-problems`) size it for a loaded machine:
+
+    python -u bench/llm_calibration.py --tasks code,arith9 --entries grpo,verdict,confidence --seeds 10 \
+        --steps 40 --sft-steps 300 --group-size 8 --prompts 8 --eval-every 20 --eval-problems 64 \
+        --no-self --feedback --out bench/results/llm-feedback
 """
 
 from __future__ import annotations
@@ -36,10 +49,11 @@ from reflectrl.report.stats import interval, iqm, iqm_difference, probability_of
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from llm_learning import finished, sh  # noqa: E402  (the same subprocess and run-status helpers)
 
-TASKS = {"arith9": "arith[max_operand=9;reflect=both]",
-         "rag": "rag[reflect=both]"}        # 60 people, 1-3 hops, top-1 BM25
-SFT_STEPS = {"arith9": 300, "rag": 250}    # rag: greedy 1.0 but sampled 0.47 (175 steps: 0.80, 0.14)
-STEPS = {"arith9": 300, "rag": 200}        # GRPO steps (--steps overrides)
+TASKS = {"arith9": "arith[max_operand=9;reflect=both]",   # no feedback: the reflection ends the answer's turn
+         "rag": "rag[reflect=both;reflect_after=answer]",  # 60 people, 1-3 hops, top-1 BM25 (the first runs' format)
+         "code": "code[reflect=both;reflect_after=feedback]"}  # body, visible tests' output, then the reflection
+SFT_STEPS = {"arith9": 300, "rag": 250, "code": 300}  # rag: greedy 1.0 but sampled 0.47 (175 steps: 0.80, 0.14)
+STEPS = {"arith9": 300, "rag": 200, "code": 300}      # GRPO steps (--steps overrides)
 TASK_SETS = {"rag": ["group_size=8"]}      # rag's episodes are 3-5 turns: 64 per step
 ENTRIES = {"grpo": ["--algo", "grpo"],
            "verdict": ["--algo", "grpo+verdict"],
@@ -57,7 +71,7 @@ METRICS = ("eval_accuracy", "eval_reflection_accuracy", "eval_under_confidence_r
 CLI = [sys.executable, "-m", "reflectrl"]
 
 
-def prepare(out: Path, tasks: list[str]) -> dict[str, Path]:
+def prepare(out: Path, tasks: list[str], sft_steps: int | None = None) -> dict[str, Path]:
     models = {}
     for name in tasks:
         tiny = out / f"tiny-{name}"  # its tokenizer also learns this task's text, reflections included
@@ -65,13 +79,15 @@ def prepare(out: Path, tasks: list[str]) -> dict[str, Path]:
             sh([*CLI, "llm", "init-tiny", "--out", str(tiny), "--task", TASKS[name]])
         sft_dir = out / f"sft-{name}"
         if not (sft_dir / "config.json").exists():
-            sh([*CLI, "llm", "sft", "--model", str(tiny), "--task", TASKS[name], "--steps", str(SFT_STEPS[name]),
+            sh([*CLI, "llm", "sft", "--model", str(tiny), "--task", TASKS[name],
+                "--steps", str(sft_steps or SFT_STEPS[name]),
                 "--lr", "3e-3", "--out", str(sft_dir), "--no-progress"])
         models[name] = sft_dir
     return models
 
 
-def train(out: Path, model: Path, task: str, entry: str, argv: list[str], seed: int, steps: int) -> Path:
+def train(out: Path, model: Path, task: str, entry: str, argv: list[str], seed: int, steps: int,
+          budget: tuple = ()) -> Path:
     run = out / task / entry / f"seed{seed}"
     if finished(run):
         return run
@@ -81,7 +97,8 @@ def train(out: Path, model: Path, task: str, entry: str, argv: list[str], seed: 
     run.parent.mkdir(parents=True, exist_ok=True)
     head, sets = (argv[:argv.index("--set")], argv[argv.index("--set") + 1:]) if "--set" in argv else (argv, [])
     sh([*CLI, "llm", "train", *head, "--task", TASKS[task], "--model", str(model), "--steps", str(steps),
-        "--seed", str(seed), "--out", str(run), "--no-progress", "--set", *COMMON, *TASK_SETS.get(task, []), *sets],
+        "--seed", str(seed), "--out", str(run), "--no-progress", "--set", *COMMON, *TASK_SETS.get(task, []),
+        *budget, *sets],
        run.with_suffix(".log"))
     return run
 
@@ -251,6 +268,122 @@ def sampled_eval(out: Path, task: str, seeds: int, problems: int) -> str:
     return table
 
 
+FEEDBACK_COLUMNS = ("accuracy", "reflection_accuracy", "under_confidence_rate", "over_confidence_rate", "ece",
+                    "brier", "auroc", "reflection_format_rate")
+WHEN = ("before_feedback", "after_feedback")
+SPLIT = ("reflection_accuracy", "under_confidence_rate", "over_confidence_rate", "ece")
+
+
+def run_row(run: Path, last: int = 20) -> dict:
+    """One run's numbers: the final held-out greedy evaluation (`eval_...`) and the sampled training
+    episodes' mean over the last `last` steps (`sampled_...`), with the before/after feedback split."""
+    data = rows(run)
+    evals = [r for r in data if "eval_accuracy" in r]
+    train_rows = [r for r in data if "reward" in r][-last:]
+    out = {"start_eval_accuracy": evals[0]["eval_accuracy"], "eval_accuracy": evals[-1]["eval_accuracy"]}
+    keys = [*FEEDBACK_COLUMNS[1:], *(f"{m}_{w}" for w in WHEN for m in SPLIT)]
+    for k in keys:
+        out[f"eval_{k}"] = evals[-1].get(f"eval_{k}")
+        out[f"start_eval_{k}"] = evals[0].get(f"eval_{k}")
+    for k in ["accuracy", *keys]:
+        values = [r[k] for r in train_rows if r.get(k) is not None and np.isfinite(r[k])]
+        out[f"sampled_{k}"] = float(np.mean(values)) if values else None
+    out["steps"] = data[-1].get("step")
+    out["s_per_step"] = float(np.mean([r["step_seconds"] for r in data if "step_seconds" in r]))
+    return out
+
+
+def _cell(values: list) -> str:
+    known = np.array([v for v in values if v is not None], dtype=float)
+    if len(known) == 0:
+        return "n/a"
+    mid, lo, hi = interval([known[:, None]], iqm)
+    return f"{mid:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
+def _difference(x: list, y: list) -> tuple[float, float, float, float] | None:
+    a = np.array([v for v in x if v is not None], dtype=float)[:, None]
+    b = np.array([v for v in y if v is not None], dtype=float)[:, None]
+    if len(a) < 2 or len(b) < 2:
+        return None
+    mid, lo, hi = interval([a, b], iqm_difference)
+    return mid, lo, hi, probability_of_improvement(a, b)
+
+
+def feedback_summary(out: Path, seeds: int, tasks: list[str], entries: list[str]) -> str:
+    """OUT/feedback.md and OUT/runs.csv: per task and entry, the held-out greedy and sampled metrics
+    (IQM over seeds, 95% bootstrap), each entry minus grpo, and the claims they support."""
+    import csv
+
+    table: dict = {}
+    flat = []
+    for task in tasks:
+        for entry in entries:
+            for s in range(1, seeds + 1):
+                run = out / task / entry / f"seed{s}"
+                if not finished(run):
+                    continue
+                row = {"task": task, "spec": TASKS[task], "entry": entry, "seed": s, **run_row(run)}
+                flat.append(row)
+                table.setdefault(task, {}).setdefault(entry, []).append(row)
+    if flat:
+        fields = list(dict.fromkeys(k for r in flat for k in r))
+        with open(out / "runs.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=fields)
+            writer.writeheader()
+            writer.writerows(flat)
+    lines = []
+    for source, label in (("eval", "held-out problems, greedy (final evaluation)"),
+                          ("sampled", "sampled training episodes (temperature 1), mean of the last 20 steps")):
+        head = ["task", "entry", "runs", *FEEDBACK_COLUMNS]
+        lines += [f"### {label}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for task, by_entry in table.items():
+            if source == "eval":  # the SFT model every run starts from (greedy: the same for every run)
+                start = next(iter(by_entry.values()))[0]
+                cells = ["n/a" if start.get(f"start_eval_{k}") is None else f"{start[f'start_eval_{k}']:.3f}"
+                         for k in FEEDBACK_COLUMNS]
+                lines.append(f"| {task} | start (SFT model, step 0) | 1 | " + " | ".join(cells) + " |")
+            for entry, runs in by_entry.items():
+                cells = [_cell([r.get(f"{source}_{k}") for r in runs]) for k in FEEDBACK_COLUMNS]
+                lines.append(f"| {task} | {entry} | {len(runs)} | " + " | ".join(cells) + " |")
+        lines.append("")
+        head = ["task", "entry", *(f"{m} {w.replace('_', ' ')}" for w in WHEN for m in SPLIT)]
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for task, by_entry in table.items():
+            for entry, runs in by_entry.items():
+                cells = [_cell([r.get(f"{source}_{m}_{w}") for r in runs]) for w in WHEN for m in SPLIT]
+                lines.append(f"| {task} | {entry} | " + " | ".join(cells) + " |")
+        lines.append("")
+    lines += ["### each entry minus grpo: IQM difference [95% bootstrap CI], P(entry > grpo)", "",
+              "| task | entry | " + " | ".join(f"{s} {k}" for s in ("eval", "sampled") for k in FEEDBACK_COLUMNS[:5])
+              + " |", "|" + "---|" * 12]
+    claims = []
+    for task, by_entry in table.items():
+        base = by_entry.get("grpo")
+        for entry, runs in by_entry.items():
+            if entry == "grpo" or base is None:
+                continue
+            cells = []
+            for source in ("eval", "sampled"):
+                for k in FEEDBACK_COLUMNS[:5]:
+                    d = _difference([r.get(f"{source}_{k}") for r in runs], [r.get(f"{source}_{k}") for r in base])
+                    cells.append("n/a" if d is None else f"{d[0]:+.3f} [{d[1]:+.3f}, {d[2]:+.3f}] P>{d[3]:.2f}")
+                    if d is None:
+                        continue
+                    lower_better = k in ("under_confidence_rate", "over_confidence_rate", "ece")
+                    better = d[2] < 0 if lower_better else d[1] > 0
+                    worse = d[1] > 0 if lower_better else d[2] < 0
+                    verdict = "beats" if better else "is worse than" if worse else "does not differ from"
+                    claims.append(f"- {task}, {source}: {entry} {verdict} grpo on {k} "
+                                  f"({d[0]:+.3f} [{d[1]:+.3f}, {d[2]:+.3f}], {len(runs)} vs {len(base)} runs)")
+            lines.append(f"| {task} | {entry} | " + " | ".join(cells) + " |")
+    lines += ["", "### claims (a difference whose 95% interval excludes 0; otherwise 'does not differ')", "", *claims]
+    text = "\n".join(lines)
+    (out / "feedback.md").write_text(text + "\n")
+    (out / "feedback_runs.json").write_text(json.dumps(table, indent=1) + "\n")
+    return text
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=5)
@@ -262,6 +395,14 @@ def main() -> None:
     ap.add_argument("--only-self", action="store_true",
                     help="run only the self-improvement entries (seed 1's grpo+verdict model must exist)")
     ap.add_argument("--summary-only", action="store_true")
+    ap.add_argument("--entries", default=",".join(ENTRIES), help=f"of {', '.join(ENTRIES)}")
+    ap.add_argument("--sft-steps", type=int, default=None, help=f"SFT steps (default per task: {SFT_STEPS})")
+    ap.add_argument("--group-size", type=int, default=None, help="GRPO samples per prompt (default 16; rag 8)")
+    ap.add_argument("--prompts", type=int, default=None, help="prompts per GRPO step (default 8)")
+    ap.add_argument("--eval-every", type=int, default=None, help="steps between evaluations (default 25)")
+    ap.add_argument("--eval-problems", type=int, default=None, help="held-out problems (default 128)")
+    ap.add_argument("--feedback", action="store_true",
+                    help="also write feedback.md and runs.csv: before vs after feedback (issue 41)")
     ap.add_argument("--sampled-eval", type=int, default=0, metavar="N",
                     help="also evaluate every main entry's final model on N held-out problems sampled at temperature 1")
     args = ap.parse_args()
@@ -269,14 +410,23 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     tasks = args.tasks.split(",")
 
+    entries = args.entries.split(",")
+    unknown = [e for e in entries if e not in ENTRIES] + [t for t in tasks if t not in TASKS]
+    if unknown:
+        ap.error(f"unknown entry or task {unknown[0]!r}")
+    budget = [f"{k}={v}" for k, v in (("group_size", args.group_size), ("prompts_per_step", args.prompts),
+                                      ("eval_every", args.eval_every), ("eval_problems", args.eval_problems))
+              if v is not None]
+
     def run_job(job) -> Path:
         task, entry, argv, model, seed = job
-        return train(out, model, task, entry, argv, seed, args.steps or STEPS[task])
+        return train(out, model, task, entry, argv, seed, args.steps or STEPS[task], tuple(budget))
 
     if not args.summary_only:
-        models = prepare(out, tasks)
+        models = prepare(out, tasks, args.sft_steps)
+        # seed-major, so that an interrupted bench has every entry on the first seeds
         jobs = [] if args.only_self else [(t, e, ENTRIES[e], models[t], s) for s in range(1, args.seeds + 1)
-                                          for t in tasks for e in ENTRIES]
+                                          for t in tasks for e in entries]
         with ThreadPoolExecutor(args.workers) as pool:
             for run in pool.map(run_job, jobs):
                 print(f"done: {run}", flush=True)
@@ -290,6 +440,8 @@ def main() -> None:
                 for run in pool.map(run_job, jobs):
                     print(f"done: {run}", flush=True)
     print(summarise(out, args.seeds, tasks))
+    if args.feedback:
+        print(feedback_summary(out, args.seeds, tasks, entries))
     for task in tasks if args.sampled_eval else []:
         print(sampled_eval(out, task, args.seeds, args.sampled_eval))
 

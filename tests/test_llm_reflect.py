@@ -108,6 +108,30 @@ def test_signals_switch_the_reflection_on():
         require_reflect("arith[reflect=verdict]", {"signal 'confidence'": "confidence"})
 
 
+def test_signals_switch_the_reflection_on_beside_reflect_after():
+    spec = require_reflect("code[reflect_after=feedback]", {"signal 'verdict'": "verdict"})
+    assert spec == "code[reflect_after=feedback;reflect=verdict]"
+    task = make_task(spec)
+    assert task.reflect == "verdict" and task.reflect_after == "feedback" and task.max_turns == 2
+    assert make_task("code[reflect=verdict;reflect_after=feedback]").max_turns == 2  # the option order is free
+    with pytest.raises(UserError, match="arith gives no feedback"):
+        make_task(require_reflect("arith[reflect_after=feedback]", {"signal 'verdict'": "verdict"}))
+
+
+def test_a_judgement_with_its_own_target_is_rewarded_against_it():
+    from reflectrl.signals.verdict import verdict_terms
+
+    relevant = R(True, None, True, final=False, target=True)    # a search that found what was needed
+    irrelevant = R(True, None, True, final=False, target=False)  # called relevant, found nothing
+    answer = R(False, 0.2, True)                                 # no target: the outcome (0 here)
+    terms, agree = verdict_terms([[], [relevant], [irrelevant, answer]], 0.0, 0.3)
+    assert agree == 2 and terms == pytest.approx([0.0, 0.1, 0.1])
+    # without targets every judgement is measured against the outcome
+    terms, agree = verdict_terms([[], [R(True, None, True, final=False)], [R(True, None, True, final=False), answer]],
+                                 0.0, 0.3)
+    assert agree == 1 and terms == pytest.approx([0.0, 0.0, 0.1])
+
+
 # ---------------------------------------------------------------------------- the signals by hand
 
 

@@ -52,8 +52,10 @@ def task_dataset(spec: str, n: int, seed: int = 0, instruct: bool = False, chat:
     sentence put before each prompt."""
     task = make_task(spec)
     if task.max_turns != 1:
+        hint = ("; a reflection after the tests' feedback is a turn of its own: add reflect_after=answer to "
+                "reflect in the answer's turn") if "reflect" in spec and "reflect_after=answer" not in spec else ""
         raise UserError(f"task {spec!r} is multi-turn; TRL's GRPOTrainer generates one completion per prompt: "
-                        "train it with 'reflectrl llm train'")
+                        f"train it with 'reflectrl llm train'{hint}")
     rng = random.Random(seed)
     rows = []
     for i in range(n):

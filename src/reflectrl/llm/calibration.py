@@ -31,6 +31,20 @@ none. Definitions (docs/llm.md repeats them):
                              distinct confidences: the mean over k of the accuracy of the k most
                              confident answers); 1 is perfect, the accuracy itself is chance
 
+Before and after feedback: each reflection records whether the agent had seen an environment
+reply in the episode when it stated it (`Reflection.after_feedback`: the code task's visible-test
+output with `reflect_after=feedback`, a tool's output; tasks/reflect.py). The keys
+
+    reflection_accuracy_before_feedback   under_confidence_rate_before_feedback
+    over_confidence_rate_before_feedback  ece_before_feedback
+    (and the same four ending in _after_feedback)
+
+are those metrics over the episodes whose final reflection was stated before (after) any
+feedback, None where there is none such: a run on arith fills the _before_ ones, one on code
+with reflect_after=feedback the _after_ ones, one on tools both where some episodes answer
+without a tool call. The names without a suffix stay the metrics of every episode, wherever
+its reflection sits.
+
 Every key is present; a key is None where its population is empty, and all reflection keys
 are None where no episode was asked for a reflection. A task that knows whether each search
 found what was needed (`rag`) also gets `relevance_accuracy` (the share of "relevant" / "not
@@ -52,6 +66,10 @@ BINS = 10
 KEYS = ("accuracy", "reflection_format_rate", "reflection_missing_rate", "reflection_accuracy",
         "under_confidence_rate", "over_confidence_rate", "solved_rate", "solved_precision", "mean_confidence",
         "ece", "brier", "auroc", "selective_auc", "selective_curve")
+FEEDBACK_METRICS = ("reflection_accuracy", "under_confidence_rate", "over_confidence_rate", "ece")
+WHEN = ("before_feedback", "after_feedback")
+FEEDBACK_KEYS = tuple(f"{m}_{w}" for w in WHEN for m in FEEDBACK_METRICS)
+KEYS = KEYS + FEEDBACK_KEYS
 
 
 def effective(reflection: Reflection | None) -> tuple[bool | None, float]:
@@ -112,6 +130,19 @@ def calibration_metrics(correct: Sequence[bool], reflections: Sequence[Reflectio
     out["accuracy"] = float(correct.mean())
     if all(r is None for r in reflections):
         return out
+    for when, after in zip(WHEN, (False, True)):  # the episodes whose reflection came before / after feedback
+        inside = [i for i, r in enumerate(reflections) if r is not None and r.after_feedback == after]
+        if inside:
+            part = _metrics([correct[i] for i in inside], [reflections[i] for i in inside])
+            out.update({f"{m}_{when}": part[m] for m in FEEDBACK_METRICS})
+    out.update(_metrics(correct, reflections))
+    return out
+
+
+def _metrics(correct: Sequence[bool], reflections: Sequence[Reflection | None]) -> dict:
+    """The keys of KEYS without the _before/_after_feedback ones, for episodes with reflections."""
+    correct = np.asarray(correct, dtype=bool)
+    out = {}
     pairs = [effective(r) for r in reflections]
     verdict = np.array([v is True for v, _ in pairs])
     not_solved = np.array([v is False for v, _ in pairs])

@@ -98,7 +98,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                          "measure calibration on the distribution GRPO trains on")
     ev.add_argument("--seed", type=int, default=0, help="the sampling seed with --temperature (default 0)")
     ev.add_argument("--json", action="store_true", help="print one JSON object (with the calibration metrics of "
-                    "the stated reflections: null where the task states none)")
+                    "the stated reflections, also split before/after the environment's feedback, e.g. "
+                    "reflection_accuracy_after_feedback: null where the task states none)")
     ev.add_argument("--reliability", metavar="PNG", default=None,
                     help="write a reliability diagram of the stated confidences (a task with reflect=...)")
     return llm
@@ -300,4 +301,9 @@ def _eval(args) -> int:
             shown = {k: result[k] for k in ("reflection_format_rate", "reflection_accuracy", "under_confidence_rate",
                                             "over_confidence_rate", "ece", "brier", "auroc", "selective_auc")}
             print("  " + ", ".join(f"{k} {'n/a' if v is None else f'{v:.3f}'}" for k, v in shown.items()))
+            from reflectrl.llm.calibration import FEEDBACK_KEYS
+
+            split = {k: result[k] for k in FEEDBACK_KEYS if result[k] is not None}
+            if split:  # where the reflections were stated: before or after the environment's feedback
+                print("  " + ", ".join(f"{k} {v:.3f}" for k, v in split.items()))
     return 0

@@ -3,7 +3,9 @@
 Each example is tokenised piece by piece exactly as an RL episode is laid out (prompt,
 then each agent turn followed by eos, then the tool's reply), and the loss is the
 cross-entropy of the agent's tokens only: the model learns to act, not to predict the
-prompt or the tool.
+prompt or the tool. With a reflection after feedback (`code[reflect=...;reflect_after=feedback]`,
+tasks/reflect.py) a demonstration is the body, the visible tests' output (context), then the
+reflection turn; a negative one's wrong body is context too, so only its judgement is learned.
 
 `reference_share` > 0 puts the task's reference (tasks/base.py's `reference_hint`) between
 the prompt and the demonstration in that share of the examples, in context and not learned:

@@ -429,7 +429,8 @@ def _wants(cfg: CalibrationConfig) -> set[str]:
 SPEC = register_signal(SignalSpec(
     name="calibration", config=CalibrationConfig, factory=CalibrationBonus,
     step_kinds=("env_step", "turn", "transition"),
-    summary="RefGRPO's calibration bonus: a reflection head fit to the advantages; its miscalibration is a reward",
+    summary="seed 000's calibration bonus (--algo refgrpo; the RefGRPO paper's own method is the verbal verdict, "
+            "grpo+verdict): a reflection head fit to the advantages; its miscalibration is a reward",
     wants=_wants,
     aliases={"control": "refgrpo", "llm": "refgrpo"}, neutral="alpha=0",
     step_checks={"turn": _check_on_grpo, "transition": _check_on_replay},

@@ -444,7 +444,8 @@ def _check_on_env_steps(cfg: GEARConfig) -> None:
 
 SPEC = register_signal(SignalSpec(
     name="gear", config=GEARConfig, factory=GEARReweighting, step_kinds=("env_step", "token"),
-    summary="GEAR: a value head distilled from the best trajectories reweights each step's advantage",
+    summary="seed 003's GEAR: a value head distilled from the best trajectories reweights each step's advantage "
+            "(the GEAR paper's own teacher-divergence segments are grpo+divergence)",
     wants=_wants, resolve=_resolve_inputs,
     aliases={"control": "gear", "llm": "gear"}, neutral="temperature=inf",
     step_checks={"token": _check_on_grpo, "env_step": _check_on_env_steps},

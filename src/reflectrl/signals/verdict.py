@@ -10,8 +10,10 @@ added on the turn where the verdict is stated (a missing or malformed verdict ea
 bonus), with c on a schedule: the paper's is about 0.1 for the first two thirds of training,
 then 0 (`schedule=step`, `until=0.667`, the defaults); `constant` keeps c throughout,
 `linear` brings it from c to 0 at `until`. A task with several reflections per episode (the
-`rag` task's "relevant" / "not relevant" after each search) gets a term for each, every one
-judged against the episode's final outcome, of c / (the episode's number of reflections),
+`rag` task's "relevant" / "not relevant" after each search) gets a term for each, of
+c / (the episode's number of reflections), each judged against its own truth where it has one
+(`Reflection.target`: with `reflect_after=feedback`, whether the search it judges found a
+needed document) and against the episode's final outcome otherwise,
 and the GRPO trainer credits the terms back over turns (see trainers/grpo/trainer.py: the undiscounted
 return-to-go, so c = 0 is plain GRPO bit for bit).
 
@@ -60,13 +62,14 @@ def check_schedule(name: str, coef: float, schedule: str, until: float) -> None:
 
 def verdict_terms(episode: list[list], outcome: float, coef: float) -> tuple[list[float], int]:
     """Per turn of one episode, the bonus of the judgements stated there (c / the episode's number of
-    judgements for each that agrees with the outcome: an episode's bonus is at most c, however many),
-    and how many agree. `episode[k]`: the Reflections stated in turn k. Also TRL's reward
-    (integrations/rewards.py)."""
+    judgements for each that agrees with its truth, its `target` where it has one, else the outcome:
+    an episode's bonus is at most c, however many), and how many agree. `episode[k]`: the
+    Reflections stated in turn k. Also TRL's reward (integrations/rewards.py)."""
     count = sum(len(turn) for turn in episode)
     terms, agree = [], 0
     for turn in episode:
-        right = sum(r.stated_verdict is not None and float(r.stated_verdict) == outcome for r in turn)
+        right = sum(r.stated_verdict is not None
+                    and float(r.stated_verdict) == (outcome if r.target is None else float(r.target)) for r in turn)
         agree += right
         terms.append(right * coef / count if right else 0.0)
     return terms, agree

@@ -19,8 +19,11 @@ lookups and calculations), `rg:chain_sum[...;worked=true]` and `rg:basic_arithme
 (the running computation, then `answer N`), `code[families=long]` (3-6 line function bodies).
 Every task gives `reference(problem, kind)`: the ground truth a teacher reads (tasks/base.py).
 
-Every task also takes `reflect=none|verdict|confidence|both` and `reflect_negatives=0.5`:
-the final turn then ends in a stated verdict and/or confidence (tasks/reflect.py).
+Every task also takes `reflect=none|verdict|confidence|both`, `reflect_negatives=0.5` and
+`reflect_after=auto|feedback|answer`: the agent then states a verdict and/or confidence on its
+answer, after the environment's feedback (code: the visible tests' output, then a reflection
+turn; tools, rag: after the last tool output) or in the answer's own turn (tasks/reflect.py;
+auto: feedback where the task has feedback, else answer).
 
 Every bad spec raises `UserError` with one line saying what is wrong and how to fix it.
 """
@@ -93,7 +96,7 @@ def coerce_all(raw: dict[str, str], defaults: dict, where: str) -> dict:
     return {k: coerce(v, defaults[k], k, where) for k, v in raw.items()}
 
 
-REFLECT_OPTIONS = {"reflect": "none", "reflect_negatives": 0.5}
+REFLECT_OPTIONS = {"reflect": "none", "reflect_negatives": 0.5, "reflect_after": "auto"}
 
 
 def make_task(spec: str) -> Task:
@@ -106,7 +109,8 @@ def make_task(spec: str) -> Task:
     cls = _BUILTIN.get(name)
     if cls is not None and getattr(cls, "native_reflect", False):  # the task places its own reflections (rag)
         return _build(cls, name, raw, **reflect)
-    return wrap(_make_plain(name, raw), mode, reflect.get("reflect_negatives", REFLECT_OPTIONS["reflect_negatives"]))
+    return wrap(_make_plain(name, raw), mode, reflect.get("reflect_negatives", REFLECT_OPTIONS["reflect_negatives"]),
+                reflect.get("reflect_after", REFLECT_OPTIONS["reflect_after"]))
 
 
 def _build(cls, name: str, raw: dict, **fixed) -> Task:

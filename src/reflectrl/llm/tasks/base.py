@@ -31,6 +31,13 @@ Reflection (tasks/reflect.py): `reflect` is the mode a task was built with (`non
 `verdict`, `confidence`, `both`); `reflections(problem, turns)` gives, per turn, the list of
 `Reflection`s the agent stated there (empty where the task asks for none); `wrong_turns`
 gives the turns of a plausible wrong episode (None: the task has none to show).
+
+Feedback: `feedback` says whether the environment answers the agent at all (tool output, test
+results: code, tools, rag); `answer_feedback(problem, turns)` is what it shows about a final
+answer without revealing the outcome (code: the visible tests' output), which a reflection
+stated after it reads (`reflect_after=feedback`, tasks/reflect.py); the `_batch` forms let a
+task with an expensive environment (the sandbox) serve a batch in parallel, and the rollout
+calls `respond_batch`.
 """
 
 from __future__ import annotations
@@ -55,8 +62,22 @@ class Task:
     def sample(self, rng: random.Random) -> Problem:
         raise NotImplementedError
 
+    feedback = False  # whether the environment answers the agent (reflect_after=feedback is possible)
+
     def respond(self, problem: Problem, turns: list[str]) -> str | None:
         return None
+
+    def respond_batch(self, problems: list[Problem], episodes: list[list[str]]) -> list[str | None]:
+        """`respond` for many episodes at once (what the rollout calls)."""
+        return [self.respond(p, t) for p, t in zip(problems, episodes)]
+
+    def answer_feedback(self, problem: Problem, turns: list[str]) -> str:
+        """What the environment shows about the final answer in `turns` (never the outcome itself);
+        only tasks that have it (code) override it."""
+        raise NotImplementedError
+
+    def answer_feedback_batch(self, problems: list[Problem], episodes: list[list[str]]) -> list[str]:
+        return [self.answer_feedback(p, t) for p, t in zip(problems, episodes)]
 
     def score(self, problem: Problem, turns: list[str]) -> float:
         raise NotImplementedError

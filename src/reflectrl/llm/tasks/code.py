@@ -19,6 +19,20 @@ first, sorted (list of ints xs). Options:
     timeout   wall-clock seconds per sandbox run (default 5.0)
     isolation "bwrap" (default) or "rlimits-only": the weaker sandbox for machines
               without bubblewrap (see reflectrl.sandbox); only for code you would run anyway
+    visible   VISIBLE tests per problem (default 2), other cases than the `cases` above (the
+              hidden ones, which score): with a reflection after feedback (`reflect_after=feedback`,
+              tasks/reflect.py) the agent's body is run on them and it reads the result before it
+              judges its work, e.g.
+
+        prompt  "# add 3 to x\ndef f(x):\n"
+        agent   "    return x + 4"
+        reply   "fail f(-7) = -3, expected -4\nfail f(2) = 6, expected 5\n"
+        agent   "not solved 0.2"                  (judged against the hidden tests)
+
+              One line per visible test: "pass f(ARG) == EXPECTED", "fail f(ARG) = GOT, expected
+              EXPECTED", "fail f(ARG): ERROR"; "error: REASON" where nothing ran (a syntax error,
+              a timeout). The visible cases are drawn from a generator seeded by the problem
+              itself, so the problems' stream is the same with or without them.
 
 The long families have 3-6 line bodies with a loop and/or a conditional, for tasks where
 per-token credit can matter (the demonstration's lines are joined by "\\n", each indented
@@ -31,8 +45,9 @@ per-token credit can matter (the demonstration's lines are joined by "\\n", each
 
 Use cases >= 5 with them (the default) so that the tests tell a loop from a shortcut.
 
-The code runs in `reflectrl.sandbox`; `score_batch` runs a batch in parallel (one
-process per core). Without bubblewrap, scoring raises `SandboxUnavailable` (a UserError).
+The code runs in `reflectrl.sandbox`; `score_batch` and `answer_feedback_batch` run a batch
+in parallel (one process per core), each distinct program once. Without bubblewrap, scoring
+raises `SandboxUnavailable` (a UserError).
 """
 
 from __future__ import annotations
@@ -157,13 +172,22 @@ def _indent(body: str) -> str:
     return "\n".join(_INDENT + line for line in body.split("\n"))
 
 
+def _short(value, limit: int = 24) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+_FEEDBACK_LINE = 72  # an error line in the feedback is cut to this many characters
+
+
 class CodeTask(Task):
     name = "code"
     max_turns = 1
     max_new_tokens = 32  # the longest reference body, "    return s.count('a')", is 23 bytes
+    feedback = True      # the visible tests' output (answer_feedback)
 
     def __init__(self, families: str = ",".join(FAMILIES), cases: int = 5, timeout: float = 5.0,
-                 isolation: str = "bwrap"):
+                 isolation: str = "bwrap", visible: int = 2):
         chosen = [g for f in families.split(",") if f.strip() for g in _GROUPS.get(f.strip(), (f.strip(),))]
         bad = [f for f in chosen if f not in _FAMILIES]
         if bad or not chosen:
@@ -172,13 +196,16 @@ class CodeTask(Task):
                             f"{', '.join(LONG_FAMILIES)} (long), or the groups short, long")
         if not 1 <= cases <= 100:
             raise UserError(f"task code: cases must be in 1..100, got {cases}")
+        if not 1 <= visible <= 20:
+            raise UserError(f"task code: visible must be in 1..20 (the visible tests shown as feedback), got {visible}")
         if not timeout > 0:
             raise UserError(f"task code: timeout must be > 0 seconds, got {timeout}")
         if isolation not in sandbox.ISOLATION_MODES:
             raise UserError(f"task code: isolation must be one of {', '.join(sandbox.ISOLATION_MODES)}, "
                             f"got {isolation!r}")
         self.families = tuple(f for f in _FAMILIES if f in chosen)  # canonical order
-        self.cases, self.timeout, self.isolation = cases, timeout, isolation
+        self.cases, self.timeout, self.isolation, self.visible = cases, timeout, isolation, visible
+        self._trusted: dict = {}  # (header, body) -> the Python function it computes (our own bodies only)
         if any(f in _LONG for f in self.families):  # the longest reference body in bytes, plus slack
             longest = max(len(_indent(_FAMILIES[f][2](k)[1])) for f in self.families for k in range(2, 10))
             self.max_new_tokens = max(type(self).max_new_tokens, longest + 16)
@@ -207,12 +234,105 @@ class CodeTask(Task):
         result = sandbox.run_code(self.program(problem, turns), problem.meta["tests"], **self._run_kwargs())
         return sandbox.code_reward(result)
 
+    def _run_distinct(self, items: list[tuple[str, dict]]) -> list:
+        """sandbox.run_batch over (program, tests) pairs, each distinct pair run once."""
+        keys = [(code, repr(tests)) for code, tests in items]
+        distinct = list(dict.fromkeys(keys))
+        where = {k: i for i, k in enumerate(distinct)}
+        first = {k: item for k, item in zip(keys, items)}
+        results = sandbox.run_batch([first[k] for k in distinct], **self._run_kwargs())
+        return [results[where[k]] for k in keys]
+
     def score_batch(self, problems: list[Problem], episodes: list[list[str]]) -> list[float]:
-        results = sandbox.run_batch([(self.program(p, t), p.meta["tests"]) for p, t in zip(problems, episodes)],
-                                    **self._run_kwargs())
+        results = self._run_distinct([(self.program(p, t), p.meta["tests"]) for p, t in zip(problems, episodes)])
         # an episode without a turn would run the bare header (a syntax error): 0 either way
         return [sandbox.code_reward(r) if t else 0.0 for r, t in zip(results, episodes)]
+
+    # -- the visible tests (feedback) -----------------------------------------------------
+
+    def _make(self, problem: Problem):
+        """(k, the family's make) of a problem, read back from its prompt (k is not in its meta)."""
+        _, _, make = _FAMILIES[problem.meta["family"]]
+        comment = problem.prompt.split("\n", 1)[0][2:]
+        return next(k for k in range(2, 10) if make(k)[0] == comment), make
+
+    def visible_tests(self, problem: Problem) -> dict:
+        """The visible tests of a problem: `visible` cases from a generator seeded by the problem."""
+        arg, gen, _ = _FAMILIES[problem.meta["family"]]
+        k, make = self._make(problem)
+        ref = make(k)[2]
+        rng = random.Random(f"code-visible:{problem.prompt}:{problem.meta['tests']['cases']!r}")
+        args = [gen(rng) for _ in range(self.visible)]
+        return {"entry_point": "f", "cases": [{"args": [a], "expected": ref(a)} for a in args]}
+
+    def _feedback_text(self, tests: dict, outputs: list | None, result=None) -> str:
+        if result is not None and result.status not in ("ok", "failed"):
+            return f"error: {result.reason or result.status}"[:_FEEDBACK_LINE] + "\n"
+        lines = []
+        for i, case in enumerate(tests["cases"]):
+            call, want = f"f({_short(case['args'][0])})", case["expected"]
+            if outputs is not None:
+                got, error = outputs[i], None
+                passed = got == want
+            else:
+                got, error, passed = result.cases[i].output, result.cases[i].error, result.cases[i].passed
+            if passed:
+                lines.append(f"pass {call} == {_short(want)}")
+            elif error is not None and error != "wrong output":
+                lines.append(f"fail {call}: {error}"[:_FEEDBACK_LINE])
+            else:
+                lines.append(f"fail {call} = {_short(got)}, expected {_short(want)}")
+        return "".join(line + "\n" for line in lines)
+
+    def _trusted_outputs(self, problem: Problem, body: str, tests: dict) -> list | None:
+        """The outputs of a body we wrote ourselves (the reference, a demonstration's wrong one),
+        computed in-process; None for anything else (it goes to the sandbox)."""
+        if body == problem.answer:
+            return [c["expected"] for c in tests["cases"]]
+        fn = self._trusted.get((problem.meta["header"], body))
+        return None if fn is None else [fn(c["args"][0]) for c in tests["cases"]]
+
+    def answer_feedback(self, problem: Problem, turns: list[str]) -> str:
+        return self.answer_feedback_batch([problem], [turns])[0]
+
+    def answer_feedback_batch(self, problems: list[Problem], episodes: list[list[str]]) -> list[str]:
+        """The output of the visible tests on each episode's body (the sandbox runs the rest in parallel)."""
+        tests = [self.visible_tests(p) for p in problems]
+        out: list = [None] * len(problems)
+        run = []
+        for i, (p, t) in enumerate(zip(problems, episodes)):
+            outputs = self._trusted_outputs(p, t[-1] if t else "", tests[i])
+            if outputs is not None:
+                out[i] = self._feedback_text(tests[i], outputs)
+            else:
+                run.append(i)
+        results = self._run_distinct([(self.program(problems[i], episodes[i]), tests[i]) for i in run])
+        for i, result in zip(run, results):
+            out[i] = self._feedback_text(tests[i], None, result)
+        return out
 
     def demonstration(self, problem: Problem) -> list[str]:
         return [problem.answer]
 
+    def wrong_turns(self, problem: Problem, rng: random.Random) -> list[str] | None:
+        """A plausible wrong body: the family's with another k, or another family's on the same
+        argument, that fails at least one hidden test (checked in-process: every body here is ours)."""
+        family = problem.meta["family"]
+        arg = _FAMILIES[family][0]
+        k, make = self._make(problem)
+        header, cases = problem.meta["header"], problem.meta["tests"]["cases"]
+        candidates = [make(j) for j in range(2, 10) if make(j)[0] != make(k)[0]]
+        candidates += [m(k) for f, (a, _, m) in _FAMILIES.items() if a == arg and f != family
+                       and (f in _LONG) == (family in _LONG)]
+        wrong = []
+        for _, body, fn in candidates:
+            try:
+                if any(fn(c["args"][0]) != c["expected"] for c in cases):
+                    wrong.append((_indent(body), fn))
+            except Exception:  # noqa: BLE001 - a body that fails on these inputs is no near miss
+                continue
+        if not wrong:
+            return None
+        body, fn = rng.choice(wrong)
+        self._trusted[(header, body)] = fn
+        return [body]

@@ -50,6 +50,10 @@ The tools and the verifier see each turn with the prefix and the suffix removed.
 False)`, malformed where the prefix is missing) and, on the last turn, the answer reflection
 (final=True, as `Reflective` does); `search_relevance` gives the truth the judgements are
 measured against: per search turn, whether its results include a document the problem needs.
+With `reflect_after=feedback` (the default: every judgement here follows the tool output it
+judges) a relevance judgement carries that truth as its `target`, and the verdict signal
+rewards it against it; with `reflect_after=answer` (the format's first version) every
+judgement is rewarded against the episode's final outcome.
 
 Demonstrations (for `llm sft`) are the needed searches and the answer. With reflect on, a
 share `reflect_negatives` of them is negative, half of one kind and half of the other:
@@ -72,6 +76,7 @@ from __future__ import annotations
 
 import random
 import re
+from dataclasses import replace
 
 import numpy as np
 
@@ -81,9 +86,11 @@ from reflectrl.llm.tasks.reflect import (
     NEGATIVE_CONFIDENCES,
     POSITIVE_CONFIDENCES,
     Reflection,
+    at_turn,
     check_mode,
     format_reflection,
     format_relevance,
+    resolve_after,
     split_reflection,
     split_relevance,
 )
@@ -125,9 +132,11 @@ class RagTask(Task):
     native_reflect = True  # make_task passes reflect and reflect_negatives instead of wrapping
     max_turns = 5          # set per instance: max_hops + 2
     max_new_tokens = 48    # set per instance: the longest correct turn in bytes, plus slack
+    feedback = True        # the search results
 
     def __init__(self, people: int = 60, min_hops: int = 1, max_hops: int = 3, top_k: int = 1,
-                 corpus_seed: int = 0, reflect: str = "none", reflect_negatives: float = 0.5):
+                 corpus_seed: int = 0, reflect: str = "none", reflect_negatives: float = 0.5,
+                 reflect_after: str = "auto"):
         if not 2 <= people <= 100_000:
             raise UserError(f"task rag: people must be in 2..100000, got {people}")
         if not 1 <= min_hops <= 3:
@@ -139,6 +148,7 @@ class RagTask(Task):
         if not 1 <= top_k <= 20:
             raise UserError(f"task rag: top_k must be in 1..20, got {top_k}")
         self.reflect = check_mode(reflect, "task rag")
+        self.reflect_after = resolve_after(reflect_after, self)
         if not 0.0 <= reflect_negatives <= 1.0:
             raise UserError(f"task rag: reflect_negatives={reflect_negatives} must be in [0, 1]")
         self.people, self.min_hops, self.max_hops, self.top_k = people, min_hops, max_hops, top_k
@@ -280,11 +290,14 @@ class RagTask(Task):
         if self.reflect == "none":
             return [[] for _ in turns]
         parsed = [self._parse(t) for t in turns]
+        truth = self.search_relevance(problem, turns) if self.reflect_after == "feedback" else [None] * len(turns)
         out: list[list[Reflection]] = []
         for i, (_, relevance, answer_reflection) in enumerate(parsed):
-            stated = [relevance] if i > 0 and self._query(parsed[i - 1][0]) is not None else []
+            stated = []
+            if i > 0 and self._query(parsed[i - 1][0]) is not None:
+                stated.append(replace(at_turn(relevance, i), target=truth[i - 1]))
             if i == len(turns) - 1:
-                stated.append(answer_reflection)
+                stated.append(at_turn(answer_reflection, i))
             out.append(stated)
         return out
 

@@ -16,6 +16,25 @@ of the answer (so `return a | b` stays code), and the reflection is then missing
 as wrong (a verdict) or uninformative (a confidence) in every metric (llm/calibration.py)
 and earns the signals' worst reward.
 
+Reflection after feedback (`reflect_after=feedback|answer`; `auto`, the default, is `feedback`
+on a task whose environment answers the agent, `Task.feedback`: code, tools, rag, and `answer`
+otherwise; `feedback` on a task without, e.g. arith, is refused). The RefGRPO paper's agent acts,
+sees the environment's feedback, then judges:
+
+    code   the agent writes the body; the task replies with the output of the VISIBLE tests
+           (`Task.answer_feedback`: "pass f(3) == 6" / "fail f(5) = 9, expected 8" / an error);
+           the agent's next turn is the reflection alone ("solved 0.8"). The outcome it is
+           judged against is the HIDDEN tests' (the task's score, which the feedback never shows).
+    tools  the final turn follows the last tool output already: the format is the one above.
+    rag    as tools; besides, each "relevant" / "not relevant" judgement has its own truth
+           (whether the search it judges found a needed document: `Reflection.target`), which
+           the verdict signal rewards it against instead of the final outcome.
+
+`reflect_after=answer` is the format above on every task (on rag: every judgement against the
+final outcome). Every Reflection records `after_feedback`: whether the agent had seen an
+environment reply in the episode when it stated it (its turn is not the first one); the
+metrics split on it (llm/calibration.py, `..._before_feedback` / `..._after_feedback`).
+
 `Reflective(task, mode)` wraps any task: the inner task sees its turns with the reflection
 cut off (so its tools and verifier are unchanged), and its demonstrations, for SFT, end with
 a reflection. A share `reflect_negatives` (default 0.5) of demonstrations ends instead in a
@@ -34,12 +53,13 @@ from __future__ import annotations
 
 import random
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from reflectrl.errors import UserError
 from reflectrl.llm.tasks.base import Problem, Task
 
 REFLECT_MODES = ("none", "verdict", "confidence", "both")
+REFLECT_AFTER = ("auto", "feedback", "answer")  # auto: feedback where the task has feedback, else answer
 SEPARATOR = " | "
 _NUMBER = r"(?:1(?:\.0*)?|0?\.\d+|0)"
 _REFLECTION = re.compile(rf"^\s*(?:(solved|not solved)\s*)?(?:({_NUMBER})\s*)?$")
@@ -58,6 +78,11 @@ class Reflection:
     confidence: float | None = None
     well_formed: bool = False
     final: bool = True  # on the answer (False: on an intermediate step, e.g. a search's result)
+    # what the judgement is measured against where it has its own truth (a search's relevance);
+    # None: the episode's outcome
+    target: bool | None = field(default=None, compare=False)
+    # whether the agent had seen an environment reply (tool output, test results) when it stated it
+    after_feedback: bool = field(default=False, compare=False)
 
     @property
     def stated_verdict(self) -> bool | None:
@@ -80,6 +105,19 @@ def check_mode(mode: str, where: str) -> str:
     return mode
 
 
+def resolve_after(after: str, task: Task) -> str:
+    """`reflect_after` as a task runs it: feedback or answer (auto: feedback where the task has it)."""
+    name = task.name
+    if after not in REFLECT_AFTER:
+        raise UserError(f"task {name}: reflect_after={after!r}; use one of {', '.join(REFLECT_AFTER)}")
+    if after == "feedback" and not task.feedback:
+        raise UserError(f"task {name}: reflect_after=feedback needs a task whose environment answers the agent "
+                        f"(code, tools, rag); {name} gives no feedback: use reflect_after=answer (its default)")
+    if after == "auto":
+        return "feedback" if task.feedback else "answer"
+    return after
+
+
 def wants(mode: str) -> tuple[bool, bool]:
     """(a verdict, a confidence): what a mode asks for."""
     return mode in ("verdict", "both"), mode in ("confidence", "both")
@@ -96,6 +134,16 @@ def split_reflection(text: str, mode: str) -> tuple[str, Reflection]:
     want_verdict, want_confidence = wants(mode)
     ok = (verdict is not None or not want_verdict) and (confidence is not None or not want_confidence)
     return head.rstrip(), Reflection(verdict, confidence, ok)
+
+
+def parse_reflection(text: str, mode: str) -> Reflection:
+    """A turn that is only a reflection ("solved 0.8": the turn after feedback); missing where it does not parse."""
+    return split_reflection(SEPARATOR + text, mode)[1]
+
+
+def at_turn(reflection: Reflection, k: int) -> Reflection:
+    """The reflection as stated in turn k: after feedback where an environment reply came before it."""
+    return replace(reflection, after_feedback=k > 0)
 
 
 def format_reflection(verdict: bool, confidence: float, mode: str) -> str:
@@ -120,21 +168,31 @@ def format_relevance(relevant: bool) -> str:
 
 
 class Reflective(Task):
-    """Any task with a reflection at the end of its final agent turn (see the module's doc)."""
+    """Any task with a reflection: at the end of its final agent turn, or (reflect_after=feedback on
+    a task with `answer_feedback`, i.e. code) in a turn of its own after the feedback on the
+    answer (see the module's doc)."""
 
-    def __init__(self, inner: Task, mode: str, negatives: float = 0.5, seed: int = 0):
+    def __init__(self, inner: Task, mode: str, negatives: float = 0.5, seed: int = 0, after: str = REFLECT_AFTER[0]):
         if mode == "none":
             raise ValueError("Reflective needs a mode other than none")
         if not 0.0 <= negatives <= 1.0:
             raise UserError(f"task {inner.name}: reflect_negatives={negatives} must be in [0, 1]")
         self.inner, self.reflect, self.negatives = inner, mode, negatives
+        self.reflect_after = resolve_after(after, inner)
         self.name = inner.name
-        self.max_turns = inner.max_turns
+        self.feedback = inner.feedback
+        # a turn of its own after the answer's feedback (code); elsewhere the answer's turn ends in it
+        self.own_turn = self.reflect_after == "feedback" and type(inner).answer_feedback is not Task.answer_feedback
+        self.max_turns = inner.max_turns + self.own_turn
         self.max_new_tokens = inner.max_new_tokens + len(format_reflection(False, 0.0, "both")) + 2
         self._demo_rng = random.Random(seed)  # the demonstrations' choices; the problems' stream is the inner task's
 
-    def _strip(self, turns: list[str]) -> list[str]:
-        return [split_reflection(t, self.reflect)[0] for t in turns]
+    def _inner_over(self, problem: Problem, turns: list[str]) -> int | None:
+        """The index of the inner episode's last turn among `turns`, None while it goes on."""
+        for k in range(min(len(turns), self.inner.max_turns)):
+            if self.inner.respond(problem, turns[:k + 1]) is None or k + 1 == self.inner.max_turns:
+                return k
+        return None
 
     def sample(self, rng: random.Random) -> Problem:
         problem = self.inner.sample(rng)
@@ -146,19 +204,57 @@ class Reflective(Task):
         return problem
 
     def respond(self, problem: Problem, turns: list[str]) -> str | None:
-        return self.inner.respond(problem, self._strip(turns))
+        return self.respond_batch([problem], [turns])[0]
+
+    def respond_batch(self, problems: list[Problem], episodes: list[list[str]]) -> list[str | None]:
+        if not self.own_turn:
+            return self.inner.respond_batch(problems, [self._inner_turns(p, t) for p, t in zip(problems, episodes)])
+        out: list[str | None] = [None] * len(problems)
+        ask, answered = [], []  # episodes still in the inner task; those whose answer was just given
+        for i, (problem, turns) in enumerate(zip(problems, episodes)):
+            end = self._inner_over(problem, turns)
+            if end is None:
+                ask.append(i)
+            elif end == len(turns) - 1:
+                answered.append(i)
+        for i, reply in zip(ask, self.inner.respond_batch([problems[i] for i in ask], [episodes[i] for i in ask])):
+            out[i] = reply
+        feedback = self.inner.answer_feedback_batch([problems[i] for i in answered], [episodes[i] for i in answered])
+        for i, reply in zip(answered, feedback):
+            out[i] = reply
+        return out
+
+    def _strip(self, turns: list[str]) -> list[str]:
+        """The inner task's turns of an episode (a reflection turn dropped, or the suffix cut off)."""
+        return self._inner_turns(None, turns)  # code's respond does not read the problem
+
+    def _inner_turns(self, problem: Problem, turns: list[str]) -> list[str]:
+        if not self.own_turn:
+            return [split_reflection(t, self.reflect)[0] for t in turns]
+        end = self._inner_over(problem, turns)
+        return turns if end is None else turns[:end + 1]
 
     def score(self, problem: Problem, turns: list[str]) -> float:
-        return self.inner.score(problem, self._strip(turns))
+        return self.inner.score(problem, self._inner_turns(problem, turns))
 
     def score_batch(self, problems: list[Problem], episodes: list[list[str]]) -> list[float]:
-        return self.inner.score_batch(problems, [self._strip(t) for t in episodes])
+        return self.inner.score_batch(problems, [self._inner_turns(p, t) for p, t in zip(problems, episodes)])
 
     def reflections(self, problem: Problem, turns: list[str]) -> list[list[Reflection]]:
-        """Per turn, the reflections stated there: the final turn's; none on the others."""
+        """Per turn, the reflections stated there: the final turn's (with a reflection turn, the
+        turn after the answer's feedback; missing where the episode ended before it); none on the others."""
         if not turns:
             return []
-        return [[] for _ in turns[:-1]] + [[split_reflection(turns[-1], self.reflect)[1]]]
+        out: list[list[Reflection]] = [[] for _ in turns]
+        if not self.own_turn:
+            out[-1] = [at_turn(split_reflection(turns[-1], self.reflect)[1], len(turns) - 1)]
+            return out
+        end = self._inner_over(problem, turns)
+        if end is not None and end + 1 < len(turns):
+            out[end + 1] = [at_turn(parse_reflection(turns[end + 1], self.reflect), end + 1)]
+        else:  # the turns ran out before the reflection: missing, on the last turn
+            out[-1] = [at_turn(Reflection(), len(turns) - 1)]
+        return out
 
     def demonstration(self, problem: Problem) -> list:
         demo = problem.meta.get("reflect_demo") or {"negative": False, "seed": 0, "confidence": 1.0}
@@ -169,9 +265,14 @@ class Reflective(Task):
             turns = list(self.inner.demonstration(problem))
             confidence = (demo["confidence"] if not demo["negative"]  # a task with no wrong answers to show
                           else random.Random(demo["seed"]).choice(POSITIVE_CONFIDENCES))
+            if self.own_turn:
+                return turns + [format_reflection(True, confidence, self.reflect)[len(SEPARATOR):]]
             return turns[:-1] + [turns[-1] + format_reflection(True, confidence, self.reflect)]
         # the wrong answer is in the context but not learned; its judgement is
         *before, last = wrong
+        if self.own_turn:  # after the wrong answer's feedback, a turn of its own
+            judgement = format_reflection(False, demo["confidence"], self.reflect)[len(SEPARATOR):]
+            return before + [[(last, False)], judgement]
         return before + [[(last, False), (format_reflection(False, demo["confidence"], self.reflect), True)]]
 
     def wrong_turns(self, problem: Problem, rng: random.Random):
@@ -181,8 +282,9 @@ class Reflective(Task):
         return self.inner.reference(problem, kind)  # the task's ground truth, without a reflection
 
 
-def wrap(task: Task, mode: str, negatives: float) -> Task:
-    return task if mode == "none" else Reflective(task, mode, negatives)
+def wrap(task: Task, mode: str, negatives: float, after: str) -> Task:
+    resolve_after(after, task)  # a refused reflect_after fails whatever the mode
+    return task if mode == "none" else Reflective(task, mode, negatives, after=after)
 
 
 def union(modes) -> str:

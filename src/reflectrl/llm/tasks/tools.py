@@ -24,7 +24,9 @@ Anything else gets "error: ..." naming the three calls, and the episode goes on 
 `max_turns` (3) agent turns. Score: 1.0 if the last turn is `answer N` with N the right
 integer, else 0.0. The value is unknowable without `lookup`, so the tool use is needed;
 `calc` is what the demonstration uses, though a model may also do the arithmetic itself.
-Options:
+With `reflect=...` the answer turn ends in the reflection (`answer 119 | solved 0.8`), which
+comes after the last tool output: `reflect_after=feedback` (the default here) and `answer` are
+the same format on this task (tasks/reflect.py). Options:
 
     keys         entries in the table, named k0, k1, ... (default 5, at most 100)
     max_value    values are drawn from 0..max_value (default 50)
@@ -65,6 +67,7 @@ class ToolsTask(Task):
     name = "tools"
     max_turns = 3
     max_new_tokens = 12  # set per instance: the longest correct call in bytes, plus slack
+    feedback = True      # the tools' output; the answer turn comes after the last of it (reflect_after)
 
     def __init__(self, keys: int = 5, max_value: int = 50, max_operand: int = 9, ops: str = "+-*",
                  calls: int = 0):

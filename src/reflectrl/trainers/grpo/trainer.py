@@ -113,7 +113,10 @@ def rollout(model, tokenizer, task: Task, problems: list[Problem], *, max_new_to
             turn_of[i] += [k] * len(toks)
             turn_ends[i].append(len(seqs[i]) - 1)
             turns[i].append(tokenizer.decode([t for t in toks if t != eos], skip_special_tokens=True))
-            reply = task.respond(problems[i], turns[i]) if k + 1 < task.max_turns else None
+        # the environment's replies, as a batch (the code task's feedback runs its sandboxes in parallel)
+        replies = (task.respond_batch([problems[i] for i in active], [turns[i] for i in active])
+                   if k + 1 < task.max_turns else [None] * len(active))
+        for i, reply in zip(active, replies):
             if reply is not None:
                 reply_ids = tokenizer.encode(reply, add_special_tokens=False)
                 seqs[i] += reply_ids
