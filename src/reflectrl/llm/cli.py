@@ -74,7 +74,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                                          "grpo+calibration (turn calibration bonus), grpo+verdict (stated "
                                          "verdict bonus), grpo+confidence (scored stated confidence)")
     train.add_argument("--algo", default=None, help=LazyHelp(
-        "TRAINER[+SIGNAL...]", lambda: f"TRAINER[+SIGNAL...]: {', '.join(algo_names('llm'))} (default {d.algo})"))
+        "TRAINER[+SIGNAL...]", lambda: f"TRAINER[+SIGNAL...]: {', '.join(algo_names('llm'))} (default {d.algo}). "
+        "The papers' methods: grpo+verdict (RefGRPO's verbal verdict), grpo+divergence (GEAR's segments), "
+        "grpo+confidence (RLCR); the seeds' forms: refgrpo = grpo+calibration (seed 000's calibration bonus, "
+        "not the RefGRPO paper's method), gear = grpo+gear (seed 003's value head)"))
     train.add_argument("--task", default=None, help=f"arith, rg:NAME, code, tools or rag (default {d.task})")
     train.add_argument("--model", default=None, help="model directory or Hugging Face name")
     train.add_argument("--steps", type=int, default=None, help=f"GRPO steps (default {d.steps})")
