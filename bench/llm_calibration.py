@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import warnings
@@ -442,6 +443,13 @@ def main() -> None:
     print(summarise(out, args.seeds, tasks))
     if args.feedback:
         print(feedback_summary(out, args.seeds, tasks, entries))
+        from reflectrl.report.provenance import bench_provenance
+
+        bench_provenance(out, shlex.join([sys.executable, "-u", *sys.argv]), {
+            "holm_correction": False,
+            "note": "IQM over seeds, 95% stratified-bootstrap CIs of each entry and of each difference with "
+                    "grpo (feedback.md); the alpha and equivalence_margin_share keys are the report code's, "
+                    "unused here"})
     for task in tasks if args.sampled_eval else []:
         print(sampled_eval(out, task, args.seeds, args.sampled_eval))
 

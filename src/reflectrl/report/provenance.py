@@ -181,3 +181,20 @@ def collect(root: Path, spec: ExperimentSpec, reps: int, source: Path | None = N
 
 def to_json(data: dict) -> bytes:
     return (json.dumps(data, indent=2) + "\n").encode()
+
+
+def bench_provenance(out: Path, command: str, statistics_extra: dict | None = None, note: str | None = None) -> dict:
+    """OUT/provenance.json for a bench script's results folder (not a `compare` experiment): the
+    command that made the runs, the git state, versions, machine, date and the statistics' settings
+    (the bootstrap's defaults of report/stats.py, with what the script states on top)."""
+    from reflectrl.report import stats
+
+    reps = inspect.signature(stats.interval).parameters["reps"].default
+    data = {"recorded": True, "experiment": out.name,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "git": git_state(), "command": command,
+            "command_note": note or "the runs' own commands are in each run's run.json",
+            "versions": versions(), "machine": machine(),
+            "statistics": {**statistics(reps), **(statistics_extra or {})}}
+    (out / "provenance.json").write_bytes(to_json(data))
+    return data
