@@ -14,11 +14,15 @@ import torch
 from reflectrl.errors import UserError
 from reflectrl.signals.base import Batch, SignalContext
 from reflectrl.signals.divergence import (
+    NEVER,
     DivergenceConfig,
     DivergenceReweighting,
     divergence_weights,
     find_departures,
+    find_segments,
     segment_stats,
+    segment_weights,
+    soft_clip,
     token_divergence,
 )
 
@@ -34,11 +38,14 @@ def _planted(n_tokens=12, at=7, base=0.05, spike=3.0):
     return div
 
 
+ONE = dict(max_segments=1, boundary="spike", weights="step")  # issue 19's form: one departure to the end
+
+
 def test_a_planted_departure_yields_one_segment_at_the_right_token():
     div = _planted()
     mask = torch.ones_like(div, dtype=torch.bool)
     mask[0, :2] = False  # the prompt: not part of the completion
-    cfg = DivergenceConfig()
+    cfg = DivergenceConfig(**ONE)
     w, dep = divergence_weights(div, mask, cfg)
     assert dep.tolist() == [7]
     # one weight from the departure on, the divergence at the departure relative to the mean
@@ -50,8 +57,9 @@ def test_a_planted_departure_yields_one_segment_at_the_right_token():
     assert torch.allclose(w[0, 2:7], aligned)
     assert torch.equal(w[0, :2], torch.ones(2))  # outside the completion: 1
     stats = segment_stats(dep, mask)
-    assert stats["segments_per_completion"] == 1.0 and stats["segment_length"] == 5
+    assert stats["segments_per_completion"] == 1.0 and stats["segment_length_mean"] == 5
     assert stats["departure_token_share"] == pytest.approx(5 / 10)
+    assert segment_stats(segment_weights(div, mask, cfg)[1], mask) == stats  # the map and the departure agree
 
 
 def test_only_the_first_spike_starts_the_segment_and_history_is_required():
@@ -59,12 +67,138 @@ def test_only_the_first_spike_starts_the_segment_and_history_is_required():
     div[0, 9] = 5.0  # a later spike is inside the segment already
     mask = torch.ones_like(div, dtype=torch.bool)
     assert find_departures(div, mask, DivergenceConfig()).tolist() == [5]
+    assert find_segments(div, mask, DivergenceConfig(**ONE)).tolist() == [[0] * 5 + [1] * 7]
     early = torch.full((1, 6), 0.05)
     early[0, 1] = 3.0  # one token of history: not enough with min_history=2
     early[0, 0] = 0.06
     assert find_departures(early, torch.ones_like(early, dtype=torch.bool), DivergenceConfig()).tolist() == [-1]
     assert find_departures(early, torch.ones_like(early, dtype=torch.bool),
                            DivergenceConfig(min_history=1)).tolist() == [1]
+
+
+def _issue19_weights(div, mask, cfg, entropy=None):
+    """issue 19's divergence_weights, verbatim: the first spike, one segment to the end weighted by the
+    divergence there, hard-clipped (what max_segments=1, boundary=spike, weights=step must reproduce)."""
+    departure = find_departures(div, mask, cfg, entropy)
+    if cfg.strength == 0:
+        return torch.ones_like(div), departure
+    m = mask.to(div.dtype)
+    dbar = (div * m).sum(1) / m.sum(1).clamp(min=1)
+    flat = dbar <= 1e-12
+    rel = div / dbar.clamp(min=1e-12)[:, None]
+    n, length = div.shape
+    positions = torch.arange(length)[None, :].expand(n, length)
+    at_departure = rel.gather(1, departure.clamp(min=0)[:, None])
+    in_segment = (departure[:, None] >= 0) & (positions >= departure[:, None])
+    rel = torch.where(in_segment, at_departure.expand(n, length), rel)
+    w = rel.pow(cfg.strength).clamp(cfg.w_min, cfg.w_max)
+    if cfg.renormalize:
+        mean_w = (w * m).sum(1) / m.sum(1).clamp(min=1)
+        w = w / mean_w.clamp(min=1e-12)[:, None]
+    w = torch.where(mask & ~flat[:, None], w, torch.ones_like(w))
+    return w, departure
+
+
+def _fixtures(seed):
+    g = torch.Generator().manual_seed(seed)
+    div = torch.rand(16, 30, generator=g) ** 3 * 2  # heavy-tailed: spikes here and there
+    div[torch.rand(16, 30, generator=g) < 0.1] = 0.0
+    mask = torch.rand(16, 30, generator=g) > 0.15  # holes: tool outputs inside a completion
+    mask[:, :3] = False
+    mask[0] = False  # an empty completion
+    entropy = torch.rand(16, 30, generator=g) * 2
+    return div, mask, entropy
+
+
+@pytest.mark.parametrize("knobs", [{}, dict(strength=0.5), dict(renormalize=True), dict(entropy_min=0.8),
+                                   dict(threshold=0.5, min_history=1, floor=0.0, w_min=0.3, w_max=4.0)])
+def test_issue19_form_is_one_setting_away_bit_for_bit(knobs):
+    for seed in range(3):
+        div, mask, entropy = _fixtures(seed)
+        cfg = DivergenceConfig(**ONE, **knobs)
+        w, dep = divergence_weights(div, mask, cfg, entropy)
+        w19, dep19 = _issue19_weights(div, mask, cfg, entropy)
+        assert torch.equal(dep, dep19) and torch.equal(w, w19)
+        assert (dep >= 0).sum() > 3  # the fixtures have departures
+    # and the default (several smooth segments) is not that form
+    assert not torch.equal(divergence_weights(div, mask, DivergenceConfig(), entropy)[0], w19)
+
+
+def test_several_spikes_open_several_segments_up_to_max_segments():
+    div = torch.full((1, 16), 0.05)
+    div[0, ::2] += 0.01
+    div[0, 4], div[0, 9], div[0, 13] = 3.0, 6.0, 12.0  # three spikes, each above the history before it
+    mask = torch.ones_like(div, dtype=torch.bool)
+    seg = find_segments(div, mask, DivergenceConfig(max_segments=4))
+    assert seg.tolist() == [[0] * 4 + [1] * 5 + [2] * 4 + [3] * 3]
+    capped = find_segments(div, mask, DivergenceConfig(max_segments=2))
+    assert capped.tolist() == [[0] * 4 + [1] * 5 + [2] * 7]  # the last segment runs to the end
+    stats = segment_stats(seg, mask)
+    assert stats == {"segments_per_completion": 3.0, "segments_max": 3, "segment_length_mean": 4.0,
+                     "departure_token_share": 0.75}
+    # a segment spans a hole in the mask (a tool output) and resumes after it
+    mask[0, 6:8] = False
+    seg = find_segments(div, mask, DivergenceConfig(max_segments=4))
+    assert seg[0, 6:8].tolist() == [0, 0] and seg[0, 8].item() == 1
+    assert segment_stats(seg, mask)["segments_per_completion"] == 3.0
+
+
+def test_boundaries_by_spike_entropy_or_both():
+    div = torch.full((1, 16), 0.05)
+    div[0, ::2] += 0.01
+    div[0, 4], div[0, 7], div[0, 12] = 3.0, 6.0, 12.0
+    entropy = torch.full((1, 16), 0.6)
+    entropy[0, 1::2] += 0.02
+    entropy[0, 10] = 2.5  # an entropy spike (>= entropy_floor 0.5)
+    mask = torch.ones_like(div, dtype=torch.bool)
+    spike = find_segments(div, mask, DivergenceConfig(boundary="spike"), entropy)
+    assert spike.tolist() == [[0] * 4 + [1] * 3 + [2] * 5 + [3] * 4]
+    # entropy: a spike opens a segment when none is open; the entropy spike closes it (its token is aligned)
+    ent = find_segments(div, mask, DivergenceConfig(boundary="entropy"), entropy)
+    assert ent.tolist() == [[0] * 4 + [1] * 6 + [0] * 2 + [2] * 4]
+    both = find_segments(div, mask, DivergenceConfig(boundary="both"), entropy)
+    assert both.tolist() == [[0] * 4 + [1] * 3 + [2] * 3 + [0] * 2 + [3] * 4]
+    # the entropy floor: the same spike below it is not a boundary
+    assert torch.equal(find_segments(div, mask, DivergenceConfig(boundary="both", entropy_floor=3.0), entropy), spike)
+    with pytest.raises(ValueError, match="entropy"):
+        find_segments(div, mask, DivergenceConfig(boundary="entropy"))
+
+
+def test_smooth_weights_are_continuous_inside_the_bounds():
+    rel = torch.tensor([0.0, 0.05, 0.3, 0.9, 1.0, 1.1, 3.0, 8.0, 1e6])
+    cfg = DivergenceConfig(w_min=0.5, w_max=2.0)
+    w = soft_clip(rel, cfg)
+    assert w[0] == 0.5 and w[4] == 1.0
+    assert torch.all(w[1:-1] > 0.5) and torch.all(w[:-1] < 2.0) and torch.all(w[1:] > w[:-1])  # increasing
+    assert w[-1] == pytest.approx(2.0, abs=1e-6) and w[-1] <= 2.0
+    # near rel = 1 it is rel^strength
+    assert soft_clip(torch.tensor([1.01]), cfg).item() == pytest.approx(1.01, rel=1e-4)
+    assert torch.equal(soft_clip(rel[1:], DivergenceConfig(strength=0.0)), torch.ones(8))
+    assert soft_clip(torch.tensor([0.0]), DivergenceConfig(strength=0.0)).item() == 1.0  # 0 * ln 0: no weight
+    assert torch.equal(soft_clip(rel, DivergenceConfig(w_min=1.0, w_max=1.0)), torch.ones(9))
+    # on fixtures: inside [w_min, w_max], one weight per segment, its mean divergence relative to the completion's
+    for seed in range(3):
+        div, mask, entropy = _fixtures(seed)
+        for boundary in ("spike", "both"):
+            cfg = DivergenceConfig(boundary=boundary, w_min=0.6, w_max=1.8)
+            w, seg = segment_weights(div, mask, cfg, entropy)
+            real = w[mask]
+            assert torch.all((real >= 0.6) & (real <= 1.8)) and len(set(real.tolist())) > 20
+            i, k = 5, int(seg[5].max())
+            assert k >= 1
+            rows = mask[i] & (seg[i] == k)
+            dbar = div[i][mask[i]].mean()
+            expected = soft_clip((div[i][rows].mean() / dbar)[None], cfg)
+            assert torch.allclose(w[i][rows], expected.expand(int(rows.sum())), atol=1e-6)
+    # the step form with several segments: each weighs its first token's divergence
+    div = torch.full((1, 16), 0.05)
+    div[0, ::2] += 0.01
+    div[0, 4], div[0, 9] = 0.3, 0.9
+    cfg = DivergenceConfig(weights="step", w_max=100.0, floor=0.0)
+    w, seg = segment_weights(div, torch.ones_like(div, dtype=torch.bool), cfg)
+    assert seg[0, 4].item() == 1 and seg[0, 9].item() == 2
+    dbar = div.mean()
+    assert torch.allclose(w[0, 4:9], (0.3 / dbar).expand(5)) and torch.allclose(w[0, 9:], (0.9 / dbar).expand(7))
 
 
 def test_the_floor_and_the_entropy_gate():
@@ -119,7 +253,11 @@ def test_token_divergence_against_hand_computed_values():
 
 def test_bad_knobs_say_what_is_wrong():
     for knobs, text in ((dict(measure="js"), "measure"), (dict(threshold=-1), "threshold"),
-                        (dict(w_min=2.0), "w_min"), (dict(teacher_refresh=-1), "teacher_refresh")):
+                        (dict(w_min=2.0), "w_min"), (dict(teacher_refresh=-1), "teacher_refresh"),
+                        (dict(max_segments=0), "max_segments"), (dict(boundary="tokens"), "boundary"),
+                        (dict(weights="linear"), "weights"), (dict(entropy_floor=-0.1), "entropy_floor"),
+                        (dict(teacher_schedule="ema"), "teacher_schedule"),
+                        (dict(teacher_schedule="initial", teacher_refresh=3), "teacher_refresh")):
         with pytest.raises(UserError, match=text):
             DivergenceConfig(**knobs).validate()
 
@@ -149,7 +287,19 @@ def test_the_signal_on_a_batch_through_teacher_fn():
     assert out.weights.shape == (steps, n)
     assert torch.equal(out.weights[:, 1], torch.ones(steps))  # sequence 1: the teacher agrees everywhere
     assert len(set(out.weights[4:, 0].tolist())) == 1 and out.weights[4, 0] > 1  # one segment weight
-    assert sig.metrics()["segments_per_completion"] == 0.5
+    metrics = sig.metrics()
+    assert metrics["segments_per_completion"] == 0.5 and metrics["segment_length_mean"] == 2.0
+    assert metrics["departure_token_share"] == pytest.approx(2 / 12)
+    # seq 0's four aligned tokens have d = 0 (w_min), its segment's two one weight, seq 1's six are 1
+    assert metrics["weights_min"] == 0.5 and metrics["weights_max"] == out.weights[4, 0].item()
+    assert metrics["weights_p10"] == 0.5 and metrics["weights_p50"] == 1.0 and 1 < metrics["weights_p90"]
+    assert metrics["segment_weight_mean"] == pytest.approx(out.weights[4, 0].item())
+    assert metrics["segment_weight_std"] == 0.0 and 0 < metrics["weights_std"]
+    # teacher_schedule=initial asks the trainer for a copy that is never refreshed
+    calls.clear()
+    initial = DivergenceReweighting(DivergenceConfig(teacher_schedule="initial"))
+    initial.after_advantages(batch)
+    assert calls == [(NEVER, "solution")]
 
 
 def test_divergence_is_refused_off_language_models():
@@ -251,7 +401,7 @@ def test_divergence_trains_with_a_frozen_teacher_and_resumes(tiny_model_dir, mon
 
     trainer = build()
     rows = [trainer.train_step() for _ in range(3)]
-    assert all(math.isfinite(r["loss"]) for r in rows) and "segment_length" in rows[-1]
+    assert all(math.isfinite(r["loss"]) for r in rows) and "segment_length_mean" in rows[-1]
     state = copy.deepcopy(trainer.state_dict())  # a snapshot: the trainer goes on
     assert state["teacher"] is not None and state["teacher_step"] == 2
     trainer.train_step()  # the uninterrupted run's step 4, which reads the teacher of step 2
@@ -266,6 +416,27 @@ def test_divergence_trains_with_a_frozen_teacher_and_resumes(tiny_model_dir, mon
     assert torch.equal(_params(again), _params(trainer))  # ... to where the uninterrupted run is
     for a, b in zip(again.frozen_teacher.parameters(), trainer.frozen_teacher.parameters()):
         assert torch.equal(a, b)
+
+
+@pytest.mark.slow
+def test_grpo_trains_with_several_segments_and_an_initial_teacher(tiny_model_dir, monkeypatch):
+    from test_llm import _params, _rewarding, _trainer
+
+    # the random tiny model's teacher barely differs from its student (d ~ 1e-4 nats): a low threshold, no floor
+    knobs = {"divergence.max_segments": 4, "divergence.boundary": "both", "divergence.threshold": 0.0,
+             "divergence.min_history": 1, "divergence.floor": 0.0, "divergence.entropy_floor": 0.0,
+             "divergence.teacher_schedule": "initial", "max_new_tokens": 12}
+    trainer = _rewarding(_trainer(tiny_model_dir, algo="grpo+divergence", task="tools", **knobs), monkeypatch)
+    start = _params(trainer)
+    rows = [trainer.train_step() for _ in range(2)]
+    assert all(math.isfinite(r["loss"]) for r in rows) and not torch.equal(start, _params(trainer))
+    row = rows[-1]
+    for key in ("segments_per_completion", "segment_length_mean", "weights_p10", "weights_p90", "segment_weight_std"):
+        assert key in row, key
+    assert row["segments_max"] >= 2 and row["segments_per_completion"] > 0  # several segments in a completion
+    assert 0.5 <= row["weights_min"] <= row["weights_p10"] <= row["weights_p90"] <= row["weights_max"] <= 2.0
+    teacher = torch.cat([q.reshape(-1) for q in trainer.frozen_teacher.parameters()])
+    assert torch.equal(teacher, start)  # the initial policy, not refreshed
 
 
 # ---------------------------------------------------------------------------- GEAR's seed items
