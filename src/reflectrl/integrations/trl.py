@@ -48,7 +48,7 @@ from trl.trainer.utils import nanstd
 from reflectrl.llm.model import hidden_size
 from reflectrl.llm.tasks.base import REFERENCE_TEMPLATE
 from reflectrl.signals.base import Batch, SignalContext
-from reflectrl.signals.divergence import DivergenceConfig, divergence_weights, segment_stats, token_divergence
+from reflectrl.signals.divergence import DivergenceConfig, segment_stats, segment_weights, token_divergence
 from reflectrl.signals.gear import GEARConfig, GEARReweighting
 from reflectrl.trainers.grpo.trainer import token_batch
 
@@ -236,7 +236,7 @@ class DivergenceGRPOTrainer(GRPOTrainer):
     completion, and the teacher on prompt + "Reference:\n{row's reference}\nSolve:\n" +
     completion (the layout reflectrl's own trainer and `llm sft --reference-share` use). The
     per-token divergence is computed there, chunk by chunk (no (B, T, V) tensor is kept); the
-    weights come from `divergence_weights` and multiply TRL's advantages into (B, T) ones.
+    weights come from `segment_weights` and multiply TRL's advantages into (B, T) ones.
     The teacher is the current policy (`teacher_refresh` > 0 is reflectrl-trainer only).
     Metrics go to TRL's log as `divergence/...`, with the teacher pass's seconds."""
 
@@ -247,9 +247,9 @@ class DivergenceGRPOTrainer(GRPOTrainer):
                                "advantages (TRL releases with the MiniLLM trainer or later); upgrade trl")
         self.divergence_config = DivergenceConfig() if divergence_config is None else divergence_config
         self.divergence_config.validate()
-        if self.divergence_config.teacher_refresh:
-            raise ValueError("divergence_config.teacher_refresh: DivergenceGRPOTrainer's teacher is the current "
-                             "policy; leave teacher_refresh=0")
+        if self.divergence_config.refresh_interval():
+            raise ValueError("divergence_config.teacher_refresh / teacher_schedule: DivergenceGRPOTrainer's teacher "
+                             "is the current policy; leave teacher_refresh=0 and teacher_schedule=every")
         self.reference_column = reference_column
         super().__init__(*args, **kwargs)
 
@@ -271,9 +271,9 @@ class DivergenceGRPOTrainer(GRPOTrainer):
             mask = mask & output["tool_mask"].bool()
         batch_size = self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
         div, entropy = self._divergence(output, references, batch_size)
-        weights, departure = divergence_weights(div, mask.cpu(), self.divergence_config, entropy)
+        weights, segments = segment_weights(div, mask.cpu(), self.divergence_config, entropy)
         seconds = time.perf_counter() - start
-        stats = segment_stats(departure, mask.cpu())
+        stats = segment_stats(segments, mask.cpu())
         real = mask.cpu()
         stats.update(divergence_mean=div[real].mean().item() if real.any() else 0.0,
                      weights_mean=weights[real].mean().item() if real.any() else 1.0,
