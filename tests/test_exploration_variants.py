@@ -115,6 +115,23 @@ def test_uncertainty_heads_differ_and_learn_where_they_are_fit():
     assert novel > 2 * last
 
 
+def test_uncertainty_raw_target_agrees_where_the_agent_has_been():
+    """ensemble_target=raw: with no reward the advantages are ~0, so fitting them makes the heads
+    agree on the rows they were fit on, while rows never seen keep their disagreement."""
+    signal = uncertainty(alpha=1.0, epochs=20, bootstrap=0.8, ensemble_target="raw")
+    b = batch(T=16, N=4, seed=1)
+    b.advantages = torch.zeros_like(b.advantages)
+    first = signal.after_advantages(b).reward.mean().item()
+    for _ in range(15):
+        last = signal.after_advantages(b).reward.mean().item()
+    unseen = batch(T=16, N=4, seed=2)
+    unseen.obs = unseen.obs * 3.0
+    assert last < 0.2 * first
+    assert signal.after_advantages(unseen).reward.mean().item() > 3 * last
+    with pytest.raises(UserError, match="^calibration.ensemble_target='scaled': use one of normalized, raw$"):
+        CalibrationConfig(ensemble_target="scaled").validate()
+
+
 def test_uncertainty_schedule_and_alpha_zero():
     signal = uncertainty(alpha=0.5, schedule="linear")
     signal.after_advantages(batch(iteration=5))  # progress 0.5 of 10 iterations

@@ -189,7 +189,8 @@ def stacked(heads) -> list:
 UNCERTAINTY = CalibrationConfig(mode="uncertainty", hidden_sizes=(16,), ensemble=3, epochs=3, alpha=0.2, beta=0.5)
 
 
-@pytest.mark.parametrize("knobs", [{}, {"schedule": "exponential", "recompute_advantages": False}])
+@pytest.mark.parametrize("knobs", [{}, {"schedule": "exponential", "recompute_advantages": False},
+                                   {"ensemble_target": "raw"}])
 def test_uncertainty_term_and_fit_equal_torch(arrays, knobs):
     """Two iterations: the term before the fit (fresh heads, then fitted ones), each head's fit on its
     own mask (the torch masks passed in; one minibatch, so the fit does not depend on the row order)."""
@@ -207,7 +208,7 @@ def test_uncertainty_term_and_fit_equal_torch(arrays, knobs):
         b = jax_batch(a, iteration=i, global_step=i * T * N)
         adv = b.advantages.reshape(-1)
         x = calibration_inputs(cfg.inputs, b.obs, b.features, b.actions, jax_ctx())
-        target = (adv - adv.mean()) / (jnp.std(adv, ddof=1) + 1e-8)
+        target = (adv - adv.mean()) / (jnp.std(adv, ddof=1) + 1e-8) if cfg.ensemble_target == "normalized" else adv
         factor = schedule_factor(cfg, b, jax_ctx())
         term, metrics = uncertainty_term(state["heads"], x, target, b.rewards.reshape(-1), cfg, factor)
         close(term.reshape(T, N), expected)

@@ -31,7 +31,12 @@ bootstrap mask: every row in with probability `bootstrap`) predicts A_n; the bon
 +alpha x std_k f_k(s, a), the heads' disagreement, taken before they are fit on the batch. Where
 the agent has not learned what its actions are worth the heads disagree, from the first
 iteration, reward or not. Its scale is absolute (no clip, budget, adaptive alpha or
-bonus_target: those shape the seed's bonus), decayed by `schedule`. Logged: `ensemble_std`,
+bonus_target: those shape the seed's bonus), decayed by `schedule`. `ensemble_target` says what
+the heads predict: the normalised advantages (as the seed's head) or the raw ones. Before the
+first reward the normalised advantages are the critic's noise blown up to unit variance, which
+the heads fit differently wherever the agent goes most, so their disagreement there is label
+noise rather than ignorance (docs/exploration.md); the raw advantages are ~0 there, so the heads
+agree where the agent has been and disagree where it has not. Logged: `ensemble_std`,
 `bonus_mean`, `bonus_to_reward`, `calibration_alpha` (alpha x the schedule's factor).
 
 On a replay trainer (DQN, SAC) the batch is a sampled minibatch and the advantage is
@@ -64,6 +69,7 @@ from reflectrl.signals.fit import HeadFitter, OneHotRows, mse, one_hot_rows
 from reflectrl.signals.schedule import check_schedule, factor_at
 
 MODES = ("miscalibration", "uncertainty")
+ENSEMBLE_TARGETS = ("normalized", "raw")
 INPUTS = ("obs_action", "obs_action_features", "features_action")
 CLIPS = ("relative", "absolute", "none")
 TARGETS = ("denormalized", "seed")
@@ -83,6 +89,9 @@ class CalibrationConfig:
     """mode=uncertainty: the number of reflection heads, each its own initialisation and bootstrap mask"""
     bootstrap: float = 0.5
     """mode=uncertainty: each row's chance of being in a head's fit, drawn anew every iteration"""
+    ensemble_target: str = "normalized"
+    """mode=uncertainty: what the heads predict: normalized (the advantages at unit variance, as the seed's head) or
+    raw (the advantages as they are: ~0 before the first reward, so the heads agree where the agent has been)"""
     schedule: str = "constant"
     """decay of alpha over the run: constant, linear or exponential (signals/schedule.py)"""
     schedule_steps: int = 0
@@ -149,7 +158,8 @@ class CalibrationConfig:
         if self.mode == "uncertainty" and self.shared_trunk:
             bad("shared_trunk=true trains the actor's trunk on the seed's calibration loss; mode=uncertainty has "
                 "no such loss: leave shared_trunk=false")
-        for name, allowed in (("mode", MODES), ("inputs", INPUTS), ("clip", CLIPS), ("bonus_target", TARGETS)):
+        for name, allowed in (("mode", MODES), ("inputs", INPUTS), ("clip", CLIPS), ("bonus_target", TARGETS),
+                              ("ensemble_target", ENSEMBLE_TARGETS)):
             if getattr(self, name) not in allowed:
                 bad(f"{name}='{getattr(self, name)}': use one of {', '.join(allowed)}")
         if self.shared_trunk and self.inputs == "obs_action":
@@ -248,7 +258,7 @@ class CalibrationBonus(Signal):
         mean, std = adv.mean(), adv.std()
         target = (adv - mean) / (std + 1e-8)
         if cfg.mode == "uncertainty":
-            term = self._uncertainty(batch, x, target, rewards)
+            term = self._uncertainty(batch, x, target if cfg.ensemble_target == "normalized" else adv, rewards)
             if valid is not None:
                 term = torch.zeros(valid.shape).masked_scatter_(valid, term)
             term = term.reshape(shape)

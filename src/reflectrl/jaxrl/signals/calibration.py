@@ -143,7 +143,7 @@ class Calibration(Signal):
         cfg = self.cfg
         adv = batch.advantages.reshape(-1)
         x = calibration_inputs(cfg.inputs, batch.obs, batch.features, batch.actions, self.ctx)
-        target = (adv - adv.mean()) / (std(adv) + 1e-8)
+        target = (adv - adv.mean()) / (std(adv) + 1e-8) if cfg.ensemble_target == "normalized" else adv
         factor = schedule_factor(cfg, batch, self.ctx)
         term, metrics = uncertainty_term(state["heads"], x, target, batch.rewards.reshape(-1), cfg, factor)
         k_masks, k_fit = jax.random.split(key)
