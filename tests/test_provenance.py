@@ -30,7 +30,6 @@ NO_PER_RUN_DATA = {
     "refgrpo-lunarlander",       # docs/refgrpo.md: "LunarLander-v3, 5 seeds, 1M steps"
     "sdrs-ant-delayed",          # docs/sdrs.md: "Delayed MuJoCo (the LIRPG protocol), 500k steps"
     "sdrs-doorkey",              # docs/sdrs.md: "MiniGrid-DoorKey-8x8, 400k steps"
-    "sdrs-grid16-fitted",        # docs/sdrs.md: "Does the shaper learn? Two failure modes"
     "sdrs-halfcheetah-delayed",  # docs/sdrs.md: "Delayed MuJoCo (the LIRPG protocol), 500k steps"
 }
 STATISTICS_KEYS = {"bootstrap_resamples", "default_bootstrap_resamples", "interval_bootstrap_seed",
