@@ -374,11 +374,13 @@ def feedback_summary(out: Path, seeds: int, tasks: list[str], entries: list[str]
                     lower_better = k in ("under_confidence_rate", "over_confidence_rate", "ece")
                     better = d[2] < 0 if lower_better else d[1] > 0
                     worse = d[1] > 0 if lower_better else d[2] < 0
-                    verdict = "beats" if better else "is worse than" if worse else "does not differ from"
+                    verdict = "beats" if better else "is worse than" if worse else "shows no difference from"
                     claims.append(f"- {task}, {source}: {entry} {verdict} grpo on {k} "
                                   f"({d[0]:+.3f} [{d[1]:+.3f}, {d[2]:+.3f}], {len(runs)} vs {len(base)} runs)")
             lines.append(f"| {task} | {entry} | " + " | ".join(cells) + " |")
-    lines += ["", "### claims (a difference whose 95% interval excludes 0; otherwise 'does not differ')", "", *claims]
+    lines += ["", "### claims (a difference whose 95% interval excludes 0, not corrected for the comparisons made "
+              "here; otherwise no difference is shown, which is not evidence of a tie: no equivalence test)", "",
+              *claims]
     text = "\n".join(lines)
     (out / "feedback.md").write_text(text + "\n")
     (out / "feedback_runs.json").write_text(json.dumps(table, indent=1) + "\n")
@@ -443,6 +445,7 @@ def main() -> None:
     print(summarise(out, args.seeds, tasks))
     if args.feedback:
         print(feedback_summary(out, args.seeds, tasks, entries))
+    if args.feedback and not args.summary_only:
         from reflectrl.report.provenance import bench_provenance
 
         bench_provenance(out, shlex.join([sys.executable, "-u", *sys.argv]), {
