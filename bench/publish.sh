@@ -3,11 +3,29 @@
 # docs/results/NAME so the figures live in the repository; the run directories themselves stay out of git.
 # The tall diagnostics and exploration figures go in as WebP at 60% (docs/ keeps its images under 6 MB,
 # tests/test_docs_size.py), with report.md's links following them.
-#   bash bench/publish.sh bench/results/EXPERIMENT NAME
+#   bash bench/publish.sh bench/results/EXPERIMENT NAME [--text-only]
+# --text-only: no figures (the report's image lines dropped, with a line saying so), for secondary experiments
+# once docs/ is near its image budget.
 set -euo pipefail
-exp="$1"; name="$2"
+exp="$1"; name="$2"; mode="${3:-}"
 .venv/bin/reflectrl report "$exp" >/dev/null
 mkdir -p "docs/results/$name"
+if [ "$mode" = "--text-only" ]; then
+  cp "$exp/report/stats.json" "$exp/report/runs.csv" "$exp/report/provenance.json" "docs/results/$name/"
+  .venv/bin/python - "$exp/report/report.md" "docs/results/$name/report.md" <<'PY'
+import re
+import sys
+
+text = open(sys.argv[1]).read()
+lines = [line for line in text.splitlines() if not re.match(r"^\s*!\[.*\]\(.*\.(png|webp|gif)\)\s*$", line)]
+text = re.sub(r"!\[[^\]]*\]\([^)]*\.(png|webp|gif)\)", "", "\n".join(lines) + "\n")
+text = text.replace("\n## Results", "\n(Figures not published, to keep docs/ under its image budget: `reflectrl report` "
+                    "on the experiment draws them.)\n\n## Results", 1)
+open(sys.argv[2], "w").write(text)
+PY
+  echo "docs/results/$name"
+  exit 0
+fi
 cp "$exp/report/report.md" "$exp/report/stats.json" "$exp/report/runs.csv" "$exp/report/provenance.json" \
   "$exp"/report/*.png "docs/results/$name/"
 .venv/bin/python - "docs/results/$name" <<'PY'

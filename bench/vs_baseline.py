@@ -1,0 +1,96 @@
+"""Each entry of an experiment against the baselines it must beat, from the report's runs.csv:
+the question of issue 42 ("does a variant beat the best baseline?"), where the report itself
+compares every entry with `ppo` only.
+
+    python bench/vs_baseline.py DIR/report/runs.csv --pairs 'VARIANT:BASELINE,...' [--metric auc]
+        [--margin 0.05] [--out FILE.md]
+
+For each pair: the IQM difference (variant - baseline) of the metric over seeds with its 95%
+stratified-bootstrap CI (report/stats.py, 50,000 resamples), the one-sided bootstrap p-values of
+"above" and "below", Holm-corrected over every test of the table (both sides of every pair), and
+a TOST of equivalence within +-margin x the observed range of the metric in the file, also
+Holm-corrected. The verdict: 'better' / 'worse' where a Holm-corrected one-sided p is below
+0.025 (and the CI is on that side); else 'equivalent' where the Holm-corrected TOST p is below
+0.05; else 'inconclusive'. Unfinished runs are left out and counted. Writes a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from reflectrl.report.stats import (
+    holm,
+    interval,
+    iqm_difference,
+    p_value_above,
+    p_value_below,
+    stratified_bootstrap,
+    tost_p_value,
+)
+
+REPS = 50_000
+
+
+def scores(rows: list[dict], algo: str, metric: str) -> np.ndarray:
+    values = [float(r[metric]) for r in rows if r["algo"] == algo and r["status"] == "finished" and r[metric] != ""]
+    return np.asarray(values, dtype=float)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("runs_csv")
+    ap.add_argument("--pairs", required=True, help="VARIANT:BASELINE,... (algo entries as runs.csv names them)")
+    ap.add_argument("--metric", default="auc", help="a runs.csv column: auc, final, early_auc, ...")
+    ap.add_argument("--margin", type=float, default=0.05, help="equivalence margin, share of the observed range")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    rows = list(csv.DictReader(open(args.runs_csv)))
+    unfinished = sum(r["status"] != "finished" for r in rows)
+    observed = [float(r[args.metric]) for r in rows if r["status"] == "finished" and r[args.metric] != ""]
+    if not observed:
+        print(f"vs_baseline: no finished run has a '{args.metric}' in {args.runs_csv}", file=sys.stderr)
+        return 2
+    margin = args.margin * (max(observed) - min(observed))
+    pairs = [p.split(":", 1) for p in args.pairs.split(",")]
+    names = {r["algo"] for r in rows}
+    missing = [n for pair in pairs for n in pair if n not in names]
+    if missing:
+        print(f"vs_baseline: no entry {missing[0]!r} in {args.runs_csv}; entries: {', '.join(sorted(names))}",
+              file=sys.stderr)
+        return 2
+    results = []
+    for variant, base in pairs:
+        x, y = scores(rows, variant, args.metric), scores(rows, base, args.metric)
+        mid, lo, hi = interval([x[:, None], y[:, None]], iqm_difference, reps=REPS)
+        samples = stratified_bootstrap([x[:, None], y[:, None]], iqm_difference, REPS, seed=0)
+        results.append((variant, base, len(x), len(y), mid, lo, hi, p_value_above(samples, 0.0),
+                        p_value_below(samples, 0.0), tost_p_value(samples, margin)))
+    sided = holm([r[7] for r in results] + [r[8] for r in results])
+    tost = holm([r[9] for r in results]) if margin > 0 else [1.0] * len(results)
+    n = len(results)
+    lines = [f"{args.metric}: variant - baseline, IQM over seeds [95% CI]; Holm over the {2 * n} one-sided tests "
+             f"(and over the {n} TOSTs, margin +-{margin:.4g} = {args.margin:.0%} of the observed range); "
+             f"{REPS:,} bootstrap resamples; {unfinished} unfinished run(s) left out", "",
+             "| variant | baseline | seeds | difference [95% CI] | p above (Holm) | p below (Holm) | TOST p (Holm) "
+             "| verdict |",
+             "|---|---|---|---|---|---|---|---|"]
+    for i, (variant, base, nx, ny, mid, lo, hi, *_rest) in enumerate(results):
+        above, below = sided[i], sided[n + i]
+        verdict = ("better" if above < 0.025 and lo > 0 else "worse" if below < 0.025 and hi < 0
+                   else "equivalent" if tost[i] < 0.05 else "inconclusive")
+        lines.append(f"| {variant} | {base} | {nx} / {ny} | {mid:+.3f} [{lo:+.3f}, {hi:+.3f}] | {above:.4f} | "
+                     f"{below:.4f} | {tost[i]:.4f} | **{verdict}** |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
