@@ -259,12 +259,7 @@ class CalibrationBonus(Signal):
         target = (adv - mean) / (std + 1e-8)
         if cfg.mode == "uncertainty":
             term = self._uncertainty(batch, x, target if cfg.ensemble_target == "normalized" else adv, rewards)
-            if valid is not None:
-                term = torch.zeros(valid.shape).masked_scatter_(valid, term)
-            term = term.reshape(shape)
-            if cfg.recompute_advantages:
-                return SignalOutput(reward=term, recompute=True)
-            return SignalOutput(advantage=term)
+            return self._output(term, valid, shape)
 
         inputs = self.fitter.prepare(x)  # one-hot rows (a tabular obs, the action) are looked up, once
         heldout = self._fit(inputs, target)
@@ -323,10 +318,15 @@ class CalibrationBonus(Signal):
             "bonus_max": hi.item(),
             "bonus_to_reward": (term.abs().mean() / mean_abs_r).item() if mean_abs_r.item() > 0 else None,
         }
+        return self._output(term, valid, shape)
+
+    def _output(self, term: torch.Tensor, valid: torch.Tensor | None, shape) -> SignalOutput:
+        """The real steps' term in the batch's layout (0 on padding): a reward term re-estimated
+        (recompute_advantages), or an advantage term."""
         if valid is not None:
             term = torch.zeros(valid.shape).masked_scatter_(valid, term)
         term = term.reshape(shape)
-        if cfg.recompute_advantages:
+        if self.cfg.recompute_advantages:
             return SignalOutput(reward=term, recompute=True)
         return SignalOutput(advantage=term)
 
