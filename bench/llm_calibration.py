@@ -45,7 +45,14 @@ from pathlib import Path
 
 import numpy as np
 
-from reflectrl.report.stats import interval, iqm, iqm_difference, probability_of_improvement
+from reflectrl.report.stats import (
+    holm,
+    interval,
+    iqm,
+    iqm_difference,
+    probability_of_improvement,
+    stratified_bootstrap,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from llm_learning import finished, sh  # noqa: E402  (the same subprocess and run-status helpers)
@@ -302,13 +309,15 @@ def _cell(values: list) -> str:
     return f"{mid:.3f} [{lo:.3f}, {hi:.3f}]"
 
 
-def _difference(x: list, y: list) -> tuple[float, float, float, float] | None:
+def _difference(x: list, y: list) -> tuple[float, float, float, float, float] | None:
     a = np.array([v for v in x if v is not None], dtype=float)[:, None]
     b = np.array([v for v in y if v is not None], dtype=float)[:, None]
     if len(a) < 2 or len(b) < 2:
         return None
     mid, lo, hi = interval([a, b], iqm_difference)
-    return mid, lo, hi, probability_of_improvement(a, b)
+    samples = stratified_bootstrap([a, b], iqm_difference)
+    two_sided = min(1.0, 2 * min(float(np.mean(samples <= 0)), float(np.mean(samples >= 0))))
+    return mid, lo, hi, probability_of_improvement(a, b), two_sided
 
 
 def feedback_summary(out: Path, seeds: int, tasks: list[str], entries: list[str]) -> str:
@@ -372,15 +381,20 @@ def feedback_summary(out: Path, seeds: int, tasks: list[str], entries: list[str]
                     if d is None:
                         continue
                     lower_better = k in ("under_confidence_rate", "over_confidence_rate", "ece")
-                    better = d[2] < 0 if lower_better else d[1] > 0
-                    worse = d[1] > 0 if lower_better else d[2] < 0
-                    verdict = "beats" if better else "is worse than" if worse else "shows no difference from"
-                    claims.append(f"- {task}, {source}: {entry} {verdict} grpo on {k} "
-                                  f"({d[0]:+.3f} [{d[1]:+.3f}, {d[2]:+.3f}], {len(runs)} vs {len(base)} runs)")
+                    claims.append((task, source, entry, k, lower_better, d, len(runs), len(base)))
             lines.append(f"| {task} | {entry} | " + " | ".join(cells) + " |")
-    lines += ["", "### claims (a difference whose 95% interval excludes 0, not corrected for the comparisons made "
-              "here; otherwise no difference is shown, which is not evidence of a tie: no equivalence test)", "",
-              *claims]
+    adjusted = holm([c[5][4] for c in claims]) if claims else []
+    claim_lines = []
+    for (task, source, entry, k, lower_better, d, n, n_base), p_holm in zip(claims, adjusted):
+        shown = p_holm < 0.05
+        better = shown and (d[2] < 0 if lower_better else d[1] > 0)
+        worse = shown and (d[1] > 0 if lower_better else d[2] < 0)
+        verdict = "beats" if better else "is worse than" if worse else "shows no difference from"
+        claim_lines.append(f"- {task}, {source}: {entry} {verdict} grpo on {k} "
+                           f"({d[0]:+.3f} [{d[1]:+.3f}, {d[2]:+.3f}], Holm p {p_holm:.3f}, {n} vs {n_base} runs)")
+    lines += ["", f"### claims (a difference whose two-sided bootstrap p, Holm-corrected over the {len(claims)} "
+              "comparisons here, is below 0.05, with its 95% interval on that side; otherwise no difference is "
+              "shown, which is not evidence of a tie: no equivalence test)", "", *claim_lines]
     text = "\n".join(lines)
     (out / "feedback.md").write_text(text + "\n")
     (out / "feedback_runs.json").write_text(json.dumps(table, indent=1) + "\n")
