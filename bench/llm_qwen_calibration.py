@@ -194,14 +194,7 @@ def run(a, script: str = SCRIPT, path: str = __file__) -> list[dict]:
 def main(argv=None) -> None:
     a = build_parser(__doc__.splitlines()[0], "arith[max_operand=999;ops=+-*;reflect=both]",
                      "grpo,verdict,confidence").parse_args(argv)
-    from reflectrl.errors import UserError
-
-    try:
-        rows = run(a)
-    except UserError as err:
-        common.fail(SCRIPT, str(err).splitlines()[0])
-    if a.json:
-        Path(a.json).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    common.run_and_write(SCRIPT, lambda: run(a), a.json)
 
 
 if __name__ == "__main__":

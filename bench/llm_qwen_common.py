@@ -51,6 +51,19 @@ def fail(script: str, message: str, code: int = 2):
     sys.exit(code)
 
 
+def run_and_write(script: str, run, json_path: str | None) -> list[dict]:
+    """`run()`'s rows, a UserError as one line and exit 2, the rows as JSON lines where asked."""
+    from reflectrl.errors import UserError
+
+    try:
+        rows = run()
+    except UserError as err:
+        fail(script, str(err).splitlines()[0])
+    if json_path:
+        Path(json_path).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return rows
+
+
 def resolve_device(name: str) -> str:
     import torch
 
@@ -200,6 +213,8 @@ def play(model, tokenizer, task, problems: list, prompts: list, *, chat: bool, m
     turns (the model's turns as text)."""
     import torch
 
+    from reflectrl.trainers.grpo.trainer import _left_pad as left_pad
+
     device = next(model.parameters()).device
     eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
     eps = []
@@ -215,20 +230,14 @@ def play(model, tokenizer, task, problems: list, prompts: list, *, chat: bool, m
             break
         for start in range(0, len(active), batch):
             chunk = active[start:start + batch]
-            contexts = [e["prompt_ids"] + e["completion_ids"] for e in chunk]
-            width = max(len(c) for c in contexts)
-            ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
-            attn = torch.zeros((len(chunk), width), dtype=torch.long)
-            for i, c in enumerate(contexts):
-                ids[i, width - len(c):] = torch.tensor(c)
-                attn[i, width - len(c):] = 1
+            ids, attn = left_pad([e["prompt_ids"] + e["completion_ids"] for e in chunk], pad_id)
             kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=pad_id, eos_token_id=eos_id,
                           return_dict_in_generate=True, output_scores=sample)
             kwargs.update(dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if sample
                           else dict(do_sample=False, temperature=None, top_k=None, top_p=None))
             with torch.no_grad():
                 out = model.generate(input_ids=ids.to(device), attention_mask=attn.to(device), **kwargs)
-            new = out.sequences[:, width:]
+            new = out.sequences[:, ids.shape[1]:]
             if sample:  # the sampled tokens' log-probabilities under the processed (temperature) logits
                 logps = torch.stack([torch.log_softmax(s.float(), -1).gather(1, new[:, t:t + 1]).squeeze(1)
                                      for t, s in enumerate(out.scores)], 1).cpu()

@@ -24,7 +24,6 @@ to run here (the code task's sandbox needs bubblewrap).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -79,14 +78,7 @@ def main(argv=None) -> None:
     ap.set_defaults(max_new_tokens=64, out="bench/results/llm-qwen-feedback")
     a = ap.parse_args(argv)
     precheck(a)
-    from reflectrl.errors import UserError
-
-    try:
-        rows = recipe.run(a, SCRIPT, __file__)
-    except UserError as err:
-        common.fail(SCRIPT, str(err).splitlines()[0])
-    if a.json:
-        Path(a.json).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    common.run_and_write(SCRIPT, lambda: recipe.run(a, SCRIPT, __file__), a.json)
 
 
 if __name__ == "__main__":

@@ -19,10 +19,10 @@ from test_jax_signals import (  # noqa: E402
     N,
     T,
     close,
+    gear_pair,
     jax_batch,
     jax_ctx,
     make_arrays,
-    perturbed,
     torch_batch,
     torch_ctx,
     with_gae,
@@ -318,16 +318,6 @@ def test_shaping_total_labels_equal_torch(arrays, stream, with_streams):
 
 
 # ----------------------------------------------------------------------------- D. GEAR advantage / select
-
-
-def gear_pair(cfg: GEARConfig):
-    signal = GEARReweighting(cfg)
-    signal.bind(torch_ctx())
-    signal.distilled = True
-    perturbed(signal.frozen, 1)
-    jax_signal = make_signal("gear", cfg)
-    state = jax_signal.init(jax.random.PRNGKey(0), jax_ctx())
-    return signal, jax_signal, {**state, "frozen": from_torch(signal.frozen), "distilled": jnp.asarray(True)}
 
 
 @pytest.mark.parametrize("knobs", [{"advantage": "total"}, {"advantage": "intrinsic"},

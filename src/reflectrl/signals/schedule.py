@@ -15,8 +15,6 @@ end of the run whatever its length.
 
 from __future__ import annotations
 
-import math
-
 from reflectrl.errors import UserError
 
 SCHEDULES = ("constant", "linear", "exponential")
@@ -51,6 +49,5 @@ def factor_at(cfg, batch, total_iterations: int) -> float:
     """The factor of a config with `schedule` and `schedule_steps` for a torch Batch."""
     if cfg.schedule == "constant":
         return 1.0
-    value = schedule_factor(cfg.schedule, progress(cfg.schedule_steps, batch.global_step, batch.iteration,
-                                                   total_iterations))
-    return value if math.isfinite(value) else 0.0
+    return schedule_factor(cfg.schedule, progress(cfg.schedule_steps, batch.global_step, batch.iteration,
+                                                  total_iterations))
