@@ -114,6 +114,29 @@ def test_a_report_written_today_is_recomputed_to_its_own_verdicts(tmp_path):
     assert row_gear.estimate == stored[row_gear.statement].estimate and row_gear.folder == str(root / "report")
 
 
+def test_reports_under_an_archive_folder_are_left_out(tmp_path, capsys):
+    """docs/results/archive/ holds withdrawn or superseded results: not in the ledger of the folder
+    above it (nor its untestable or not-recomputed lists); listed, apart, when the archive is given."""
+    claim = [_untestable(), _gear_claim("supported", 0.058, 0.007, 0.111)]
+    _report(tmp_path / "kept", claim, None)
+    _report(tmp_path / "archive" / "x", claim, None)
+    _report(tmp_path / "deeper" / "archive" / "y" / "report", claim, None)
+    rows, built = _rows(tmp_path)
+    assert set(rows) == {"kept"} and len(built.rows) == 1
+    assert list(built.untestable) == list(built.not_recomputed) == [str(tmp_path / "kept")]
+    md = ledger.to_markdown(built, [str(tmp_path)], tmp_path)
+    assert "archive/" not in md and "## Archived" not in md and "1 claims in 1 reports" in md
+
+    alone = ledger.build_ledger([tmp_path / "archive"], "x", reps=200)  # the archive given itself
+    assert [Path(r.folder).name for r in alone.rows] == ["x"]
+    assert "## Archived reports" in ledger.to_markdown(alone, [str(tmp_path / "archive")])
+
+    only = tmp_path / "only"
+    _report(only / "archive" / "z", claim, None)
+    assert main(["claims", str(only)]) == 2
+    assert "left out" in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------------------ tuned or not
 
 def test_tuned_is_read_from_the_sweeps_beside_the_report(tmp_path):
