@@ -4,11 +4,17 @@ every winner on fresh seeds in one `reflectrl compare` (one report, one PPO base
     python bench/tuned_vs_tuned.py --env MiniGrid-DoorKey-8x8-v0 --total-steps 1000000 \
         --trials 8 --rerun-seeds 10 --set backend=envpool --out bench/results/tuned-doorkey8
 
-Each sweep tunes one seed per trial (seed 1) and runs with --rerun-seeds 0; the re-run uses
-seeds 2..M+1, none of which the search saw (the winner's curse). PPO's sweep tunes
-learning_rate and ent_coef; each method's sweep tunes its own signal's main knobs over PPO's
-defaults, with the same trial budget. Sweeps run two at a time (one process each); everything
-resumes: re-run the same command after a stop.
+Each sweep tunes --trial-seeds seeds per trial (seeds 1..K) and runs with --rerun-seeds 0; the
+re-run uses seeds K+1..K+M, none of which the search saw (the winner's curse). Every entry's
+search covers PPO's base knobs (learning_rate, ent_coef) as well as its own signal's main knobs,
+with the same trial budget (issue 40: tuned vs tuned done right); --own-knobs-only is the earlier
+protocol (PPO tunes the base knobs, each method only its own, over PPO's defaults). On
+backend=jax shaping's modes are direct and potential (advice is torch-only). Sweeps run two at
+a time (one process each); everything resumes: re-run the same command after a stop.
+
+    python bench/tuned_vs_tuned.py --env navix:Navix-DoorKey-Random-8x8-v0 --total-steps 1000000 \
+        --algos ppo,ppo+count,ppo+calibration,ppo+shaping,ppo+gear --trials 12 --trial-seeds 2 \
+        --rerun-seeds 10 --set backend=jax num_envs=16 --out runs/x40/tuned-jax-doorkey8
 """
 
 from __future__ import annotations
@@ -20,8 +26,10 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+BASE = ["learning_rate=loguniform(1e-4,1e-3)", "ent_coef=loguniform(1e-3,5e-2)"]
 SPACES = {
-    "ppo": ["learning_rate=loguniform(1e-4,1e-3)", "ent_coef=loguniform(1e-3,5e-2)"],
+    "ppo": BASE,
+    "ppo+count": ["count.beta=loguniform(1e-3,0.1)", "count.schedule=choice(constant,linear)"],
     "ppo+calibration": ["calibration.alpha=loguniform(1e-3,0.5)", "calibration.clip_k=uniform(1,5)"],
     "ppo+shaping": ["shaping.mode=choice(direct,potential,advice)", "shaping.eta=loguniform(0.02,0.5)"],
     "ppo+gear": ["gear.temperature=loguniform(0.5,8)", "gear.top_frac=uniform(0.1,0.5)"],
@@ -32,10 +40,20 @@ def reflectrl() -> list[str]:
     return [sys.executable, "-m", "reflectrl"]
 
 
+def space(algo: str, args) -> list[str]:
+    """The knobs an entry's search tunes: its own, and PPO's base knobs unless --own-knobs-only."""
+    own = list(SPACES[algo])
+    if "backend=jax" in args.set:  # the JAX backend has no advice mode
+        own = [k.replace("choice(direct,potential,advice)", "choice(direct,potential)") for k in own]
+    if algo == "ppo" or args.own_knobs_only:
+        return own
+    return [*BASE, *own]
+
+
 def sweep(algo: str, args) -> Path:
     out = Path(args.out) / "sweeps" / algo.replace("+", "_")
-    cmd = [*reflectrl(), "sweep", "--env", args.env, "--algo", algo, "--space", *SPACES[algo],
-           "--trials", str(args.trials), "--seeds", "1", "--total-steps", str(args.total_steps),
+    cmd = [*reflectrl(), "sweep", "--env", args.env, "--algo", algo, "--space", *space(algo, args),
+           "--trials", str(args.trials), "--seeds", str(args.trial_seeds), "--total-steps", str(args.total_steps),
            "--rerun-seeds", "0", "--workers", "1", "--out", str(out)]
     if args.wrapper:
         cmd += ["--wrapper", args.wrapper]
@@ -56,6 +74,9 @@ def main() -> None:
     parser.add_argument("--env", required=True)
     parser.add_argument("--total-steps", type=int, required=True)
     parser.add_argument("--trials", type=int, default=8)
+    parser.add_argument("--trial-seeds", type=int, default=1, help="seeds per trial (1..K; default 1)")
+    parser.add_argument("--own-knobs-only", action="store_true",
+                        help="the earlier protocol: each method tunes only its own knobs over PPO's defaults")
     parser.add_argument("--rerun-seeds", type=int, default=10)
     parser.add_argument("--algos", default=",".join(SPACES), help="comma-separated, from: " + ", ".join(SPACES))
     parser.add_argument("--wrapper", default=None, help="reward wrapper for every run: sparse or delayed:K")
@@ -78,7 +99,7 @@ def main() -> None:
               + ", ".join(best["set"]), flush=True)
         sets += [f"{algo}.{item}" for item in best["set"]]
     cmd = [*reflectrl(), "compare", "--env", args.env, "--algos", ",".join(algos), "--seeds", str(args.rerun_seeds),
-           "--first-seed", "2", "--total-steps", str(args.total_steps), "--workers", str(args.workers),
+           "--first-seed", str(args.trial_seeds + 1), "--total-steps", str(args.total_steps), "--workers", str(args.workers),
            "--no-progress", "--out", str(Path(args.out) / "rerun"), "--set", *sets]
     if args.wrapper:
         cmd += ["--wrapper", args.wrapper]
