@@ -1,7 +1,5 @@
 """How close reflectrl's training loop runs to each env family's own limit (issue 38).
 
-    from reflectrl.trainers.ppo.trainer import PPOTrainer
-    from reflectrl.trainers.resolve import new_run_config
 For each family it prints, with the same number of envs on every line of a family:
 
 - raw: the env's own rate, random actions, no wrappers (`gym.make_vec` with same-step
@@ -10,6 +8,10 @@ For each family it prints, with the same number of envs on every line of a famil
   exploration state keys, GAE, the update, the metrics log), env steps per second;
 - process: a whole `reflectrl train` process (start-up, training, checkpoint, ending);
 - loop/raw and process/raw: the shares of the raw rate;
+- update-bound: steps / the seconds the loop spent in PPO's update (the epochs of minibatch
+  steps), the rate the loop would reach if rollouts cost nothing, and its share of the raw
+  rate: a loop/raw target above that share is out of reach without a cheaper update (fewer
+  epochs or minibatches, a compiled update: the JAX backend);
 - start-up: process seconds minus steps / loop rate (what a run costs besides training).
 
 Each measurement runs `--repeats` times and the best counts (shared machines: the least
@@ -87,8 +89,9 @@ def raw_rate(env_id: str, num_envs: int, backend: str, steps: int) -> float:
     return batches * num_envs / elapsed
 
 
-def loop_rate(env_id: str, num_envs: int, sets: list[str], steps: int, backend: str) -> float:
-    """reflectrl PPO's training loop in this process: env steps per second of trainer.train()."""
+def loop_rate(env_id: str, num_envs: int, sets: list[str], steps: int, backend: str) -> tuple[float, float]:
+    """reflectrl PPO's training loop in this process: env steps per second of trainer.train(), and
+    the seconds of it spent in the update."""
     import torch
 
     from reflectrl.trainers.ppo.trainer import PPOTrainer
@@ -107,12 +110,22 @@ def loop_rate(env_id: str, num_envs: int, sets: list[str], steps: int, backend: 
         cfg = new_run_config(env_id=env_id, seed=1, total_steps=steps,
                              overrides=[f"num_envs={num_envs}", f"backend={backend}", *sets])
         trainer = PPOTrainer(cfg)
+        update, spent = trainer.update, [0.0]
+
+        def timed_update(rollout):
+            t0 = time.perf_counter()
+            try:
+                return update(rollout)
+            finally:
+                spent[0] += time.perf_counter() - t0
+
+        trainer.update = timed_update
         start = time.perf_counter()
         trainer.train(progress=False)
         elapsed = time.perf_counter() - start
     done = trainer.global_step
     trainer.close()
-    return done / elapsed
+    return done / elapsed, spent[0]
 
 
 def process_seconds(env_id: str, num_envs: int, sets: list[str], steps: int, backend: str) -> float:
@@ -149,7 +162,7 @@ def main() -> None:
     help_s = min(startup_seconds() for _ in range(args.repeats))
     print(f"reflectrl --help: {help_s:.2f} s")
     header = (f"{'family':28} {'raw/s':>9} {'loop/s':>9} {'process/s':>10} {'loop/raw':>9} {'proc/raw':>9} "
-              f"{'start-up s':>10}")
+              f"{'start-up s':>10} {'update-bound/s':>14} {'bound/raw':>9}")
     print(header)
     for name, env_id, n, sets, steps, backend in FAMILIES:
         if args.only and args.only.lower() not in name.lower():
@@ -161,15 +174,18 @@ def main() -> None:
         per_iteration = n * int(next(s for s in sets if s.startswith("num_steps=")).split("=")[1])
         steps = -(-max(int(steps * args.scale), 2048) // per_iteration) * per_iteration  # whole iterations
         raw = max(raw_rate(env_id, n, backend, steps) for _ in range(args.repeats))
-        loop = max(loop_rate(env_id, n, sets, steps, backend) for _ in range(args.repeats))
+        loop, update_s = max(loop_rate(env_id, n, sets, steps, backend) for _ in range(args.repeats))
+        bound = steps / update_s
         proc_s = min(process_seconds(env_id, n, sets, steps, backend) for _ in range(args.repeats))
         proc = steps / proc_s
         start = proc_s - steps / loop
         row = {"family": name, "env_id": env_id, "num_envs": n, "backend": backend, "steps": steps, "raw": raw,
                "loop": loop, "process": proc, "loop_share": loop / raw, "process_share": proc / raw,
-               "startup_seconds": start}
+               "startup_seconds": start, "update_seconds": update_s, "update_bound": bound,
+               "update_bound_share": bound / raw}
         rows.append(row)
-        print(f"{name:28} {raw:9,.0f} {loop:9,.0f} {proc:10,.0f} {loop / raw:9.1%} {proc / raw:9.1%} {start:10.2f}")
+        print(f"{name:28} {raw:9,.0f} {loop:9,.0f} {proc:10,.0f} {loop / raw:9.1%} {proc / raw:9.1%} {start:10.2f} "
+              f"{bound:14,.0f} {bound / raw:9.1%}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"help_seconds": help_s, "rows": rows, "repeats": args.repeats, "scale": args.scale,

@@ -110,10 +110,13 @@ def update_target(target: nn.Module, source: nn.Module, tau: float = 1.0, *, ari
         for t, s in zip(target.buffers(), source.buffers(), strict=True):
             t.copy_(s)
         return
-    for t, s in zip(target.parameters(), source.parameters(), strict=True):
-        if arithmetic == "lerp":
-            t.lerp_(s, tau)
-        else:
+    targets, sources = list(target.parameters()), list(source.parameters())
+    if len(targets) != len(sources):
+        raise ValueError(f"update_target: {len(targets)} target parameters for {len(sources)} source ones")
+    if arithmetic == "lerp":  # one fused kernel over every parameter (elementwise as t.lerp_(s, tau))
+        torch._foreach_lerp_(targets, sources, tau)
+    else:
+        for t, s in zip(targets, sources):
             t.mul_(1 - tau).add_(s, alpha=tau)
 
 

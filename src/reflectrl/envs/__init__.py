@@ -55,6 +55,7 @@ from reflectrl.envs.gridworld import GridWorldEnv, register_gridworld
 from reflectrl.envs.headless import prepare_headless_rendering
 from reflectrl.envs.normalize import NormalizeObservation, NormalizeReward
 from reflectrl.envs.statekey import StateKey
+from reflectrl.envs.vector import FastSyncVectorEnv
 from reflectrl.envs.wrappers import DelayedReward, SparseReward, parse_reward_wrapper
 from reflectrl.errors import UserError
 
@@ -377,9 +378,7 @@ def make_vector_env(cfg, seed_offset: int = 0, wrap=None) -> gym.vector.SyncVect
         _make_training_env, cfg.env_id, cfg.wrapper, dict(cfg.env), p.norm_obs, p.norm_reward,
         p.clip_obs, p.clip_reward, p.gamma, keep_image=p.encoder == "cnn", wrap=wrap,
     )
-    envs = gym.vector.SyncVectorEnv(
-        [fn] * p.num_envs, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
-    )
+    envs = FastSyncVectorEnv([fn] * p.num_envs, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     if not has_time_limit(envs.envs[0]):
         _warn_once("time limit", cfg.env_id, f"'{cfg.env_id}' has no time limit, so its episodes may never end "
                    "and no episode return may be logged; add one with --set env.max_episode_steps=N")

@@ -76,6 +76,7 @@ class CNNActorCritic(ActorCritic):
     def act(self, obs: torch.Tensor, generator: torch.Generator | None = None):
         return super().act(self.encode(obs), generator)
 
+    numpy_acting = False        # the trunk runs in torch: act() serves the rollout
     values_with_actions = True  # the trainer takes each step's value from act_value: one trunk pass
     shared_trunk = True         # value heads of reward streams may sit on the trunk (trainers/streams.py)
 

@@ -115,6 +115,49 @@ class ActorCritic(nn.Module):
         out = _forward(self.actor, obs)
         return out if self.continuous else out.argmax(-1)
 
+    numpy_acting = True  # the MLP actor reads flat observations: numpy_sampler() serves a rollout
+
+    def numpy_sampler(self) -> NumpySampler:
+        """`act` for a rollout, in numpy on views of the parameters (see NumpySampler). Take
+        one per rollout: the views follow in-place updates, not a new parameter storage."""
+        layers = [(m.weight.detach().numpy().T, m.bias.detach().numpy()) for m in self.actor._modules_list]
+        logstd = self.actor_logstd.detach().numpy()[0].copy() if self.continuous else None
+        return NumpySampler(layers, logstd)
+
+
+class NumpySampler:
+    """The MLP actor's forward pass and act()'s sampling, in numpy, for the rollout's per-step
+    path: at a batch of a few envs each torch op's dispatch (~10-20 us here) costs more than its
+    arithmetic, and act() is a dozen of them, where this is a few numpy calls (2-5x faster;
+    bench/limits.py). The draws are act()'s own (`torch.rand` / `torch.randn` on the same
+    generator), so the random stream is unchanged; the numbers equal act()'s to float32
+    rounding (numpy's and torch's matrix products and tanh may round the last bit differently,
+    so a run's weights are not bit-identical to the torch path's: tests/test_policies.py)."""
+
+    def __init__(self, layers: list[tuple[np.ndarray, np.ndarray]], logstd: np.ndarray | None):
+        self.hidden, self.last = layers[:-1], layers[-1]
+        self.continuous = logstd is not None
+        if self.continuous:
+            self.logstd, self.std = logstd, np.exp(logstd)
+
+    def __call__(self, obs: np.ndarray, generator: torch.Generator | None) -> tuple[np.ndarray, np.ndarray]:
+        """(actions, logprobs) for a (B, obs_dim) float32 batch, as act() gives them."""
+        x = obs
+        for w, b in self.hidden:
+            x = np.tanh(x @ w + b)
+        out = x @ self.last[0] + self.last[1]
+        if self.continuous:
+            noise = torch.randn(out.shape, generator=generator, dtype=torch.float32).numpy()
+            action = out + self.std * noise
+            logprob = (-0.5 * noise * noise - self.logstd - np.float32(_HALF_LOG_2PI)).sum(-1)
+            return action, logprob
+        z = out - out.max(-1, keepdims=True)
+        logp_all = z - np.log(np.exp(z).sum(-1, keepdims=True))
+        u = torch.rand((out.shape[0], 1), generator=generator, dtype=torch.float32).numpy()
+        action = (np.exp(logp_all).cumsum(-1) < u).sum(-1)
+        np.minimum(action, out.shape[-1] - 1, out=action)
+        return action, np.take_along_axis(logp_all, action[:, None], -1)[:, 0]
+
 
 def params_sha256(module: nn.Module) -> str:
     """A hash of every parameter and buffer, in name order, so two runs compare exactly."""

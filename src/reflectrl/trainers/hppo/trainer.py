@@ -227,10 +227,12 @@ class HPPOTrainer(EnvStepTrainer):
         episodes, pursuits = [], []
         self.keys.start(T, self.envs)  # grid keys: read per step (hppo uses them in the loop)
         low_in = self._low_inputs(self.next_obs, self.cells, self.goal)
+        sampler = self.low.policy.numpy_sampler()  # the low level's MLP samples in numpy (policies.NumpySampler)
         for t in range(T):
             low_obs[t] = low_in
-            actions[t], logprobs[t] = self.low.policy.act(low_obs[t], self.generator)
-            obs, reward, term, trunc, info = self.envs.step(actions[t].numpy())
+            action, logprob = sampler(low_obs[t].numpy(), self.generator)
+            actions[t], logprobs[t] = torch.from_numpy(action), torch.from_numpy(logprob)
+            obs, reward, term, trunc, info = self.envs.step(action)
             self.global_step += N
             if not (np.isfinite(obs).all() and np.isfinite(reward).all()):
                 raise NonFiniteError("observation" if not np.isfinite(obs).all() else "reward", self.global_step)

@@ -107,12 +107,18 @@ class Actor:
         actions, logprobs = [], np.zeros((T, E), dtype=np.float32)
         ended, episodes, nonfinite = [], [], None
         next_obs = self.next_obs
+        # the MLP policy samples in numpy (policies.NumpySampler), a CNN's through act()
+        sampler = self.policy.numpy_sampler() if getattr(self.policy, "numpy_acting", False) else None
         self.keys.start(T, self.envs)
         for t in range(T):
             obs[t] = next_obs
-            action, logprob = self.policy.act(torch.as_tensor(obs[t], dtype=torch.float32), self.generator)
-            actions.append(action.numpy())
-            logprobs[t] = logprob.numpy()
+            if sampler is not None:
+                action, logprobs[t] = sampler(obs[t].astype(np.float32, copy=False), self.generator)
+                actions.append(action)
+            else:
+                action, logprob = self.policy.act(torch.as_tensor(obs[t], dtype=torch.float32), self.generator)
+                actions.append(action.numpy())
+                logprobs[t] = logprob.numpy()
             env_action = np.clip(actions[-1], self.low, self.high) if self.continuous else actions[-1]
             next_obs, reward, term, trunc, info = self.envs.step(env_action)
             if nonfinite is None and not (np.isfinite(next_obs).all() and np.isfinite(reward).all()):

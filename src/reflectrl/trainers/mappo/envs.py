@@ -60,7 +60,26 @@ def make_parallel_env(env_id: str, env_kwargs: dict | None = None):
     if missing:
         raise UserError(f"--env {env_id}: parallel_env() gave a {type(env).__name__}, which lacks "
                         f"{', '.join(missing)}: it is not a PettingZoo ParallelEnv")
-    return env
+    return without_checks(env)
+
+
+def without_checks(env):
+    """A parallel env converted from an AEC env, without the AEC side's checking wrappers
+    (OrderEnforcingWrapper, AssertOutOfBoundsWrapper): they change nothing for a caller that
+    resets before stepping and sends valid actions, as the trainer does, but every attribute the
+    conversion reads each step goes through their __getattr__ (a third of MPE's step time).
+    Wrappers that change values (ClipOutOfBoundsWrapper, ...) stay, and so does any other env."""
+    try:
+        from pettingzoo.utils.conversions import aec_to_parallel_wrapper
+        from pettingzoo.utils.wrappers import AssertOutOfBoundsWrapper, OrderEnforcingWrapper
+    except ImportError:
+        return env
+    if type(env) is not aec_to_parallel_wrapper:
+        return env
+    inner = env.aec_env
+    while type(inner) in (OrderEnforcingWrapper, AssertOutOfBoundsWrapper):
+        inner = inner.env
+    return env if inner is env.aec_env else aec_to_parallel_wrapper(inner)
 
 
 class EnvLayout:

@@ -150,8 +150,8 @@ class PPOTrainer(EnvStepTrainer):
         rewards = np.zeros((T, N), dtype=np.float32)
         terminations = np.zeros((T, N), dtype=bool)
         truncations = np.zeros((T, N), dtype=bool)
-        actions = torch.zeros((T, N, *self.action_shape), dtype=torch.float32 if self.continuous else torch.long)
-        logprobs = torch.zeros((T, N))
+        actions = np.zeros((T, N, *self.action_shape), dtype=np.float32 if self.continuous else np.int64)
+        logprobs = np.zeros((T, N), dtype=np.float32)
         ended_at: list[tuple[int, int, np.ndarray]] = []  # (step, env, final observation) of every episode end
         episodes: list[tuple[float, int]] = []
 
@@ -161,12 +161,16 @@ class PPOTrainer(EnvStepTrainer):
         step_values = torch.zeros((T, N)) if shared else None
         keep_trunk = self.streams is not None and self.streams.shared  # reward streams' heads read the trunk
         step_trunk = torch.zeros((T, N, self.agent.head_in_dim)) if keep_trunk else None
+        # the MLP policy samples in numpy (policies.NumpySampler: a few us where act() is ~50)
+        sampler = self.agent.numpy_sampler() if self.agent.numpy_acting and not (shared or keep_trunk) else None
         next_obs = self.next_obs.numpy()
         self.keys.start(T, self.envs)
         self.cost_tracker.start(T)
         for t in range(T):
             obs[t] = next_obs
-            if keep_trunk:
+            if sampler is not None:
+                action, logprob = sampler(obs[t], self.generator)
+            elif keep_trunk:
                 action, logprob, step_values[t], step_trunk[t] = self.agent.act_value(
                     torch.from_numpy(obs[t]), self.generator, with_trunk=True)
             elif shared:
@@ -174,7 +178,7 @@ class PPOTrainer(EnvStepTrainer):
             else:
                 action, logprob = self.agent.act(torch.from_numpy(obs[t]), self.generator)
             actions[t], logprobs[t] = action, logprob
-            env_action = action.numpy()
+            env_action = actions[t]
             if self.continuous:
                 env_action = np.clip(env_action, self.action_low, self.action_high)
             next_obs, reward, term, trunc, info = self.envs.step(env_action)
@@ -227,7 +231,8 @@ class PPOTrainer(EnvStepTrainer):
             next_obs[-1] = self.next_obs
             for t, i, o in ended_at:
                 next_obs[t, i] = torch.as_tensor(o, dtype=torch.float32)
-        rewards, terminations, truncations = map(torch.from_numpy, (rewards, terminations, truncations))
+        rewards, terminations, truncations, actions, logprobs = map(
+            torch.from_numpy, (rewards, terminations, truncations, actions, logprobs))
         rollout = Rollout(obs, actions, logprobs, rewards, terminations, truncations, values, next_values,
                           next_obs=next_obs, state_keys=torch.from_numpy(self.keys.state_keys),
                           next_state_keys=torch.from_numpy(self.keys.next_state_keys), last_obs=self.next_obs,

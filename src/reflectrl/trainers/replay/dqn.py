@@ -89,6 +89,24 @@ class QNetwork(nn.Module):
     def deterministic_action(self, obs: torch.Tensor) -> torch.Tensor:
         return self(obs).argmax(dim=1)
 
+    def numpy_greedy(self):
+        """argmax_a Q(s, a) of a numpy batch, in numpy on views of the MLP's parameters (a few
+        us where the torch forward is ~50 at batch 1; the views follow in-place updates). The
+        argmax equals the torch forward's unless two actions' values are within float32
+        rounding of each other. None for the CNN."""
+        if self.encoder == "cnn":
+            return None
+        layers = [(m.weight.detach().numpy().T, m.bias.detach().numpy()) for m in (*self.trunk[::2], self.head)]
+        hidden, (w_out, b_out) = layers[:-1], layers[-1]
+
+        def greedy(obs: np.ndarray) -> np.ndarray:
+            x = obs.reshape(len(obs), -1)
+            for w, b in hidden:
+                x = np.maximum(x @ w + b, 0.0)
+            return (x @ w_out + b_out).argmax(1)
+
+        return greedy
+
 
 def linear_schedule(start_e: float, end_e: float, duration: float, t: int) -> float:
     """CleanRL's epsilon: linear from start_e to end_e over `duration` steps, then end_e."""
@@ -140,9 +158,26 @@ class DQNTrainer(ReplayTrainer):
 
     def select_actions(self, obs: np.ndarray) -> np.ndarray:
         self._epsilon = self.epsilon()
-        with torch.no_grad():
-            actions, _ = self.agent.act(torch.as_tensor(obs, dtype=torch.float32), self.generator, self._epsilon)
-        return actions.numpy()
+        greedy = self._numpy_greedy()
+        if greedy is None:
+            with torch.no_grad():
+                actions, _ = self.agent.act(torch.as_tensor(obs, dtype=torch.float32), self.generator, self._epsilon)
+            return actions.numpy()
+        # QNetwork.act's draws and choice, with the greedy action computed in numpy
+        n = len(obs)
+        coin = torch.rand(n, generator=self.generator).numpy()
+        explore = torch.randint(0, self.agent.num_actions, (n,), generator=self.generator).numpy()
+        random_ = coin < self._epsilon
+        if random_.all():
+            return explore
+        return np.where(random_, explore, greedy(np.asarray(obs, dtype=np.float32)))
+
+    def _numpy_greedy(self):
+        """The MLP's numpy greedy policy, rebuilt if the parameters moved to new storage."""
+        ptr = self.agent.head.weight.data_ptr()
+        if getattr(self, "_greedy_ptr", None) != ptr:
+            self._greedy, self._greedy_ptr = self.agent.numpy_greedy(), ptr
+        return self._greedy
 
     # ------------------------------------------------------------------ learning
 
