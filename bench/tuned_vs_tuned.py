@@ -99,8 +99,8 @@ def main() -> None:
               + ", ".join(best["set"]), flush=True)
         sets += [f"{algo}.{item}" for item in best["set"]]
     cmd = [*reflectrl(), "compare", "--env", args.env, "--algos", ",".join(algos), "--seeds", str(args.rerun_seeds),
-           "--first-seed", str(args.trial_seeds + 1), "--total-steps", str(args.total_steps), "--workers", str(args.workers),
-           "--no-progress", "--out", str(Path(args.out) / "rerun"), "--set", *sets]
+           "--first-seed", str(args.trial_seeds + 1), "--total-steps", str(args.total_steps),
+           "--workers", str(args.workers), "--no-progress", "--out", str(Path(args.out) / "rerun"), "--set", *sets]
     if args.wrapper:
         cmd += ["--wrapper", args.wrapper]
     print("$", " ".join(cmd), flush=True)
