@@ -291,3 +291,17 @@ def test_cli_exits_2_without_a_traceback(cli, tmp_path):
     code, _, err = cli("train", "--env", "CartPole-v1", "--set", "backend=envpool", "--out", tmp_path / "run")
     assert code == 2 and "Traceback" not in err and "default backend runs it" in err
     assert not (tmp_path / "run").exists()
+
+
+def test_envpool_is_imported_without_jax():
+    """envpool's XLA mixin imports jax (~2 s of start-up); reflectrl's import leaves it out."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("envpool")
+    code = ("import sys\nfrom reflectrl.envs.envpool_backend import import_envpool\nenvpool = import_envpool()\n"
+            "envs = envpool.make_gymnasium('Breakout-v5', num_envs=1)\nenvs.reset()\n"
+            "print('jax' in sys.modules, 'envpool.python.lax' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "False"]

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import sys
 import time
 from typing import Any
 
@@ -65,9 +66,26 @@ def envpool_installed() -> bool:
     return importlib.util.find_spec("envpool") is not None
 
 
+def import_envpool():
+    """envpool, imported without its XLA mixin where jax is installed: every envpool env class
+    tries `from .lax import XlaMixin` (which imports jax, ~2 s of each EnvPool process's start-up
+    here) to offer `.xla()`, which reflectrl never calls, and leaves the mixin out when that import
+    fails. Once jax is imported anyway (or envpool is), the plain import."""
+    if "envpool" in sys.modules or "jax" in sys.modules:
+        import envpool
+
+        return envpool
+    sys.modules["envpool.python.lax"] = None  # the mixin's import raises ImportError: envpool skips it
+    try:
+        import envpool
+    finally:
+        del sys.modules["envpool.python.lax"]
+    return envpool
+
+
 @functools.cache
 def _envpool_ids() -> frozenset[str]:
-    import envpool
+    envpool = import_envpool()
 
     return frozenset(envpool.list_all_envs())
 
@@ -124,7 +142,7 @@ def pool_task(env_id: str, env_kwargs: dict[str, Any] | None = None) -> tuple[st
 
 
 def _make_spec(env_id: str, task: str, kwargs: dict[str, Any], given: dict[str, Any]):
-    import envpool
+    envpool = import_envpool()
 
     try:
         return envpool.make_spec(task, **kwargs)
@@ -229,7 +247,7 @@ class EnvPoolVectorEnv:
         return simhash_observations(obs)
 
     def _start(self, seed: int) -> None:
-        import envpool
+        envpool = import_envpool()
 
         if self._pool is not None:
             self._pool.close()
