@@ -294,7 +294,7 @@ def test_cli_exits_2_without_a_traceback(cli, tmp_path):
 
 
 def test_envpool_is_imported_without_jax():
-    """envpool's XLA mixin imports jax (~2 s of start-up); reflectrl's import leaves it out."""
+    """envpool's XLA mixin imports jax (1.1 s of start-up); reflectrl's import leaves it out."""
     import subprocess
     import sys
 

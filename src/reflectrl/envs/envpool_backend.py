@@ -68,9 +68,9 @@ def envpool_installed() -> bool:
 
 def import_envpool():
     """envpool, imported without its XLA mixin where jax is installed: every envpool env class
-    tries `from .lax import XlaMixin` (which imports jax, ~2 s of each EnvPool process's start-up
-    here) to offer `.xla()`, which reflectrl never calls, and leaves the mixin out when that import
-    fails. Once jax is imported anyway (or envpool is), the plain import."""
+    tries `from .lax import XlaMixin` (which imports jax: `import envpool` takes 1.8 s with it,
+    0.7 s without, here) to offer `.xla()`, which reflectrl never calls, and leaves the mixin out
+    when that import fails. Once jax is imported anyway (or envpool is), the plain import."""
     if "envpool" in sys.modules or "jax" in sys.modules:
         import envpool
 
