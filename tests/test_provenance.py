@@ -30,7 +30,6 @@ TINY_SETS = ["env.size=5", "num_envs=2", "num_steps=64", "num_minibatches=2", "u
 # refgrpo-halfcheetah, sdrs-halfcheetah-delayed and sdrs-ant-delayed were (2026-12-05).
 NO_PER_RUN_DATA = {
     "refgrpo-lunarlander",       # docs/refgrpo.md: "LunarLander-v3, 5 seeds, 1M steps"
-    "sdrs-doorkey",              # docs/sdrs.md: "MiniGrid-DoorKey-8x8, 400k steps"
 }
 STATISTICS_KEYS = {"bootstrap_resamples", "default_bootstrap_resamples", "interval_bootstrap_seed",
                    "verdict_bootstrap_seeds", "ci_level", "alpha", "holm_correction", "equivalence_margin_share",
