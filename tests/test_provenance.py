@@ -28,9 +28,7 @@ TINY_SETS = ["env.size=5", "num_envs=2", "num_steps=64", "num_minibatches=2", "u
 # (they were published before reports kept each run's scores, and their run directories are gone).
 # Each needs a re-run with today's code, or a move under docs/results/archive/ (issue 40), as
 # refgrpo-halfcheetah, sdrs-halfcheetah-delayed and sdrs-ant-delayed were (2026-12-05).
-NO_PER_RUN_DATA = {
-    "refgrpo-lunarlander",       # docs/refgrpo.md: "LunarLander-v3, 5 seeds, 1M steps"
-}
+NO_PER_RUN_DATA: set[str] = set()  # every published folder has its per-run scores now (issue 40)
 STATISTICS_KEYS = {"bootstrap_resamples", "default_bootstrap_resamples", "interval_bootstrap_seed",
                    "verdict_bootstrap_seeds", "ci_level", "alpha", "holm_correction", "equivalence_margin_share",
                    "min_seeds_for_ci"}
