@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -87,6 +88,13 @@ def relu_mlp(in_dim: int, hidden_sizes, near_zero_output: bool = True) -> nn.Seq
     """A ReLU MLP with one scalar output; a head that starts near zero adds nothing until it
     has learned something (the signals' reflection, shaping and value heads)."""
     return mlp(in_dim, hidden_sizes, 1, out_init=near_zero_init if near_zero_output else None)
+
+
+def numpy_linear_views(layers) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(W^T, b) of each nn.Linear as numpy views of its parameters (no copy: they follow in-place
+    updates, not a new storage), for `x @ W^T + b` forward passes outside torch (the rollouts'
+    numpy samplers: policies.NumpySampler, the DQN's numpy_greedy)."""
+    return [(m.weight.detach().numpy().T, m.bias.detach().numpy()) for m in layers]
 
 
 @torch.no_grad()

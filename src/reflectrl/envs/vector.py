@@ -26,10 +26,6 @@ class FastSyncVectorEnv(gym.vector.SyncVectorEnv):
                       and isinstance(self._observations, np.ndarray)
                       and type(self.single_action_space) in (spaces.Discrete, spaces.MultiDiscrete, spaces.Box))
 
-    def __setstate__(self, state):  # snapshots taken before the flag existed
-        self.__dict__.update(state)
-        self.__dict__.setdefault("_fast", False)
-
     def step(self, actions):
         if not self._fast:
             return super().step(actions)

@@ -120,7 +120,7 @@ class ActorCritic(nn.Module):
     def numpy_sampler(self) -> NumpySampler:
         """`act` for a rollout, in numpy on views of the parameters (see NumpySampler). Take
         one per rollout: the views follow in-place updates, not a new parameter storage."""
-        layers = [(m.weight.detach().numpy().T, m.bias.detach().numpy()) for m in self.actor._modules_list]
+        layers = nets.numpy_linear_views(self.actor._modules_list)
         logstd = self.actor_logstd.detach().numpy()[0].copy() if self.continuous else None
         return NumpySampler(layers, logstd)
 

@@ -108,7 +108,7 @@ class Actor:
         ended, episodes, nonfinite = [], [], None
         next_obs = self.next_obs
         # the MLP policy samples in numpy (policies.NumpySampler), a CNN's through act()
-        sampler = self.policy.numpy_sampler() if getattr(self.policy, "numpy_acting", False) else None
+        sampler = self.policy.numpy_sampler() if self.policy.numpy_acting else None
         self.keys.start(T, self.envs)
         for t in range(T):
             obs[t] = next_obs

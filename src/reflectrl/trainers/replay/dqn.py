@@ -35,7 +35,7 @@ from torch.nn import functional as F
 
 from reflectrl.config import RunConfig
 from reflectrl.errors import NonFiniteError, UserError
-from reflectrl.nets import image_trunk, mlp, run_trunk, update_target
+from reflectrl.nets import image_trunk, mlp, numpy_linear_views, run_trunk, update_target
 from reflectrl.runs import RunDir
 from reflectrl.trainers.base import crossed
 from reflectrl.trainers.replay.base import ReplayTrainer, adam
@@ -86,6 +86,15 @@ class QNetwork(nn.Module):
         greedy = self.forward(obs).argmax(dim=1)  # not self(obs): no hooks to run, per env step
         return torch.where(random_, explore, greedy), None
 
+    def act_numpy(self, obs: np.ndarray, generator: torch.Generator, epsilon: float, greedy) -> np.ndarray:
+        """act() on a numpy batch with numpy_greedy()'s `greedy`: the same draws and choice."""
+        coin = torch.rand(len(obs), generator=generator).numpy()
+        explore = torch.randint(0, self.num_actions, (len(obs),), generator=generator).numpy()
+        random_ = coin < epsilon
+        if random_.all():  # every env explores: no forward pass needed (the same draws either way)
+            return explore
+        return np.where(random_, explore, greedy(np.asarray(obs, dtype=np.float32)))
+
     def deterministic_action(self, obs: torch.Tensor) -> torch.Tensor:
         return self(obs).argmax(dim=1)
 
@@ -96,7 +105,7 @@ class QNetwork(nn.Module):
         rounding of each other. None for the CNN."""
         if self.encoder == "cnn":
             return None
-        layers = [(m.weight.detach().numpy().T, m.bias.detach().numpy()) for m in (*self.trunk[::2], self.head)]
+        layers = numpy_linear_views((*self.trunk[::2], self.head))
         hidden, (w_out, b_out) = layers[:-1], layers[-1]
 
         def greedy(obs: np.ndarray) -> np.ndarray:
@@ -143,6 +152,7 @@ class DQNTrainer(ReplayTrainer):
         self.optimizer = adam(self.agent.parameters(), d.learning_rate)
         self.exploration_steps = d.exploration_fraction * cfg.total_steps
         self._epsilon = d.start_e
+        self._greedy, self._greedy_ptr = None, None  # select_actions' numpy greedy policy (_numpy_greedy)
         self.bind_signal(int(act_space.n), True, self.agent.feature_dim, d.learning_rate,
                          image_obs=d.encoder == "cnn")
 
@@ -163,19 +173,12 @@ class DQNTrainer(ReplayTrainer):
             with torch.no_grad():
                 actions, _ = self.agent.act(torch.as_tensor(obs, dtype=torch.float32), self.generator, self._epsilon)
             return actions.numpy()
-        # QNetwork.act's draws and choice, with the greedy action computed in numpy
-        n = len(obs)
-        coin = torch.rand(n, generator=self.generator).numpy()
-        explore = torch.randint(0, self.agent.num_actions, (n,), generator=self.generator).numpy()
-        random_ = coin < self._epsilon
-        if random_.all():
-            return explore
-        return np.where(random_, explore, greedy(np.asarray(obs, dtype=np.float32)))
+        return self.agent.act_numpy(obs, self.generator, self._epsilon, greedy)
 
     def _numpy_greedy(self):
         """The MLP's numpy greedy policy, rebuilt if the parameters moved to new storage."""
         ptr = self.agent.head.weight.data_ptr()
-        if getattr(self, "_greedy_ptr", None) != ptr:
+        if self._greedy_ptr != ptr:
             self._greedy, self._greedy_ptr = self.agent.numpy_greedy(), ptr
         return self._greedy
 
