@@ -21,18 +21,29 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 BASE = ["learning_rate=loguniform(1e-4,1e-3)", "ent_coef=loguniform(1e-3,5e-2)"]
+COUNT = ["count.beta=loguniform(1e-3,0.1)", "count.schedule=choice(constant,linear)"]
+RND = ["rnd.int_coef=loguniform(0.1,3)", "rnd.schedule=choice(constant,linear,exponential)"]
 SPACES = {
     "ppo": BASE,
-    "ppo+count": ["count.beta=loguniform(1e-3,0.1)", "count.schedule=choice(constant,linear)"],
+    "ppo+count": COUNT,
     "ppo+calibration": ["calibration.alpha=loguniform(1e-3,0.5)", "calibration.clip_k=uniform(1,5)"],
     "ppo+shaping": ["shaping.mode=choice(direct,potential,advice)", "shaping.eta=loguniform(0.02,0.5)"],
     "ppo+gear": ["gear.temperature=loguniform(0.5,8)", "gear.top_frac=uniform(0.1,0.5)"],
+    # issue 42: the exploration baselines and the signals' exploration forms (an entry with brackets is
+    # swept as its algo with the bracket's knobs fixed, and re-run under its own label)
+    "ppo+rnd": RND,
+    "ppo+calibration[mode=uncertainty]": ["calibration.alpha=loguniform(0.01,2)",
+                                          "calibration.ensemble_target=choice(normalized,raw)",
+                                          "calibration.schedule=choice(constant,linear)"],
+    "ppo+count+shaping[mode=potential;distill=total]": [*COUNT, "shaping.scale=loguniform(0.02,0.5)"],
+    "ppo+rnd+gear[advantage=total]": [*RND, "gear.temperature=loguniform(0.5,8)"],
 }
 
 
@@ -50,15 +61,25 @@ def space(algo: str, args) -> list[str]:
     return [*BASE, *own]
 
 
+def entry_of(label: str):
+    """(the algo a sweep runs, the knobs the entry's brackets fix) of an --algos label."""
+    from reflectrl.experiments.spec import parse_entry
+
+    entry = parse_entry(label)
+    return entry.algo, list(entry.overrides)
+
+
 def sweep(algo: str, args) -> Path:
-    out = Path(args.out) / "sweeps" / algo.replace("+", "_")
-    cmd = [*reflectrl(), "sweep", "--env", args.env, "--algo", algo, "--space", *space(algo, args),
+    name, fixed = entry_of(algo)
+    slug = re.sub(r"[^A-Za-z0-9._=-]+", "_", algo.replace("+", "_")).strip("_")
+    out = Path(args.out) / "sweeps" / slug
+    cmd = [*reflectrl(), "sweep", "--env", args.env, "--algo", name, "--space", *space(algo, args),
            "--trials", str(args.trials), "--seeds", str(args.trial_seeds), "--total-steps", str(args.total_steps),
            "--rerun-seeds", "0", "--workers", "1", "--out", str(out)]
     if args.wrapper:
         cmd += ["--wrapper", args.wrapper]
-    if args.set:
-        cmd += ["--set", *args.set]
+    if args.set or fixed:
+        cmd += ["--set", *args.set, *fixed]
     print("$", " ".join(cmd), flush=True)
     log = out.with_suffix(".log")
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -88,6 +109,9 @@ def main() -> None:
     unknown = [a for a in algos if a not in SPACES]
     if unknown or "ppo" not in algos:
         raise SystemExit(f"--algos: give ppo and any of {', '.join(SPACES)} (unknown: {', '.join(unknown) or '-'})")
+    names = [entry_of(a)[0] for a in algos]
+    if len(set(names)) < len(names):  # the re-run's --set ALGO.KNOB reaches every entry of an algo
+        raise SystemExit(f"--algos: {', '.join(algos)} run the same algo twice; give each algo once")
 
     with ThreadPoolExecutor(max_workers=args.workers) as pool:
         dirs = dict(zip(algos, pool.map(lambda a: sweep(a, args), algos)))
@@ -97,7 +121,7 @@ def main() -> None:
         best = json.loads((where / "best.json").read_text())
         print(f"{algo}: best trial {best['trial']} ({best['objective']} {best['value']:.4g}): "
               + ", ".join(best["set"]), flush=True)
-        sets += [f"{algo}.{item}" for item in best["set"]]
+        sets += [f"{entry_of(algo)[0]}.{item}" for item in best["set"]]
     cmd = [*reflectrl(), "compare", "--env", args.env, "--algos", ",".join(algos), "--seeds", str(args.rerun_seeds),
            "--first-seed", str(args.trial_seeds + 1), "--total-steps", str(args.total_steps),
            "--workers", str(args.workers), "--no-progress", "--out", str(Path(args.out) / "rerun"), "--set", *sets]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from reflectrl.errors import UserError
 
-FAMILIES = ("gymnax", "navix", "craftax")
+FAMILIES = ("gymnax", "navix", "craftax", "reflectrl")  # reflectrl: the built-in maze, reflectrl:GridWorld-v0
 
 
 def is_jax_env(env_id: str) -> bool:
@@ -19,4 +19,4 @@ def check_jax_env_id(env_id: str, backend: str) -> None:
     if backend == "jax" and not is_jax_env(env_id):
         raise UserError(f"--env {env_id}: backend=jax takes {', '.join(f + ':<id>' for f in FAMILIES)} "
                         "(e.g. gymnax:CartPole-v1, navix:Navix-DoorKey-Random-8x8-v0, "
-                        "craftax:Craftax-Classic-Symbolic-v1)")
+                        "craftax:Craftax-Classic-Symbolic-v1, reflectrl:GridWorld-v0)")

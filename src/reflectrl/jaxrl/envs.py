@@ -3,6 +3,8 @@
     gymnax:<id>    gymnax's classic control and MinAtar (gymnax:CartPole-v1, gymnax:Breakout-MinAtar)
     navix:<id>     MiniGrid tasks in navix (navix:Navix-DoorKey-Random-8x8-v0, navix:Navix-KeyCorridorS3R1-v0)
     craftax:<id>   Craftax (craftax:Craftax-Classic-Symbolic-v1), its achievements logged
+    reflectrl:GridWorld-v0  the built-in maze of the torch side (reflectrl/GridWorld-v0), the same
+                   layouts, observations, step limit and reward from the same `env.*` settings
 
 navix and MiniGrid: navix's plain `Navix-DoorKey-*` fixes the agent's start where MiniGrid
 randomises it; use its `-Random-` ids for MiniGrid's task. By default (`env.minigrid=true`) a
@@ -19,7 +21,7 @@ the same call (the next observation is the new episode's first) and returns the 
 observation and the state key of the state the step reached (for bootstrapping a truncated
 step and for the exploration metrics). State keys (exploration metrics, the count bonus) are
 ints in [0, key_space): navix's player cell, heading and whether it carries something; Craftax's
-player cell; elsewhere a 16-bit SimHash of the observation (envs/statekey.py's idea).
+player cell; the grid world's cell (row * size + col, as on the torch side); elsewhere a 16-bit SimHash of the observation (envs/statekey.py's idea).
 
 Resets in a vector step (`vector_step`): every env whose episode ended gets a fresh reset, except
 with `env.reset_ratio=k` (Craftax's default 16: its reset generates a world, the cost of many
@@ -37,6 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from reflectrl.envs.gridworld import ACTION_DELTAS
 from reflectrl.envs.jax_ids import FAMILIES
 from reflectrl.envs.statekey import pack_craftax_key, pack_navix_key
 from reflectrl.errors import UserError
@@ -360,6 +363,60 @@ class CraftaxEnv(JaxEnv):
         return obs, state, reward, terminated, truncated, self._key(state), state.achievements
 
 
+class GridWorldJax(JaxEnv):
+    """The built-in maze (envs/gridworld.py) in JAX: the layout, start, goal, step limit and
+    observation come from the torch env built with the same settings, so both backends run the
+    same task; its state is the agent's cell and the episode's step count."""
+
+    def __init__(self, name: str, kwargs: dict):
+        from reflectrl.envs.gridworld import GridWorldEnv
+
+        if name != "GridWorld-v0":
+            raise UserError(f"--env reflectrl:{name}: the JAX backend's built-in env is reflectrl:GridWorld-v0")
+        kwargs = dict(kwargs)
+        self.reset_ratio = _reset_ratio(kwargs, 1)
+        try:
+            base = GridWorldEnv(**kwargs)
+        except (TypeError, ValueError) as err:
+            raise UserError(f"--env reflectrl:GridWorld-v0: {err}") from None
+        if base.hazards is not None:
+            raise UserError("--env reflectrl:GridWorld-v0: env.hazards (a cost channel) is torch-only; "
+                            "use --env reflectrl/GridWorld-v0 without backend=jax")
+        self.id = f"reflectrl:{name}"
+        self.size = base.size
+        self.onehot = base.obs_mode == "onehot"
+        self.walls = jnp.asarray(base.walls)
+        self.start = tuple(int(v) for v in base.start)
+        self.goal = tuple(int(v) for v in base.goal)
+        self.max_steps = base.max_episode_steps
+        self.obs_dim = int(np.prod(base.observation_space.shape))
+        self.discrete = True
+        self.action_dim = 4
+        self.key_space = self.size * self.size
+        self.deltas = jnp.asarray(ACTION_DELTAS, dtype=jnp.int32)
+
+    def _obs(self, cell):
+        if self.onehot:
+            return jax.nn.one_hot(cell[0] * self.size + cell[1], self.size * self.size, dtype=jnp.float32)
+        return cell.astype(jnp.float32) / (self.size - 1)
+
+    def reset(self, key):
+        cell = jnp.asarray(self.start, dtype=jnp.int32)
+        return self._obs(cell), (cell, jnp.int32(0)), cell[0] * self.size + cell[1]
+
+    def transition(self, key, env_state, action):
+        cell, t = env_state
+        target = cell + self.deltas[action]
+        inside = jnp.all((target >= 0) & (target < self.size))
+        clipped = jnp.clip(target, 0, self.size - 1)
+        cell = jnp.where(inside & ~self.walls[clipped[0], clipped[1]], target, cell)
+        t = t + 1
+        terminated = (cell[0] == self.goal[0]) & (cell[1] == self.goal[1])
+        truncated = ~terminated & (t >= self.max_steps)
+        return (self._obs(cell), (cell, t), terminated.astype(jnp.float32), terminated, truncated,
+                cell[0] * self.size + cell[1], jnp.zeros((0,), bool))
+
+
 _MADE: dict = {}
 
 
@@ -377,8 +434,10 @@ def make_env(env_id: str, kwargs: dict | None = None) -> JaxEnv:
 def _make_env(env_id: str, kwargs: dict | None = None) -> JaxEnv:
     family, _, name = env_id.partition(":")
     if family not in FAMILIES or not name:
-        raise UserError(f"--env {env_id}: backend=jax takes gymnax:<id>, navix:<id> or craftax:<id> "
-                        "(e.g. gymnax:CartPole-v1, navix:Navix-DoorKey-Random-8x8-v0)")
+        raise UserError(f"--env {env_id}: backend=jax takes gymnax:<id>, navix:<id>, craftax:<id> or "
+                        "reflectrl:GridWorld-v0 (e.g. gymnax:CartPole-v1, navix:Navix-DoorKey-Random-8x8-v0)")
+    if family == "reflectrl":
+        return GridWorldJax(name, dict(kwargs or {}))
     try:
         import jax  # noqa: F401
 

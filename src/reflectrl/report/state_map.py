@@ -53,7 +53,7 @@ def projection(cfg: RunConfig, sample: dict, dims: tuple[int, int] | None):
     keys = sample["state_keys"].astype(np.int64)
     env_id = cfg.env_id
     if dims is None:
-        if env_id.startswith("reflectrl/GridWorld"):
+        if env_id.startswith(("reflectrl/GridWorld", "reflectrl:GridWorld")):
             size = _grid_size(cfg)
             row, col = np.divmod(keys, size)
             return col, row, "column", "row", True
@@ -82,6 +82,11 @@ def projection(cfg: RunConfig, sample: dict, dims: tuple[int, int] | None):
 def _grid_size(cfg: RunConfig) -> int:
     """The run's grid side (a custom layout sets it), read from the env the run made."""
     from reflectrl.envs import make_env
+
+    if cfg.env_id.startswith("reflectrl:"):  # the JAX backend's maze: the torch env of the same settings
+        from reflectrl.envs.gridworld import GridWorldEnv
+
+        return int(GridWorldEnv(**cfg.env).size)
 
     env = make_env(cfg.env_id, env_kwargs=cfg.env)
     try:
