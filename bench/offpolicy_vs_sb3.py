@@ -165,6 +165,18 @@ def main() -> None:
             diff = out["diff_mean_ci95"] = out["diff"] = bootstrap_diff(scores["reflectrl"], scores["sb3"])
             print(f"reflectrl - SB3: {diff[0]:+.2f} [95% bootstrap CI {diff[1]:+.2f}, {diff[2]:+.2f}]")
     if args.json:
+        import datetime
+        import shlex
+        import sys
+
+        from reflectrl.report.provenance import git_state, machine, versions
+
+        # where and from what code the numbers came (issue 40): a results folder holds several of these files
+        out["provenance"] = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                             "command": shlex.join([sys.executable, *sys.argv]), "git": git_state(),
+                             "versions": versions(), "machine": machine(),
+                             "statistics": {"bootstrap": "percentile CI of the difference of seed means",
+                                            "bootstrap_reps": 50_000, "bootstrap_seed": 0}}
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)
 
