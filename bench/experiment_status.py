@@ -14,7 +14,7 @@ import argparse
 from pathlib import Path
 
 from reflectrl.experiments.spec import read_spec
-from reflectrl.runs.files import read_logged_rows, run_status
+from reflectrl.runs.files import live_status, read_logged_rows
 
 
 def main() -> int:
@@ -27,7 +27,7 @@ def main() -> int:
     print("| entry | seed | status | step | first reward at | states visited | return, last 10 iterations |")
     print("|---|---|---|---|---|---|---|")
     for run in spec.runs(root):
-        status = (run_status(run.path) or {}).get("status", "not started")
+        status = live_status(run.path)
         rows = read_logged_rows(run.path) if (run.path / "metrics.jsonl").exists() else []
         last = rows[-1] if rows else {}
         returns = [r["episodic_return"] for r in rows if r.get("episodic_return") is not None][-10:]

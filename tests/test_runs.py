@@ -140,3 +140,17 @@ def test_progress_bar_shows_steps_rate_return(cli, tmp_path):
     code, _, err = cli("train", "--env", "CartPole-v1", "--total-steps", 512, "--out", out, *SMALL)
     assert code == 0
     assert "512/512" in err and "step/s" in err and "return=" in err
+
+
+def test_a_running_run_whose_process_is_gone_reads_as_stopped(tmp_path):
+    """run.json says "running" while a trainer holds the directory's lock; once no process holds it
+    (a kill -9 leaves the word behind) readers show "stopped", and the other words pass through."""
+    from reflectrl.runs.files import live_status
+
+    assert live_status(tmp_path / "nothing") == "not started"
+    run = RunDir.create(tmp_path / "run", {"algo": "ppo"})
+    assert live_status(run.path) == "running"  # this process holds the lock
+    run.unlock()
+    assert live_status(run.path) == "stopped"
+    run.set_status("interrupted")
+    assert live_status(run.path) == "interrupted"

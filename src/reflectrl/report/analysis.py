@@ -10,7 +10,7 @@ For aggregates across envs, scores are min-max normalised per env over all runs'
 curves in the experiment (0 = the worst value seen in that env, 1 = the best).
 
 Only finished runs enter the statistics and the plots; the others (running, interrupted,
-failed, or never started) are listed by `Experiment.excluded`. Every verdict (a claim's,
+stopped (killed without a word: runs/files.live_status), failed, or never started) are listed by `Experiment.excluded`. Every verdict (a claim's,
 and each entry's comparison with ppo in the summary table) is taken at several bootstrap
 seeds and flagged where it changes; the verdicts of one family are Holm-corrected.
 
@@ -45,7 +45,7 @@ from reflectrl.errors import UserError
 from reflectrl.experiments.spec import ExperimentSpec, RunSpec, read_spec
 from reflectrl.registry import DEFAULT_TRAINER, parse_algo
 from reflectrl.report import stats
-from reflectrl.runs.files import has_metrics, read_logged_rows, run_config, run_status
+from reflectrl.runs.files import has_metrics, live_status, read_logged_rows, run_config, run_status
 
 GRID = 50
 BASELINE = DEFAULT_TRAINER["control"]  # the algo every method is compared with: the plain trainer
@@ -138,7 +138,7 @@ def load_experiment(root: Path) -> Experiment:
         status = run_status(run.path) or {}
         config = run_config(run.path) or {}
         runs.append(RunData(run, rows, _curve(rows, spec.total_steps), config, status.get("command", []),
-                            status.get("status", "unknown")))
+                            live_status(run.path) if status else "unknown"))
     grid = np.linspace(0, spec.total_steps, GRID + 1)[1:]
     return Experiment(root, spec, runs, grid, missing)
 

@@ -28,6 +28,28 @@ def run_status(path: str | os.PathLike) -> dict | None:
     return _read_json(Path(path) / STATUS)
 
 
+def live_status(path: str | os.PathLike) -> str:
+    """The run's status as a reader should show it: the status file's word, except that a run
+    whose file says "running" while no process holds its directory's lock (the trainer locks it
+    for its life; the kernel drops the lock however the process dies) is "stopped": killed, or its
+    machine gone, without a chance to say so. It resumes from its last checkpoint like an
+    interrupted one. "not started" without a status file."""
+    status = run_status(path)
+    if status is None:
+        return "not started"
+    word = str(status.get("status", "unknown"))
+    if word == "running":
+        from reflectrl.runs.rundir import RunDir
+
+        try:
+            held = RunDir(path).is_locked()
+        except OSError:  # the directory went away under us
+            return word
+        if not held:
+            return "stopped"
+    return word
+
+
 def run_config(path: str | os.PathLike) -> dict | None:
     """The run's resolved config, or None when missing or corrupt."""
     return _read_json(Path(path) / CONFIG)
