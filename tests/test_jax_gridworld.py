@@ -48,10 +48,13 @@ def test_steps_equal_the_torch_env(kwargs):
     assert jenv.key_space == tenv.size ** 2 and jenv.max_steps == tenv.max_episode_steps
 
 
+MAZE = ["--env", "reflectrl:GridWorld-v0", "--set", "backend=jax"]
+
+
 @pytest.mark.parametrize("argv, says", [
-    (["--env", "reflectrl:GridWorld-v0", "--set", "backend=jax", "env.hazards=3"], "env.hazards (a cost channel) is torch-only"),
-    (["--env", "reflectrl:GridWorld-v0", "--set", "backend=jax", "env.size=2", "env.layout=maze"], "size must be an integer"),
-    (["--env", "reflectrl:GridWorld-v0", "--set", "backend=jax", "env.layout=S.H/.../..G"], "is torch-only"),
+    ([*MAZE, "env.hazards=3"], "env.hazards (a cost channel) is torch-only"),
+    ([*MAZE, "env.size=2", "env.layout=maze"], "size must be an integer"),
+    ([*MAZE, "env.layout=S.H/.../..G"], "is torch-only"),
     (["--env", "reflectrl:Maze-v9", "--set", "backend=jax"], "built-in env is reflectrl:GridWorld-v0"),
     (["--env", "reflectrl:GridWorld-v0"], "is a JAX env: add --set backend=jax"),
 ])

@@ -21,7 +21,8 @@ the same call (the next observation is the new episode's first) and returns the 
 observation and the state key of the state the step reached (for bootstrapping a truncated
 step and for the exploration metrics). State keys (exploration metrics, the count bonus) are
 ints in [0, key_space): navix's player cell, heading and whether it carries something; Craftax's
-player cell; the grid world's cell (row * size + col, as on the torch side); elsewhere a 16-bit SimHash of the observation (envs/statekey.py's idea).
+player cell; the grid world's cell (row * size + col, as on the torch side); elsewhere a 16-bit
+SimHash of the observation (envs/statekey.py's idea).
 
 Resets in a vector step (`vector_step`): every env whose episode ended gets a fresh reset, except
 with `env.reset_ratio=k` (Craftax's default 16: its reset generates a world, the cost of many

@@ -10,9 +10,10 @@ For aggregates across envs, scores are min-max normalised per env over all runs'
 curves in the experiment (0 = the worst value seen in that env, 1 = the best).
 
 Only finished runs enter the statistics and the plots; the others (running, interrupted,
-stopped (killed without a word: runs/files.live_status), failed, or never started) are listed by `Experiment.excluded`. Every verdict (a claim's,
-and each entry's comparison with ppo in the summary table) is taken at several bootstrap
-seeds and flagged where it changes; the verdicts of one family are Holm-corrected.
+stopped (killed without a word: runs/files.live_status), failed, or never started) are listed
+by `Experiment.excluded`. Every verdict (a claim's, and each entry's comparison with ppo in the
+summary table) is taken at several bootstrap seeds and flagged where it changes; the verdicts
+of one family are Holm-corrected.
 
 The claims' verdict rule (`evaluate_claims`), symmetric: each claim is a statistic (an IQM
 difference of normalised scores, method - baseline, or the calibration loss's late / early
