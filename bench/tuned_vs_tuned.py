@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -71,8 +70,9 @@ def entry_of(label: str):
 
 def sweep(algo: str, args) -> Path:
     name, fixed = entry_of(algo)
-    slug = re.sub(r"[^A-Za-z0-9._=-]+", "_", algo.replace("+", "_")).strip("_")
-    out = Path(args.out) / "sweeps" / slug
+    from reflectrl.experiments.spec import _slug
+
+    out = Path(args.out) / "sweeps" / _slug(algo.replace("+", "_"))
     cmd = [*reflectrl(), "sweep", "--env", args.env, "--algo", name, "--space", *space(algo, args),
            "--trials", str(args.trials), "--seeds", str(args.trial_seeds), "--total-steps", str(args.total_steps),
            "--rerun-seeds", "0", "--workers", "1", "--out", str(out)]

@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from reflectrl.envs.gridworld import ACTION_DELTAS
+from reflectrl.envs.gridworld import ACTION_DELTAS, GridWorldEnv
 from reflectrl.envs.jax_ids import FAMILIES
 from reflectrl.envs.statekey import pack_craftax_key, pack_navix_key
 from reflectrl.errors import UserError
@@ -370,8 +370,6 @@ class GridWorldJax(JaxEnv):
     same task; its state is the agent's cell and the episode's step count."""
 
     def __init__(self, name: str, kwargs: dict):
-        from reflectrl.envs.gridworld import GridWorldEnv
-
         if name != "GridWorld-v0":
             raise UserError(f"--env reflectrl:{name}: the JAX backend's built-in env is reflectrl:GridWorld-v0")
         kwargs = dict(kwargs)
@@ -398,12 +396,15 @@ class GridWorldJax(JaxEnv):
 
     def _obs(self, cell):
         if self.onehot:
-            return jax.nn.one_hot(cell[0] * self.size + cell[1], self.size * self.size, dtype=jnp.float32)
+            return jax.nn.one_hot(self._key(cell), self.size * self.size, dtype=jnp.float32)
         return cell.astype(jnp.float32) / (self.size - 1)
+
+    def _key(self, cell):
+        return cell[0] * self.size + cell[1]  # the torch side's gridworld_key
 
     def reset(self, key):
         cell = jnp.asarray(self.start, dtype=jnp.int32)
-        return self._obs(cell), (cell, jnp.int32(0)), cell[0] * self.size + cell[1]
+        return self._obs(cell), (cell, jnp.int32(0)), self._key(cell)
 
     def transition(self, key, env_state, action):
         cell, t = env_state
@@ -415,7 +416,7 @@ class GridWorldJax(JaxEnv):
         terminated = (cell[0] == self.goal[0]) & (cell[1] == self.goal[1])
         truncated = ~terminated & (t >= self.max_steps)
         return (self._obs(cell), (cell, t), terminated.astype(jnp.float32), terminated, truncated,
-                cell[0] * self.size + cell[1], jnp.zeros((0,), bool))
+                self._key(cell), jnp.zeros((0,), bool))
 
 
 _MADE: dict = {}

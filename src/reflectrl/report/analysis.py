@@ -139,7 +139,7 @@ def load_experiment(root: Path) -> Experiment:
         status = run_status(run.path) or {}
         config = run_config(run.path) or {}
         runs.append(RunData(run, rows, _curve(rows, spec.total_steps), config, status.get("command", []),
-                            live_status(run.path) if status else "unknown"))
+                            live_status(run.path, status) if status else "unknown"))
     grid = np.linspace(0, spec.total_steps, GRID + 1)[1:]
     return Experiment(root, spec, runs, grid, missing)
 

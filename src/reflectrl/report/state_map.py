@@ -80,19 +80,11 @@ def projection(cfg: RunConfig, sample: dict, dims: tuple[int, int] | None):
 
 
 def _grid_size(cfg: RunConfig) -> int:
-    """The run's grid side (a custom layout sets it), read from the env the run made."""
-    from reflectrl.envs import make_env
+    """The run's grid side (a custom layout sets it), read from the grid world its settings make
+    (the JAX backend's maze is built from the same settings)."""
+    from reflectrl.envs.gridworld import GridWorldEnv
 
-    if cfg.env_id.startswith("reflectrl:"):  # the JAX backend's maze: the torch env of the same settings
-        from reflectrl.envs.gridworld import GridWorldEnv
-
-        return int(GridWorldEnv(**cfg.env).size)
-
-    env = make_env(cfg.env_id, env_kwargs=cfg.env)
-    try:
-        return int(env.unwrapped.size)
-    finally:
-        env.close()
+    return int(GridWorldEnv(**cfg.env).size)
 
 
 def _edges(values: list[np.ndarray], discrete: bool, bins: int) -> np.ndarray:

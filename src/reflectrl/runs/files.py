@@ -28,13 +28,14 @@ def run_status(path: str | os.PathLike) -> dict | None:
     return _read_json(Path(path) / STATUS)
 
 
-def live_status(path: str | os.PathLike) -> str:
+def live_status(path: str | os.PathLike, status: dict | None = None) -> str:
     """The run's status as a reader should show it: the status file's word, except that a run
     whose file says "running" while no process holds its directory's lock (the trainer locks it
     for its life; the kernel drops the lock however the process dies) is "stopped": killed, or its
     machine gone, without a chance to say so. It resumes from its last checkpoint like an
-    interrupted one. "not started" without a status file."""
-    status = run_status(path)
+    interrupted one. "not started" without a status file. `status`: the file's contents where the
+    caller has read them already."""
+    status = status if status is not None else run_status(path)
     if status is None:
         return "not started"
     word = str(status.get("status", "unknown"))
