@@ -73,7 +73,17 @@ def test_grid_world_run_draws_its_state_map(cli, tmp_path):
         "state_map.gif", "state_map.png", "step_000000128.png", "step_000000512.png", "step_000001024.png"]
     from PIL import Image
 
+    from reflectrl.config import RunConfig
+    from reflectrl.envs.gridworld import GridWorldEnv
+    from reflectrl.report.state_map import state_maps
+
     assert Image.open(pictures / "state_map.gif").n_frames == 3
+    # the whole grid is drawn, the cells the short run never reached included
+    _, rows, extent, _ = state_maps(out)
+    size = GridWorldEnv(**RunConfig.from_dict(json.loads((out / "config.json").read_text())).env).size
+    assert rows[-1][2]["visits (log10 1+n)"].shape == (size, size)
+    assert extent == (-0.5, size - 0.5, size - 0.5, -0.5)
+    assert (rows[0][2]["visits (log10 1+n)"] == 0).any()
 
 
 def test_vector_observation_projects_on_two_dims(cli, tmp_path):

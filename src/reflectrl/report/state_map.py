@@ -122,8 +122,12 @@ def state_maps(run_path, dims=None, bins: int = DEFAULT_BINS):
     projected = {it: projection(cfg, s, dims) for it, s in sorted(samples.items())}
     first = next(iter(projected.values()))
     xlabel, ylabel, discrete = first[2], first[3], first[4]
-    ex = _edges([p[0] for p in projected.values()], discrete, bins)
-    ey = _edges([p[1] for p in projected.values()], discrete, bins)
+    if dims is None and cfg.env_id.startswith(("reflectrl/GridWorld", "reflectrl:GridWorld")):
+        # the whole grid, visited or not: how much of the maze a run never reached is the point
+        ex = ey = np.arange(-0.5, _grid_size(cfg) + 0.5)
+    else:
+        ex = _edges([p[0] for p in projected.values()], discrete, bins)
+        ey = _edges([p[1] for p in projected.values()], discrete, bins)
     terms = sorted({k[len("term:"):] for s in samples.values() for k in s if k.startswith("term:")})
     rows = []
     for it, (x, y, *_) in projected.items():
