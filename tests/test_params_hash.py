@@ -4,7 +4,14 @@ here. Recorded before the trainers moved into one kit (issue 37); a change to an
 arithmetic, its draws or its networks' names shows up as a changed hash. A change meant to alter
 the numbers updates the table, and says so in its commit. Changed on purpose since: the MLP
 policies' rollout sampling in numpy (issue 38: ppo*, impala+count, hppo+count; the same draws,
-float32 rounding of the forward pass differs; the learning check is in docs/benchmarks.md)."""
+float32 rounding of the forward pass differs; the learning check is in docs/benchmarks.md).
+
+The float rounding of numpy's and torch's CPU kernels depends on the CPU they pick at run time,
+so a pin holds per kind of machine: HASHES were recorded on the machines of issues 37-38;
+HASHES_AVX2 on an AMD EPYC of family 23 (Zen 2, AVX2, no AVX-512), where the MLP policies, the
+LLM trainer and IMPALA/HPPO train other bits with unchanged code (checked at the commit the
+first table was last confirmed on). A run must train one of its pinned hashes; a change of
+arithmetic matches neither."""
 
 import json
 
@@ -56,6 +63,30 @@ HASHES = {
     "grpo+calibration": "ea1b0b95558731aa84552227b5b093c3afcfc1c483df918aafaeba0ad9f00808",
 }
 
+HASHES_AVX2 = {
+    "ppo": "7348729172e6f62344b0c97dde202652716a95afd934c49c03e701da343c408e",
+    "ppo+calibration+gear": "639579f7a5c83bfcd0d360f1c730da796eecf1211f9bdd95c515c059003429b3",
+    "ppo+rnd": "416a108c856227f2690f41a2c4ddc5423dd44096d9b40bf7b12e56075ecfea7e",
+    "ppo+count": "63a842d1da316f17ea45f3beec549720b1b9a883946e32b21e95a00b27cefc31",
+    "ppo+shaping": "c1cffaa5e1e18306960367a5e2649a3e414d5000f0d199f4a05ba224fabb1a7c",
+    "ppo+lagrangian": "60759c72db52f21f775351868a1e9d7f777dad7981b576d34f9ef8a1880457b1",
+    "impala+count": "cf7cb992b7f125c893d9a8b0077d56f0c0b6dffa1d8da98b3eef328382a4b24c",
+    "ppo+rnd atari": "fc768f66482d4dcff17be367fb2466314a9634c94fcca2315263d5b30c943b40",
+    "hppo+count": "26d29d31888c6569981744356f5b9215f79e6c4eb80b99866ef83a38e6afec5f",
+    "grpo": "c7b87365eca23a406d722cc93ccca8e3d4b4e142aea7274bf33f603c947986b6",
+    "grpo+gear": "0f222264d5040171dd17504fc55fe87be3a6288dad7401789a54e012f8c0315b",
+    "grpo+calibration": "938330451464dded989eafba7a35bfb6f3e78570f9508bc4d0cf89b1bb5698f9",
+}
+
+
+def _pinned(name: str) -> set[str]:
+    return {HASHES[name]} | ({HASHES_AVX2[name]} if name in HASHES_AVX2 else set())
+
+
+def _check(run_dir, name: str) -> None:
+    sha = _sha(run_dir)
+    assert sha in _pinned(name), f"{name}: the weights changed (trained {sha}; pinned {sorted(_pinned(name))})"
+
 
 def _sha(run_dir) -> str:
     return json.loads((run_dir / "run.json").read_text())["params_sha256"]
@@ -67,7 +98,7 @@ def test_every_trainer_trains_the_pinned_weights(cli, tmp_path, name):
     argv, _ = RUNS[name]
     code, _, err = cli("train", *argv.split(), "--seed", "3", "--no-progress", "--out", tmp_path / "run")
     assert code == 0, err
-    assert _sha(tmp_path / "run") == HASHES[name], f"{name}: the weights changed"
+    _check(tmp_path / "run", name)
 
 
 LLM_RUNS = {
@@ -88,4 +119,4 @@ def test_grpo_trains_the_pinned_weights(cli, sft_arith_model_dir, tmp_path, name
     code, _, err = cli("llm", "train", *argv, "--model", sft_arith_model_dir, "--steps", "2", "--seed", "3",
                        "--no-progress", "--out", tmp_path / "run")
     assert code == 0, err
-    assert _sha(tmp_path / "run") == HASHES[name], f"{name}: the weights changed"
+    _check(tmp_path / "run", name)
