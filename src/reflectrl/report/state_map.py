@@ -35,6 +35,8 @@ from reflectrl.runs.state_samples import load_samples  # noqa: E402
 
 DEFAULT_BINS = 40
 
+GRID_WORLD_IDS = ("reflectrl/GridWorld", "reflectrl:GridWorld")  # both backends' built-in grid world
+
 
 def parse_dims(text: str | None) -> tuple[int, int] | None:
     if text is None:
@@ -53,7 +55,7 @@ def projection(cfg: RunConfig, sample: dict, dims: tuple[int, int] | None):
     keys = sample["state_keys"].astype(np.int64)
     env_id = cfg.env_id
     if dims is None:
-        if env_id.startswith(("reflectrl/GridWorld", "reflectrl:GridWorld")):
+        if env_id.startswith(GRID_WORLD_IDS):
             size = _grid_size(cfg)
             row, col = np.divmod(keys, size)
             return col, row, "column", "row", True
@@ -122,7 +124,7 @@ def state_maps(run_path, dims=None, bins: int = DEFAULT_BINS):
     projected = {it: projection(cfg, s, dims) for it, s in sorted(samples.items())}
     first = next(iter(projected.values()))
     xlabel, ylabel, discrete = first[2], first[3], first[4]
-    if dims is None and cfg.env_id.startswith(("reflectrl/GridWorld", "reflectrl:GridWorld")):
+    if dims is None and cfg.env_id.startswith(GRID_WORLD_IDS):
         # the whole grid, visited or not: how much of the maze a run never reached is the point
         ex = ey = np.arange(-0.5, _grid_size(cfg) + 0.5)
     else:
