@@ -11,6 +11,7 @@ iterations that had any. Markdown table on stdout.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from reflectrl.experiments.spec import read_spec
@@ -39,4 +40,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except BrokenPipeError:  # piped into `head`: stop quietly, as the CLI does
+        sys.stderr.close()
+        raise SystemExit(0)
