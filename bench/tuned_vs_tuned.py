@@ -12,6 +12,10 @@ protocol (PPO tunes the base knobs, each method only its own, over PPO's default
 backend=jax shaping's modes are direct and potential (advice is torch-only). Sweeps run two at
 a time (one process each); everything resumes: re-run the same command after a stop.
 
+The searches' table (per entry: trials done and pruned, trials that earned any reward, the best
+trial's AUC, final return and knobs) goes to OUT/searches.md once the sweeps end; --searches-table
+prints it for the sweeps finished so far and runs nothing.
+
     python bench/tuned_vs_tuned.py --env navix:Navix-DoorKey-Random-8x8-v0 --total-steps 1000000 \
         --algos ppo,ppo+count,ppo+calibration,ppo+shaping,ppo+gear --trials 12 --trial-seeds 2 \
         --rerun-seeds 10 --set backend=jax num_envs=16 --out runs/x40/tuned-jax-doorkey8
@@ -20,6 +24,7 @@ a time (one process each); everything resumes: re-run the same command after a s
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import subprocess
 import sys
@@ -70,9 +75,7 @@ def entry_of(label: str):
 
 def sweep(algo: str, args) -> Path:
     name, fixed = entry_of(algo)
-    from reflectrl.experiments.spec import _slug
-
-    out = Path(args.out) / "sweeps" / _slug(algo.replace("+", "_"))
+    out = sweep_dir(algo, args)
     cmd = [*reflectrl(), "sweep", "--env", args.env, "--algo", name, "--space", *space(algo, args),
            "--trials", str(args.trials), "--seeds", str(args.trial_seeds), "--total-steps", str(args.total_steps),
            "--rerun-seeds", "0", "--workers", "1", "--out", str(out)]
@@ -90,6 +93,35 @@ def sweep(algo: str, args) -> Path:
     return out
 
 
+def sweep_dir(algo: str, args) -> Path:
+    from reflectrl.experiments.spec import _slug
+
+    return Path(args.out) / "sweeps" / _slug(algo.replace("+", "_"))
+
+
+def searches_table(algos: list[str], args) -> str:
+    """Markdown: one row per entry's search, read from its trials.csv and best.json."""
+    lines = ["| entry | trials done (pruned; failed) | trials with a reward (AUC > 0) | best trial's AUC "
+             f"({args.trial_seeds} seed{'s' if args.trial_seeds > 1 else ''}) | its final return | its knobs |",
+             "|---|---|---|---|---|---|"]
+    for algo in algos:
+        where = sweep_dir(algo, args)
+        table, best = where / "report" / "trials.csv", where / "best.json"
+        if not table.exists() or not best.exists():
+            lines.append(f"| {algo} | not finished | | | | |")
+            continue
+        rows = list(csv.DictReader(table.open()))
+        states = [r["state"] for r in rows]
+        scored = [r for r in rows if r["auc"] not in ("", None)]
+        rewarded = sum(float(r["auc"]) > 0 for r in scored)
+        top = json.loads(best.read_text())
+        knobs = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in top["knobs"].items())
+        lines.append(f"| {algo} | {states.count('complete') + states.count('pruned')}/{args.trials} "
+                     f"({states.count('pruned')}; {states.count('fail')}) | {rewarded} of {len(scored)} | "
+                     f"{top['auc']:.3f} | {top['final']:.3f} | {knobs} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--env", required=True)
@@ -104,6 +136,8 @@ def main() -> None:
     parser.add_argument("--set", nargs="+", default=[], help="fixed knobs for every run")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--searches-table", action="store_true",
+                        help="print the searches' table for the sweeps finished so far; run nothing")
     args = parser.parse_args()
     algos = args.algos.split(",")
     unknown = [a for a in algos if a not in SPACES]
@@ -113,8 +147,13 @@ def main() -> None:
     if len(set(names)) < len(names):  # the re-run's --set ALGO.KNOB reaches every entry of an algo
         raise SystemExit(f"--algos: {', '.join(algos)} run the same algo twice; give each algo once")
 
+    if args.searches_table:
+        print(searches_table(algos, args), end="")
+        return
+
     with ThreadPoolExecutor(max_workers=args.workers) as pool:
         dirs = dict(zip(algos, pool.map(lambda a: sweep(a, args), algos)))
+    (Path(args.out) / "searches.md").write_text(searches_table(algos, args))
 
     sets = list(args.set)
     for algo, where in dirs.items():
