@@ -137,3 +137,58 @@ def test_compare_trains_an_entrys_seeds_as_one_program(tmp_path):
     for run_json in out.rglob("run.json"):
         assert json.loads(run_json.read_text())["status"] == "finished"
     assert (out / "report" / "report.md").exists()
+
+
+@pytest.mark.slow
+def test_a_kill_between_a_groups_checkpoint_commits_resumes_from_one_iteration(tmp_path, monkeypatch, capsys):
+    """A group's checkpoints are staged for every seed before any is put in place: a kill after seed 1's
+    checkpoint was put in place and before seed 2's leaves seed 2's staged, and the resume completes the
+    set, so the group resumes from one iteration and ends with the parameters of a run never killed.
+    Without the staged checkpoint (a group checkpointed before staging existed) each iteration's seeds
+    resume as a group of their own, after a one-line warning."""
+    import shutil
+
+    from reflectrl.jaxrl.trainer import train_group
+
+    cfgs = [tiny_config(seed, total=512) for seed in (1, 2)]
+    whole = [str(tmp_path / f"whole{c.seed}") for c in cfgs]
+    assert train_group([(path, c, []) for path, c in zip(whole, cfgs, strict=True)]) == 0
+
+    commits = {"n": 0}
+    commit = RunDir.commit_checkpoint
+
+    def killed_at_the_eighth_commit(self):
+        commits["n"] += 1
+        if commits["n"] == 8:  # the 4th checkpoint (the first is taken before training): seed 2's commit
+            raise KeyboardInterrupt
+        commit(self)
+
+    monkeypatch.setattr(RunDir, "commit_checkpoint", killed_at_the_eighth_commit)
+    killed = [str(tmp_path / f"killed{c.seed}") for c in cfgs]
+    with pytest.raises(KeyboardInterrupt):
+        train_group([(path, c, []) for path, c in zip(killed, cfgs, strict=True)])
+    monkeypatch.undo()
+    first, second = (RunDir(p).load_checkpoint()["iteration"] for p in killed)
+    assert first == second + 2  # 64 steps between checkpoints, 32 per iteration
+    assert RunDir(killed[1]).staged_checkpoint()["iteration"] == first
+    legacy = [str(tmp_path / f"legacy{c.seed}") for c in cfgs]
+    for src, dst in zip(killed, legacy, strict=True):
+        shutil.copytree(src, dst)
+    RunDir(legacy[1]).discard_staged_checkpoint()
+
+    assert train_group([(path, None, ["--resume", path]) for path in killed]) == 0
+    for a, b in zip(whole, killed, strict=True):
+        ra, rb = (json.loads((RunDir(p).path / "run.json").read_text()) for p in (a, b))
+        assert rb["status"] == "finished" and ra["params_sha256"] == rb["params_sha256"]
+        assert [r["global_step"] for r in read_metrics(a)] == [r["global_step"] for r in read_metrics(b)]
+        assert not (RunDir(b).path / "checkpoint.pt.staged").exists()
+    capsys.readouterr()
+
+    assert train_group([(path, None, ["--resume", path]) for path in legacy]) == 0
+    err = capsys.readouterr().err
+    assert f"seeds 2 at iteration {second}; seeds 1 at iteration {first}" in err and "warning" in err
+    for path in legacy:
+        status = json.loads((RunDir(path).path / "run.json").read_text())
+        assert status["status"] == "finished" and status["global_step"] == 512
+        steps = [r["global_step"] for r in read_metrics(path)]
+        assert steps == list(range(32, 513, 32))

@@ -154,10 +154,15 @@ class JaxGroup:
         return h.hexdigest()
 
     def save_checkpoints(self) -> None:
+        """Every seed's checkpoint, in two phases so that the set stays at one iteration whenever a kill
+        comes: all are staged (written whole beside the current ones), then put in place; a resume
+        completes a put-in-place that a kill cut short (settle_checkpoints)."""
         leaves = self.host_leaves()
-        for i, run in enumerate(self.runs):
-            if run is not None and i not in self.failed:
-                run.save_checkpoint(self.seed_state(i, leaves))
+        live = [(i, run) for i, run in enumerate(self.runs) if run is not None and i not in self.failed]
+        for i, run in live:
+            run.stage_checkpoint(self.seed_state(i, leaves))
+        for _, run in live:
+            run.commit_checkpoint()
 
     # ------------------------------------------------------------------ training
 
@@ -322,13 +327,32 @@ def finish_run(group: JaxGroup, i: int, run: RunDir) -> None:
           f"{outcome}; run: {run.path}")
 
 
+def settle_checkpoints(runs: list[RunDir], states: list[dict]) -> list[dict]:
+    """The checkpoints a group resumes from. A kill between two of save_checkpoints' commits leaves some
+    runs one checkpoint behind with the next one staged: those are committed, so that the group resumes
+    from one iteration; staged checkpoints no run needs (a kill while staging) are discarded. Where the
+    iterations still differ (a group checkpointed before checkpoints were staged), they are returned as
+    they are, and train_group resumes each iteration's runs as a group of their own."""
+    latest = max(s.get("iteration", -1) for s in states)
+    settled = []
+    for run, state in zip(runs, states, strict=True):
+        staged = run.staged_checkpoint()
+        if state.get("iteration") != latest and staged is not None and staged.get("iteration") == latest:
+            run.commit_checkpoint()
+            state = staged
+        else:
+            run.discard_staged_checkpoint()
+        settled.append(state)
+    return settled
+
+
 def train_group(items: list[tuple[str, RunConfig | None, list[str]]], progress: bool = False) -> int:
     """`reflectrl train-group`: train several runs of one configuration (differing only in their
     seed) as one program. Each item is (run directory, its resolved config for a new run or None to
     resume it, the `reflectrl train` arguments that made it). Returns the exit code (0 when every
     run finished)."""
     from reflectrl.errors import EXIT_FAILED
-    from reflectrl.runs.session import open_to_resume, sigterm_stops_training
+    from reflectrl.runs.session import open_to_resume
 
     cfgs, runs, states = [], [], []
     try:
@@ -346,33 +370,58 @@ def train_group(items: list[tuple[str, RunConfig | None, list[str]]], progress: 
             runs.append(run)
         if not cfgs:
             return 0
-        group = JaxGroup(cfgs, runs)
-        if states:
-            if len(states) != len(cfgs):
-                raise UserError("a JAX group resumes all its runs or none")
-            group.load_seed_states(states)
+        if not states:
+            return EXIT_FAILED if _train_one_group(cfgs, runs, [], progress) else 0
+        if len(states) != len(cfgs):
+            raise UserError("a JAX group resumes all its runs or none")
+        states = settle_checkpoints(runs, states)
+        iterations = sorted({s.get("iteration") for s in states})
+        if len(iterations) > 1:
+            def seeds_at(it):
+                return ", ".join(str(c.seed) for c, s in zip(cfgs, states, strict=True) if s.get("iteration") == it)
 
-        def failed(i, reason):
-            runs[i].set_status("failed", reason=reason)
-            print(f"reflectrl: error: {runs[i].path}: {reason}", file=sys.stderr)
-
-        try:
-            with sigterm_stops_training():
-                group.train(progress=progress, on_failed=failed)
-        except KeyboardInterrupt:
-            for i, run in enumerate(runs):
-                if i not in group.failed:
-                    run.set_status("interrupted", global_step=group.global_step)
-            raise
-        except Exception as err:  # a crash says so in every run's status; each resumes from its checkpoint
-            for i, run in enumerate(runs):
-                if i not in group.failed:
-                    run.set_status("failed", reason=f"{type(err).__name__}: {err}"[:500])
-            raise
-        for i, run in enumerate(runs):
-            if i not in group.failed:
-                finish_run(group, i, run)
-        return EXIT_FAILED if group.failed else 0
+            where = "; ".join(f"seeds {seeds_at(it)} at iteration {it}" for it in iterations)
+            print(f"reflectrl: warning: this group's checkpoints are at different iterations ({where}: a kill "
+                  "during a checkpoint written before checkpoints were staged); each iteration's seeds resume as a "
+                  "group of their own, vmapped with fewer seeds, so their float rounding is not the one group's",
+                  file=sys.stderr)
+        failed = False
+        for it in iterations:
+            part = [i for i, s in enumerate(states) if s.get("iteration") == it]
+            failed |= _train_one_group([cfgs[i] for i in part], [runs[i] for i in part], [states[i] for i in part],
+                                       progress)
+        return EXIT_FAILED if failed else 0
     finally:
         for run in runs:
             run.unlock()
+
+
+def _train_one_group(cfgs: list[RunConfig], runs: list[RunDir], states: list[dict], progress: bool) -> bool:
+    """Train runs as one program (from their checkpoints where `states` are given); True where one failed."""
+    from reflectrl.runs.session import sigterm_stops_training
+
+    group = JaxGroup(cfgs, runs)
+    if states:
+        group.load_seed_states(states)
+
+    def failed(i, reason):
+        runs[i].set_status("failed", reason=reason)
+        print(f"reflectrl: error: {runs[i].path}: {reason}", file=sys.stderr)
+
+    try:
+        with sigterm_stops_training():
+            group.train(progress=progress, on_failed=failed)
+    except KeyboardInterrupt:
+        for i, run in enumerate(runs):
+            if i not in group.failed:
+                run.set_status("interrupted", global_step=group.global_step)
+        raise
+    except Exception as err:  # a crash says so in every run's status; each resumes from its checkpoint
+        for i, run in enumerate(runs):
+            if i not in group.failed:
+                run.set_status("failed", reason=f"{type(err).__name__}: {err}"[:500])
+        raise
+    for i, run in enumerate(runs):
+        if i not in group.failed:
+            finish_run(group, i, run)
+    return bool(group.failed)

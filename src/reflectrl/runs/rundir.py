@@ -5,6 +5,7 @@
     DIR/metrics.jsonl    one JSON object per iteration
     DIR/tb/              TensorBoard event files
     DIR/checkpoint.pt    the latest checkpoint, replaced atomically
+    DIR/checkpoint.pt.staged  a JAX group's next checkpoint, written whole before any seed's is put in place
 
 Checkpoints are written to a temporary file, flushed to disk and renamed over the old one,
 so a kill at any instant leaves either the old checkpoint or the new one. On resume the
@@ -35,6 +36,7 @@ STATUS = "run.json"
 METRICS = "metrics.jsonl"
 TENSORBOARD = "tb"
 CHECKPOINT = "checkpoint.pt"
+STAGED_CHECKPOINT = "checkpoint.pt.staged"  # a JAX group's two-phase checkpoint (jaxrl/trainer.py)
 STATE_SAMPLES = "state_samples.npz"  # runs/state_samples.py: what `plot state-map` draws
 
 
@@ -232,6 +234,33 @@ class RunDir:
 
     def has_checkpoint(self) -> bool:
         return self.checkpoint_path.is_file()
+
+    # A group of runs trained as one program (the JAX backend's seeds) must resume from one iteration:
+    # it writes every run's next checkpoint beside the current one (stage), and only then puts each in
+    # place (commit). A kill while staging leaves every run at the old iteration; a kill while committing
+    # leaves staged checkpoints that complete the set (jaxrl/trainer.py settle_checkpoints).
+
+    def stage_checkpoint(self, state: dict) -> None:
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        atomic_write_bytes(self.path / STAGED_CHECKPOINT, buf.getvalue())
+
+    def commit_checkpoint(self) -> None:
+        os.replace(self.path / STAGED_CHECKPOINT, self.checkpoint_path)
+
+    def staged_checkpoint(self) -> dict | None:
+        """The staged checkpoint, None where there is none or it cannot be read."""
+        path = self.path / STAGED_CHECKPOINT
+        if not path.is_file():
+            return None
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=False)
+        except Exception:  # a damaged staged checkpoint is as good as none: the committed one stands
+            return None
+        return state if isinstance(state, dict) and "global_step" in state else None
+
+    def discard_staged_checkpoint(self) -> None:
+        (self.path / STAGED_CHECKPOINT).unlink(missing_ok=True)
 
     def load_checkpoint(self) -> dict:
         if not self.has_checkpoint():
