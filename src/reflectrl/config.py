@@ -79,8 +79,8 @@ class RunConfig:
     """torch's intra-op threads"""
     backend: str = "gymnasium"
     """training envs: gymnasium, envpool (EnvPool's C++ vector envs for Atari and MiniGrid: the envpool extra), or
-    jax (PPO and its signals compiled end to end on gymnax:, navix:, craftax: envs and reflectrl:GridWorld-v0: the jax
-    extra; docs/jax.md)"""
+    jax (PPO and its signals compiled end to end on gymnax:, navix:, xminigrid:, craftax: envs and
+    reflectrl:GridWorld-v0: the jax extra; docs/jax.md)"""
     envpool_threads: int = 0
     """EnvPool's worker threads with backend=envpool (0: EnvPool's default, min(num_envs, cores))"""
     state_map_snapshots: int = 5

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from reflectrl.errors import UserError
 
-FAMILIES = ("gymnax", "navix", "craftax", "reflectrl")  # reflectrl: the built-in maze, reflectrl:GridWorld-v0
+# reflectrl: the built-in maze, reflectrl:GridWorld-v0
+FAMILIES = ("gymnax", "navix", "xminigrid", "craftax", "reflectrl")
 
 
 def is_jax_env(env_id: str) -> bool:
@@ -18,5 +19,5 @@ def check_jax_env_id(env_id: str, backend: str) -> None:
         raise UserError(f"--env {env_id} is a JAX env: add --set backend=jax (pip install 'reflectrl[jax]')")
     if backend == "jax" and not is_jax_env(env_id):
         raise UserError(f"--env {env_id}: backend=jax takes {', '.join(f + ':<id>' for f in FAMILIES)} "
-                        "(e.g. gymnax:CartPole-v1, navix:Navix-DoorKey-Random-8x8-v0, "
+                        "(e.g. gymnax:CartPole-v1, navix:Navix-DoorKey-Random-8x8-v0, xminigrid:MiniGrid-LockedRoom, "
                         "craftax:Craftax-Classic-Symbolic-v1, reflectrl:GridWorld-v0)")

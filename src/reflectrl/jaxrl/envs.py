@@ -2,6 +2,8 @@
 
     gymnax:<id>    gymnax's classic control and MinAtar (gymnax:CartPole-v1, gymnax:Breakout-MinAtar)
     navix:<id>     MiniGrid tasks in navix (navix:Navix-DoorKey-Random-8x8-v0, navix:Navix-KeyCorridorS3R1-v0)
+    xminigrid:<id> xland-minigrid's ports of MiniGrid tasks navix lacks (xminigrid:MiniGrid-LockedRoom,
+                   xminigrid:MiniGrid-BlockedUnlockPickUp, ...); its XLand meta-RL tasks are not supported
     craftax:<id>   Craftax (craftax:Craftax-Classic-Symbolic-v1), its achievements logged
     reflectrl:GridWorld-v0  the built-in maze of the torch side (reflectrl/GridWorld-v0), the same
                    layouts, observations, step limit and reward from the same `env.*` settings
@@ -20,7 +22,8 @@ Every env here terminates or truncates on its own; `step` resets an env whose ep
 the same call (the next observation is the new episode's first) and returns the final
 observation and the state key of the state the step reached (for bootstrapping a truncated
 step and for the exploration metrics). State keys (exploration metrics, the count bonus) are
-ints in [0, key_space): navix's player cell, heading and whether it carries something; Craftax's
+ints in [0, key_space): navix's and xland-minigrid's player cell, heading and whether it carries
+something; Craftax's
 player cell; the grid world's cell (row * size + col, as on the torch side); elsewhere a 16-bit
 SimHash of the observation (envs/statekey.py's idea).
 
@@ -323,6 +326,61 @@ class NavixEnv(JaxEnv):
                 self._key(ts.state), jnp.zeros((0,), bool))
 
 
+class XMinigridEnv(JaxEnv):
+    """xland-minigrid's MiniGrid tasks (`xminigrid:MiniGrid-LockedRoom`): the ones navix lacks (LockedRoom,
+    BlockedUnlockPickUp, UnlockPickUp, Unlock, Playground, Memory). They keep MiniGrid's layouts, step
+    limits and reward (1 - 0.9 t / max_steps); what differs from MiniGrid: the observation is the 7x7 view
+    as (tile, colour) pairs, transparent (MiniGrid hides what walls occlude) and without the carried
+    object; the six actions are xland-minigrid's (forward, right, left, pick up, put down, toggle: MiniGrid's
+    order is left, right, forward, pick up, drop, toggle, done). `env.*` settings are its EnvParams
+    (`height`, `width`, `view_size`, `max_steps`)."""
+
+    def __init__(self, name: str, kwargs: dict):
+        import xminigrid
+
+        if name.startswith("XLand-MiniGrid"):
+            raise UserError(f"--env xminigrid:{name}: xland-minigrid's XLand tasks need a benchmark of rulesets "
+                            "downloaded at run time, which reflectrl does not do; its MiniGrid-* tasks are "
+                            "supported (e.g. xminigrid:MiniGrid-LockedRoom)")
+        known = sorted(n for n in xminigrid.registered_environments() if n.startswith("MiniGrid"))
+        if name not in known:
+            raise UserError(f"--env xminigrid:{name}: xland-minigrid has no such task; it has {', '.join(known)}")
+        kwargs = dict(kwargs)
+        self.reset_ratio = _reset_ratio(kwargs, 1)
+        try:
+            self.env, self.params = xminigrid.make(name, **kwargs)
+        except (TypeError, ValueError) as err:
+            raise UserError(f"--env xminigrid:{name}: {err} (its settings: height, width, view_size, "
+                            "max_steps)") from None
+        self.id = f"xminigrid:{name}"
+        self.max_steps = int(self.params.max_steps)
+        self.obs_dim = int(np.prod(self.env.observation_shape(self.params)))
+        self.discrete = True
+        self.action_dim = int(self.env.num_actions(self.params))
+        self.height, self.width = int(self.params.height), int(self.params.width)
+        if self.height > 64 or self.width > 32:
+            raise UserError(f"--env {self.id}: grids up to 64 x 32 cells are supported (this one is "
+                            f"{self.height} x {self.width})")
+        self.key_space = self.height * 32 * 8
+
+    def _key(self, state):
+        agent = state.agent
+        carried = (agent.pocket[0] != 0).astype(jnp.int32)  # an empty pocket is the EMPTY tile (0)
+        return pack_navix_key(agent.position[0], agent.position[1], agent.direction, carried)
+
+    def reset(self, key):
+        ts = self.env.reset(self.params, key)
+        return ts.observation.reshape(-1).astype(jnp.float32), ts, self._key(ts.state)
+
+    def transition(self, key, env_state, action):
+        ts = self.env.step(self.params, env_state, action)
+        last = ts.step_type == 2  # StepType.LAST; a termination sets the discount to 0
+        terminated = jnp.logical_and(last, ts.discount == 0)
+        truncated = jnp.logical_and(last, ts.discount != 0)
+        obs = ts.observation.reshape(-1).astype(jnp.float32)
+        return obs, ts, ts.reward, terminated, truncated, self._key(ts.state), jnp.zeros((0,), bool)
+
+
 class CraftaxEnv(JaxEnv):
     def __init__(self, name: str, kwargs: dict):
         from craftax.craftax_env import make_craftax_env_from_name
@@ -436,8 +494,8 @@ def make_env(env_id: str, kwargs: dict | None = None) -> JaxEnv:
 def _make_env(env_id: str, kwargs: dict | None = None) -> JaxEnv:
     family, _, name = env_id.partition(":")
     if family not in FAMILIES or not name:
-        raise UserError(f"--env {env_id}: backend=jax takes gymnax:<id>, navix:<id>, craftax:<id> or "
-                        "reflectrl:GridWorld-v0 (e.g. gymnax:CartPole-v1, navix:Navix-DoorKey-Random-8x8-v0)")
+        raise UserError(f"--env {env_id}: backend=jax takes gymnax:<id>, navix:<id>, xminigrid:<id>, craftax:<id> "
+                        "or reflectrl:GridWorld-v0 (e.g. gymnax:CartPole-v1, navix:Navix-DoorKey-Random-8x8-v0)")
     if family == "reflectrl":
         return GridWorldJax(name, dict(kwargs or {}))
     try:
@@ -446,4 +504,5 @@ def _make_env(env_id: str, kwargs: dict | None = None) -> JaxEnv:
         __import__(family)
     except ImportError:
         raise UserError(f"--env {env_id} needs {family} and JAX: pip install 'reflectrl[jax]'") from None
-    return {"gymnax": GymnaxEnv, "navix": NavixEnv, "craftax": CraftaxEnv}[family](name, dict(kwargs or {}))
+    return {"gymnax": GymnaxEnv, "navix": NavixEnv, "xminigrid": XMinigridEnv,
+            "craftax": CraftaxEnv}[family](name, dict(kwargs or {}))

@@ -18,7 +18,8 @@ def evaluate_run(run: RunDir, episodes: int, deterministic: bool, seed: int | No
     from reflectrl.jaxrl.trainer import JaxGroup
 
     if video is not None:
-        raise UserError("--video is torch-only: backend=jax envs (gymnax, navix, craftax) are not rendered by eval")
+        raise UserError("--video is torch-only: backend=jax envs (gymnax, navix, xminigrid, craftax) are not rendered "
+                        "by eval")
     cfg = RunConfig.from_dict(run.config())
     group = JaxGroup([cfg], [None])
     state = run.load_checkpoint()

@@ -59,7 +59,7 @@ ALPHA = 0.05  # two-sided level of every test (one-sided tests at ALPHA / 2, TOS
 MIN_SEEDS_FOR_CI = 5
 NO_SPARSE_ENV = "a sparse-reward env"  # what a claim about sparse rewards lacks in an experiment without one
 # (the JAX backend's: its maze and navix's MiniGrid tasks)
-SPARSE_ENV_PREFIXES = ("reflectrl/GridWorld", "MiniGrid", "BabyAI", "reflectrl:GridWorld", "navix:")
+SPARSE_ENV_PREFIXES = ("reflectrl/GridWorld", "MiniGrid", "BabyAI", "reflectrl:GridWorld", "navix:", "xminigrid:")
 # Metrics every PPO run logs; anything else in a run's metrics is a signal's diagnostic.
 STANDARD_METRICS = {
     "global_step", "iteration", "episodic_return", "episodic_length", "episodes", "learning_rate",
@@ -566,7 +566,7 @@ def evaluate_claims(exp: Experiment, reps: int = stats.BOOTSTRAP_REPS, margin: f
             return untested(statement, f"needs '{algo}' and '{BASELINE}' in --algos", ", ".join(needs))
         if not envs_:
             return untested(statement, "no sparse-reward env in the experiment (GridWorld, MiniGrid, BabyAI, navix, "
-                            "or any env with --wrapper sparse/delayed)", NO_SPARSE_ENV)
+                            "xminigrid, or any env with --wrapper sparse/delayed)", NO_SPARSE_ENV)
         a, b = _diff_matrices(exp, label, key, envs_, base)
         n_a, n_b = a.shape[0], b.shape[0]
         known = {"entries": [label, base], "envs": list(envs_), "seeds": [n_a, n_b]}

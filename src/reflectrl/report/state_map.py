@@ -61,7 +61,7 @@ def projection(cfg: RunConfig, sample: dict, dims: tuple[int, int] | None):
             return col, row, "column", "row", True
         if env_id.startswith(("MiniGrid", "BabyAI")):
             return keys & 0xFF, (keys >> 8) & 0xFF, "x", "y", True
-        if env_id.startswith("navix:"):
+        if env_id.startswith(("navix:", "xminigrid:")):
             col, row = unpack_navix_key(keys)
             return col, row, "column", "row", True
         if env_id.startswith("craftax:"):
