@@ -2,7 +2,7 @@
 finishes inside a 10-minute device window and writes its report.
 
     python bench/jax_device.py [--out $OUT/hard-exploration] [--steps 10000000] [--seeds 16]
-                               [--tasks doorkey16,keycorridor,craftax] [--budget 540]
+                               [--tasks doorkey16,keycorridor,lockedroom,craftax] [--budget 540]
                                [--suite seeds|variants]
 
 `--suite variants` (issue 42) runs the exploration forms of the seed signals instead, against the
@@ -10,11 +10,11 @@ baselines with and without a decay schedule: ppo, ppo+count, ppo+count[schedule=
 ppo+rnd[schedule=linear], ppo+calibration[mode=uncertainty], ppo+count+shaping[mode=potential]
 (with count, distill=total is the same run), ppo+rnd+shaping[mode=potential;distill=total],
 ppo+rnd+gear[advantage=total], and the seed forms ppo+calibration and ppo+rnd+gear for reference,
-on DoorKey-8x8 and the tasks above (navix has no multi-room task, so none is run).
+on DoorKey-8x8 and the tasks below.
 
 On the JAX backend: ppo, ppo+count, ppo+rnd, each seed signal alone and on top of the count bonus,
-on DoorKey-16x16, KeyCorridorS3R3 (navix's -Random- DoorKey; MiniGrid's settings) and
-Craftax-Classic, each entry's seeds one vectorised program, with the larger env counts a compiled
+on DoorKey-16x16, KeyCorridorS3R3 (navix's; the -Random- DoorKey, MiniGrid's settings), the multi-room
+LockedRoom (xland-minigrid's port: navix has no multi-room task) and Craftax-Classic, each entry's seeds one vectorised program, with the larger env counts a compiled
 program affords on an accelerator (`--set num_envs=...`). It first times one short entry per task
 and cuts `--steps` so that the whole suite fits `--budget` seconds (saying so), then runs
 `reflectrl compare` per task (which resumes across calls), and `reflectrl claims` over the results.
@@ -34,6 +34,7 @@ TASKS = {
     "doorkey8": "navix:Navix-DoorKey-Random-8x8-v0",
     "doorkey16": "navix:Navix-DoorKey-Random-16x16-v0",
     "keycorridor": "navix:Navix-KeyCorridorS3R3-v0",
+    "lockedroom": "xminigrid:MiniGrid-LockedRoom",
     "craftax": "craftax:Craftax-Classic-Symbolic-v1",
 }
 SUITES = {
@@ -69,7 +70,7 @@ def main() -> int:
     parser.add_argument("--out", default="runs/hard-exploration-device")
     parser.add_argument("--steps", type=int, default=10_000_000)
     parser.add_argument("--seeds", type=int, default=16)
-    parser.add_argument("--tasks", default=None, help="default: doorkey16,keycorridor,craftax "
+    parser.add_argument("--tasks", default=None, help="default: doorkey16,keycorridor,lockedroom,craftax "
                         "(suite variants: doorkey8 too)")
     parser.add_argument("--suite", choices=sorted(SUITES), default="seeds")
     parser.add_argument("--budget", type=float, default=540.0, help="seconds the whole suite may take")
@@ -80,8 +81,8 @@ def main() -> int:
     knobs = ACCELERATOR_KNOBS if kind else CPU_KNOBS
     print(f"jax devices: {kind or 'cpu only'}; knobs {' '.join(knobs)}", flush=True)
     algos = SUITES[args.suite]
-    tasks = (args.tasks or ("doorkey8,doorkey16,keycorridor,craftax" if args.suite == "variants"
-                            else "doorkey16,keycorridor,craftax")).split(",")
+    tasks = (args.tasks or ("doorkey8,doorkey16,keycorridor,lockedroom,craftax" if args.suite == "variants"
+                            else "doorkey16,keycorridor,lockedroom,craftax")).split(",")
     unknown = [t for t in tasks if t not in TASKS]
     if unknown:
         print(f"jax_device: unknown task {', '.join(unknown)}; use some of {', '.join(TASKS)}", file=sys.stderr)
