@@ -192,3 +192,34 @@ def test_a_kill_between_a_groups_checkpoint_commits_resumes_from_one_iteration(t
         assert status["status"] == "finished" and status["global_step"] == 512
         steps = [r["global_step"] for r in read_metrics(path)]
         assert steps == list(range(32, 513, 32))
+
+
+@pytest.mark.slow
+def test_a_group_vectorises_ppos_knobs_and_each_run_trains_as_it_would_alone():
+    """Runs that differ in PPO's vectorisable knobs (a sweep's trials) train as one program, each
+    seed reading its own values: the same seed with other knobs ends elsewhere, and a run trained
+    in the group ends with the parameters it reaches alone."""
+    a = tiny_config(1, extra=["ent_coef=0.0", "learning_rate=0.001"])
+    b = tiny_config(1, extra=["ent_coef=0.05", "learning_rate=0.0003", "clip_coef=0.1"])
+    group = JaxGroup([a, b], [None, None])
+    assert group.setup.varying == ("learning_rate", "ent_coef", "clip_coef")
+    group.train(progress=False)
+    alone = JaxGroup([b], [None])
+    assert alone.setup.varying == ()
+    alone.train(progress=False)
+    x = jax.tree_util.tree_leaves(jax.tree_util.tree_map(lambda v: v[1], group.states["params"]))
+    y = jax.tree_util.tree_leaves(jax.tree_util.tree_map(lambda v: v[0], alone.states["params"]))
+    for u, v in zip(x, y, strict=True):
+        np.testing.assert_allclose(np.asarray(u), np.asarray(v), rtol=1e-4, atol=1e-5)
+    assert group.params_sha256(0) != group.params_sha256(1)
+
+
+@pytest.mark.parametrize("extra, algo, says", [
+    (["gamma=0.9"], "ppo", "must differ only in their seed and in PPO's learning_rate"),
+    (["learning_rate=0.001"], "ppo+calibration", "calibration fit their networks at lr_multiplier"),
+])
+def test_a_group_refuses_runs_it_cannot_vectorise(extra, algo, says):
+    from reflectrl.errors import UserError
+
+    with pytest.raises(UserError, match=says):
+        JaxGroup([tiny_config(1, algo=algo), tiny_config(2, algo=algo, extra=extra)], [None, None])

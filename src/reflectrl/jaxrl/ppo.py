@@ -38,6 +38,9 @@ from reflectrl.jaxrl.gae import gae
 from reflectrl.jaxrl.signals.base import Batch, Context, Output
 
 WINDOW = 10  # iterations in the visitation-entropy window (trainers/exploration_metrics.py)
+# PPO's knobs that may differ between the seeds of one program (a sweep's trials, `sweep --vmap-trials`):
+# read from each seed's state["hyper"] (traced) where they differ, from PPOConfig (constants) where they do not
+VECTOR_KNOBS = ("learning_rate", "ent_coef", "vf_coef", "clip_coef", "max_grad_norm")
 
 
 @dataclass(frozen=True, eq=False)
@@ -49,6 +52,7 @@ class Setup:
     signals: tuple = ()         # jaxrl signals, in --algo order
     total_iterations: int = 1
     snapshots: tuple = ()       # 1-based iterations whose rollouts are kept for state maps (runs/state_samples.py)
+    varying: tuple = ()         # VECTOR_KNOBS that differ between the program's seeds (their state["hyper"])
 
     @property
     def T(self) -> int:
@@ -74,6 +78,21 @@ class Setup:
                        feature_dim=k.hidden_sizes[-1], learning_rate=k.learning_rate, gamma=k.gamma,
                        gae_lambda=k.gae_lambda, num_steps=k.num_steps, num_envs=k.num_envs,
                        total_iterations=self.total_iterations, key_space=env.key_space)
+
+
+class SeedKnobs:
+    """PPOConfig's knobs as one seed sees them: the varying ones (Setup.varying) from its state["hyper"]."""
+
+    def __init__(self, knobs, hyper: dict):
+        self._knobs, self._hyper = knobs, hyper
+
+    def __getattr__(self, name):
+        hyper = self.__dict__["_hyper"]
+        return hyper[name] if name in hyper else getattr(self.__dict__["_knobs"], name)
+
+
+def seed_knobs(setup: Setup, state: dict):
+    return SeedKnobs(setup.knobs, state["hyper"]) if setup.varying else setup.knobs
 
 
 # --------------------------------------------------------------------------- the policy
@@ -141,10 +160,13 @@ def optimizer(knobs) -> optax.GradientTransformation:
 
 # --------------------------------------------------------------------------- the training state
 
-def init_state(setup: Setup, seed_key) -> dict:
+def init_state(setup: Setup, seed_key, hyper: dict | None = None) -> dict:
     """A seed's training state, every leaf strongly typed: a weakly typed leaf (navix's reset writes a
-    Python 0.0) comes back strongly typed from an iteration, and the program would compile a second time."""
+    Python 0.0) comes back strongly typed from an iteration, and the program would compile a second time.
+    `hyper`: the seed's values of Setup.varying (float32 scalars), kept in the state as "hyper"."""
     state = _init_state(setup, seed_key)
+    if setup.varying:
+        state["hyper"] = {name: jnp.asarray(hyper[name], jnp.float32) for name in setup.varying}
     return jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype=jnp.asarray(x).dtype), state)
 
 
@@ -388,7 +410,7 @@ def stream_advantages(setup: Setup, streamed, traj: dict, stream_rewards):
 
 
 def update(setup: Setup, state: dict, traj: dict, advantages, returns, weights, stream_returns, key, it):
-    k = setup.knobs
+    k = seed_knobs(setup, state)
     B = setup.T * setup.N
     mb = B // k.num_minibatches
     flat = {"obs": traj["obs"].reshape(B, -1), "actions": traj["actions"].reshape((B,) + traj["actions"].shape[2:]),
@@ -534,7 +556,8 @@ def make_program(setup: Setup, chunk: int, total: int | None = None):
 
 
 def make_init(setup: Setup):
-    return jax.jit(jax.vmap(lambda key: init_state(setup, key)))
+    """jit(vmap(init_state)): (seed keys (S,), {varying knob: values (S,)}) -> states."""
+    return jax.jit(jax.vmap(lambda key, hyper: init_state(setup, key, hyper)))
 
 
 def seed_key(seed: int) -> jax.Array:

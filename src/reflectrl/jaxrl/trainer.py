@@ -33,11 +33,31 @@ CHUNK_STEPS = 32_768  # env steps per seed per call of the program (at most; at 
 INT_METRICS = ("episodes", "unique_states", "unique_states_total", "achievements_total")
 
 
-def _same_but_seed(cfgs: list[RunConfig]) -> None:
-    first = {k: v for k, v in cfgs[0].to_dict().items() if k != "seed"}
-    for cfg in cfgs[1:]:
-        if {k: v for k, v in cfg.to_dict().items() if k != "seed"} != first:
-            raise UserError("the runs of one JAX group must differ only in their seed")
+def varying_knobs(cfgs: list[RunConfig]) -> tuple[str, ...]:
+    """The PPO knobs (ppo.VECTOR_KNOBS) whose values differ between a group's runs, which must
+    otherwise differ only in their seed."""
+    from reflectrl.jaxrl.ppo import VECTOR_KNOBS
+
+    def rest(cfg):
+        d = cfg.to_dict()
+        d.pop("seed")
+        d["ppo"] = {k: v for k, v in d.get("ppo", {}).items() if k not in VECTOR_KNOBS}
+        return d
+
+    first = rest(cfgs[0])
+    if any(rest(cfg) != first for cfg in cfgs[1:]):
+        raise UserError("the runs of one JAX group must differ only in their seed and in PPO's "
+                        f"{', '.join(VECTOR_KNOBS)}")
+    varying = tuple(k for k in VECTOR_KNOBS if len({getattr(trainer_knobs(c), k) for c in cfgs}) > 1)
+    return varying
+
+
+def _check_varying(varying: tuple[str, ...], signals) -> None:
+    fitting = [s.name for s in signals if hasattr(getattr(s, "cfg", None), "lr_multiplier")]
+    if "learning_rate" in varying and fitting:
+        raise UserError(f"learning_rate differs between the runs of this JAX group, and {', '.join(fitting)} fit "
+                        "their networks at lr_multiplier x learning_rate, a constant of the program: vectorise "
+                        "ent_coef, vf_coef, clip_coef or max_grad_norm here, or train each learning_rate apart")
 
 
 CACHE_ENV = "REFLECTRL_JAX_CACHE"  # the compiled programs' cache folder; "0" or "" turns it off
@@ -83,24 +103,27 @@ class JaxGroup:
         from reflectrl.jaxrl.envs import make_env
         from reflectrl.jaxrl.resolve import build_signals
 
-        _same_but_seed(cfgs)
+        varying = varying_knobs(cfgs)
         enable_compilation_cache()
         self.cfgs, self.runs = cfgs, runs
         cfg = self.cfg = cfgs[0]
         self.knobs = trainer_knobs(cfg)
         self.env = make_env(cfg.env_id, cfg.env)
         self.signals = build_signals(cfg)
+        _check_varying(varying, self.signals)
         self.batch_size = self.knobs.batch_size
         self.num_iterations = math.ceil(cfg.total_steps / self.batch_size)
         from reflectrl.runs.state_samples import snapshot_iterations
 
         self.setup = ppo.Setup(env=self.env, knobs=self.knobs, signals=self.signals,
                                total_iterations=self.num_iterations,
-                               snapshots=tuple(snapshot_iterations(self.num_iterations, cfg.state_map_snapshots)))
+                               snapshots=tuple(snapshot_iterations(self.num_iterations, cfg.state_map_snapshots)),
+                               varying=varying)
         self.chunk = chunk_length(self.num_iterations, max(1, min(CHUNK_STEPS // self.batch_size,
                                                                   cfg.checkpoint_every // self.batch_size)))
         self._jax, self._ppo = jax, ppo
-        self.states = ppo.make_init(self.setup)(jnp.stack([ppo.seed_key(c.seed) for c in cfgs]))
+        hyper = {k: jnp.asarray([getattr(trainer_knobs(c), k) for c in cfgs], jnp.float32) for k in varying}
+        self.states = ppo.make_init(self.setup)(jnp.stack([ppo.seed_key(c.seed) for c in cfgs]), hyper)
         self.iteration = 0
         self.recent = [deque(maxlen=100) for _ in cfgs]
         self.failed: dict[int, str] = {}
