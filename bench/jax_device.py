@@ -14,8 +14,9 @@ on DoorKey-8x8 and the tasks below.
 
 On the JAX backend: ppo, ppo+count, ppo+rnd, each seed signal alone and on top of the count bonus,
 on DoorKey-16x16, KeyCorridorS3R3 (navix's; the -Random- DoorKey, MiniGrid's settings), the multi-room
-LockedRoom (xland-minigrid's port: navix has no multi-room task) and Craftax-Classic, each entry's seeds one vectorised program, with the larger env counts a compiled
-program affords on an accelerator (`--set num_envs=...`). It first times one short entry per task
+LockedRoom (xland-minigrid's port: navix has no multi-room task) and Craftax-Classic, each entry's
+seeds one vectorised program, with the larger env counts a compiled program affords on an
+accelerator (`--set num_envs=...`). It first times one short entry per task
 and cuts `--steps` so that the whole suite fits `--budget` seconds (saying so), then runs
 `reflectrl compare` per task (which resumes across calls), and `reflectrl claims` over the results.
 On a CPU-only machine it says so and runs the same suite at a size that machine finishes (the

@@ -112,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--baseline", default=None, metavar="DIR",
                     help="a finished ppo sweep with the same --trials: its best knobs join the re-run as 'ppo'")
     sw.add_argument("--no-prune", action="store_true", help="run every trial in full (no median pruning)")
+    sw.add_argument("--vmap-trials", type=int, default=1, metavar="N",
+                    help="backend=jax: N trials at a time trained as one compiled program, their PPO knobs "
+                         "(learning_rate, ent_coef, vf_coef, clip_coef, max_grad_norm) vectorised; no pruning")
     sw.add_argument("--wrapper", default=None, help=WRAPPER_HELP + ", for every run")
     sw.add_argument("--set", action="append", nargs="+", metavar="KEY=VALUE", help="a fixed knob for every run")
     sw.add_argument("--backend", default="local", choices=["local", "ray"], help=BACKEND_HELP)
@@ -367,12 +370,18 @@ def _sweep(args) -> int:
                         total_steps=args.total_steps, objective=args.objective, wrapper=args.wrapper,
                         sets=_flatten(args.set))
     spec.validate()
+    if args.vmap_trials < 1:
+        raise UserError(f"--vmap-trials {args.vmap_trials}: must be >= 1 (1: one trial at a time)")
+    if args.vmap_trials > 1:
+        if args.backend == "ray":
+            raise UserError("--vmap-trials trains a batch of trials in one local process: drop --backend ray")
+        sw.vectorised_keys(spec)
     baseline = Path(args.baseline) if args.baseline else None
     if baseline is not None:
         sw.check_baseline(spec, args.trials, baseline)
     root = Path(args.out)
     backend = {"backend": args.backend, "workers": args.workers, "ray_address": args.ray_address}
-    result = sw.run_sweep(root, spec, args.trials, backend, prune=not args.no_prune)
+    result = sw.run_sweep(root, spec, args.trials, backend, prune=not args.no_prune, vmap_trials=args.vmap_trials)
     print(f"sweep: {result.ran} trial(s) run now, {args.trials} in the study; study: {root / sw.STUDY_FILE}; "
           f"trials and sensitivity plots: {root / 'report'}")
     if result.best is None:

@@ -20,6 +20,11 @@ stopped the way Ctrl-C stops a `compare`: its runs end at their last checkpoint.
 * Storage: DIR/sweep.db (SQLite), DIR/sweep.json (what the sweep is; a rerun must match it,
   except --trials, which may grow). Rerunning continues the study: finished trials are not
   rerun, a trial the last process was running is resumed with the same knobs and directory.
+* `--vmap-trials N` (backend=jax): N trials at a time, asked of the sampler together (TPE with
+  its constant liar, so that they spread), their runs (N trials x K seeds) trained as one
+  compiled program with each run's knobs read from its own state (jaxrl/ppo.py VECTOR_KNOBS:
+  learning_rate, ent_coef, vf_coef, clip_coef, max_grad_norm). A batch runs to its end: no
+  pruning. Each trial's directory is the compare experiment it would otherwise be.
 * Winner's curse: the best knobs are re-run on fresh seeds K+1..K+M in DIR/best (an
   experiment whose seeds start at K+1: ExperimentSpec.first_seed), optionally beside the
   tuned baseline of another sweep (`--baseline`), and that experiment gets the ordinary report.
@@ -37,6 +42,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -483,10 +489,100 @@ def _sweep_lock(root: Path):
         yield
 
 
+def vectorised_keys(sweep: SweepSpec) -> list[str]:
+    """Check that `sweep --vmap-trials` can train the sweep's trials as one program: backend=jax, and a
+    space of PPO's vectorisable knobs (learning_rate only where no signal fits a network with it).
+    Returns the space's keys."""
+    from reflectrl.jaxrl.ppo import VECTOR_KNOBS
+
+    sets = dict(item.partition("=")[::2] for item in sweep.sets)
+    if sets.get("backend", "").strip() != "jax":
+        raise UserError("--vmap-trials trains a batch of trials as one compiled program: add --set backend=jax "
+                        "(or drop --vmap-trials)")
+    keys = [k.key.removeprefix("ppo.") for k in sweep.knobs()]
+    other = [k for k in keys if k not in VECTOR_KNOBS]
+    if other:
+        raise UserError(f"--vmap-trials vectorises PPO's {', '.join(VECTOR_KNOBS)}; the space also tunes "
+                        f"{', '.join(other)}: drop --vmap-trials or tune those apart")
+    if "learning_rate" in keys:
+        from reflectrl.config import section_types
+
+        fitting = [name for name in parse_algo(sweep.algo).signals
+                   if hasattr(section_types().get(name, object)(), "lr_multiplier")]
+        if fitting:
+            raise UserError(f"--vmap-trials with learning_rate in the space: {', '.join(fitting)} fit their "
+                            "networks at lr_multiplier x learning_rate, a constant of the program; tune "
+                            "learning_rate without --vmap-trials")
+    return keys
+
+
+def run_trial_batch(study, batch: list, root: Path, sweep: SweepSpec, budget: int) -> list[str]:
+    """Run a batch of trials (sweep --vmap-trials) to their end as one program: each trial's runs
+    in its own compare directory, all of them trained by one `reflectrl train-group` (their
+    knobs vectorised); tell Optuna each trial's score. One line per trial."""
+    import optuna
+
+    from reflectrl.experiments.local import run_local
+    from reflectrl.experiments.progress import Progress
+    from reflectrl.experiments.spec import load_or_create
+    from reflectrl.experiments.state import ExperimentResult, exclusive, run_state
+
+    knobs = sweep.knobs()
+    done = _finished(study)
+    lines, todo, members = [], [], []
+    with contextlib.ExitStack() as locks:
+        for j, trial in enumerate(batch):
+            params = {k.key: k.suggest(trial) for k in knobs}
+            spec, out = sweep.experiment(params), trial_dir(root, trial.number)
+            head = f"trial {trial.number} ({done + j + 1}/{budget}): {_knob_text(knobs, params)}"
+            try:
+                runs = validate_runs(spec, out)
+            except UserError as err:
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                lines.append(f"{head} -> failed: {err}")
+                continue
+            locks.enter_context(exclusive(out))
+            load_or_create(out, spec)
+            for run in runs:
+                state = run_state(run)
+                if state == "fresh" and run.path.exists():
+                    shutil.rmtree(run.path)  # died before its first checkpoint: nothing to keep
+                if state != "finished":
+                    run.path.parent.mkdir(parents=True, exist_ok=True)  # its log goes there
+                    todo.append((run, state))
+            members.append((trial, out, runs, head))
+        if todo:
+            numbers = ", ".join(str(t.number) for t, *_ in members)
+            for _, out, _, _ in members:
+                with open(out.with_suffix(".log"), "a") as log:
+                    log.write(f"$ (--vmap-trials: trials {numbers} trained as one program; output in "
+                              f"{todo[0][0].path.with_suffix('.log')})\n")
+            result = ExperimentResult()
+            bar = Progress(sweep.experiment({k.key: k.extremes()[0] for k in knobs}), [r for r, _ in todo], result,
+                           False)
+            try:
+                run_local(todo, 1, result, bar)
+            finally:
+                bar.close()
+    for trial, out, runs, head in members:
+        failed = [(run, why) for run, why in result.failed if run in runs] if todo else []
+        if failed:
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            lines.append(f"{head} -> failed (see {failed[0][0].path.with_suffix('.log')}): {failed[0][1]}")
+            continue
+        scores = trial_scores(out)
+        for key, value in scores.items():
+            trial.set_user_attr(key, value)
+        study.tell(trial, scores[sweep.objective])
+        lines.append(f"{head} -> {sweep.objective} {_short(scores[sweep.objective])}{_best(study)}")
+    return lines
+
+
 def run_sweep(root: Path, sweep: SweepSpec, trials: int, backend: dict, prune: bool = True,
-              echo=print) -> SweepResult:
+              echo=print, vmap_trials: int = 1) -> SweepResult:
     """Run trials until `trials` have ended, resuming a trial the last process left running;
-    writes DIR/best.json and DIR/report/ (trials.csv, sensitivity plots)."""
+    writes DIR/best.json and DIR/report/ (trials.csv, sensitivity plots). `vmap_trials` > 1:
+    that many trials at a time as one program (run_trial_batch)."""
     from reflectrl.report.sweep_plots import write_sweep_report
 
     load_or_create_sweep(root, sweep)
@@ -495,6 +591,11 @@ def run_sweep(root: Path, sweep: SweepSpec, trials: int, backend: dict, prune: b
         import optuna
 
         study = _open_study(root)
+        if vmap_trials > 1:
+            _run_batches(study, root, sweep, trials, vmap_trials, echo, result)
+            result.best = write_best(root, study, sweep, trials)
+            write_sweep_report(root, sweep.knobs(), trial_rows(study, sweep.knobs()), result.best, sweep.objective)
+            return result
         for stale in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             # the process that ran it was stopped; its runs resume from their checkpoints
             echo(run_trial(study, optuna.trial.Trial(study, stale._trial_id), root, sweep, backend, trials, prune))
@@ -507,6 +608,26 @@ def run_sweep(root: Path, sweep: SweepSpec, trials: int, backend: dict, prune: b
         result.best = write_best(root, study, sweep, trials)
         write_sweep_report(root, sweep.knobs(), trial_rows(study, sweep.knobs()), result.best, sweep.objective)
     return result
+
+
+def _run_batches(study, root: Path, sweep: SweepSpec, trials: int, size: int, echo, result: SweepResult) -> None:
+    """Batches of `size` trials until `trials` have ended: first the trials the last process left
+    running (their runs resume from their checkpoints), then new ones, asked together."""
+    import optuna
+
+    pending = [optuna.trial.Trial(study, t._trial_id)
+               for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))]
+    while pending or _finished(study) < trials:
+        batch, pending = pending[:size], pending[size:]
+        while len(batch) < size and _finished(study) + len(batch) < trials:
+            with warnings.catch_warnings():  # constant_liar is "experimental" in Optuna: not the user's concern
+                warnings.simplefilter("ignore")
+                study.sampler = optuna.samplers.TPESampler(
+                    seed=SAMPLER_SEED + len(study.get_trials(deepcopy=False)), constant_liar=True)
+            batch.append(study.ask())
+        for line in run_trial_batch(study, batch, root, sweep, trials):
+            echo(line)
+        result.ran += len(batch)
 
 
 def trial_rows(study, knobs: list[Knob]) -> list[dict]:
