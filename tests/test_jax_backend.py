@@ -223,3 +223,24 @@ def test_a_group_refuses_runs_it_cannot_vectorise(extra, algo, says):
 
     with pytest.raises(UserError, match=says):
         JaxGroup([tiny_config(1, algo=algo), tiny_config(2, algo=algo, extra=extra)], [None, None])
+
+
+def test_an_entrys_resumed_seeds_stay_one_job_whatever_steps_their_metrics_reached(tmp_path):
+    """A kill can cut a group's metrics logging short after some seeds' rows: the steps their
+    metrics reached differ, and they still resume as one program (train-group settles their
+    checkpoints); fresh and resumed runs, and other entries, are separate jobs."""
+    from types import SimpleNamespace
+
+    from reflectrl.experiments.local import jax_groups
+
+    def run(label, seed, rows):
+        path = tmp_path / label / f"seed{seed}"
+        path.mkdir(parents=True)
+        (path / "metrics.jsonl").write_text("".join(json.dumps({"global_step": 32 * (i + 1)}) + "\n"
+                                                    for i in range(rows)))
+        return SimpleNamespace(env_id="gymnax:CartPole-v1", entry=SimpleNamespace(label=label), path=path,
+                               overrides=("backend=jax",))
+
+    a1, a2, a3, b1 = run("ppo", 1, 5), run("ppo", 2, 4), run("ppo", 3, 0), run("ppo+count", 1, 5)
+    jobs = jax_groups([(a1, "resume"), (a2, "resume"), (a3, "fresh"), (b1, "resume")])
+    assert [[r.path for r, _ in job] for job in jobs] == [[a1.path, a2.path], [a3.path], [b1.path]]

@@ -29,15 +29,17 @@ def _raise_interrupt(signum, frame):
 
 def jax_groups(todo: list[tuple[RunSpec, str]]) -> list[list[tuple[RunSpec, str]]]:
     """`todo` as jobs: a run of backend=jax joins the other seeds of its entry (same env, entry and
-    state, resumed from the same step) in one job, trained as one program (`reflectrl
-    train-group`); every other run is a job of its own."""
+    state) in one job, trained as one program (`reflectrl train-group`, which resumes runs
+    checkpointed at different iterations as groups of their own: jaxrl/trainer.py train_group;
+    the steps their metrics reached may differ where a kill cut the logging short); every other
+    run is a job of its own."""
     jobs: list[list[tuple[RunSpec, str]]] = []
     groups: dict[tuple, list] = {}
     for run, state in todo:
         if "backend=jax" not in run.overrides:
             jobs.append([(run, state)])
             continue
-        key = (run.env_id, run.entry.label, state, last_logged_step(run.path) if state == "resume" else 0)
+        key = (run.env_id, run.entry.label, state)
         if key not in groups:
             groups[key] = []
             jobs.append(groups[key])
