@@ -215,7 +215,7 @@ def test_a_group_vectorises_ppos_knobs_and_each_run_trains_as_it_would_alone():
 
 
 @pytest.mark.parametrize("extra, algo, says", [
-    (["gamma=0.9"], "ppo", "must differ only in their seed and in PPO's learning_rate"),
+    (["gamma=0.9"], "ppo", "must differ only in their seed and in learning_rate"),
     (["learning_rate=0.001"], "ppo+calibration", "calibration fit their networks at lr_multiplier"),
 ])
 def test_a_group_refuses_runs_it_cannot_vectorise(extra, algo, says):
@@ -244,3 +244,24 @@ def test_an_entrys_resumed_seeds_stay_one_job_whatever_steps_their_metrics_reach
     a1, a2, a3, b1 = run("ppo", 1, 5), run("ppo", 2, 4), run("ppo", 3, 0), run("ppo+count", 1, 5)
     jobs = jax_groups([(a1, "resume"), (a2, "resume"), (a3, "fresh"), (b1, "resume")])
     assert [[r.path for r, _ in job] for job in jobs] == [[a1.path, a2.path], [a3.path], [b1.path]]
+
+
+@pytest.mark.slow
+def test_a_group_vectorises_the_signals_knobs_and_each_run_trains_as_it_would_alone():
+    """count.beta, calibration.alpha and calibration.beta differ between the runs of one program (with a
+    PPO knob): a run trained in the group ends with the parameters it reaches alone, where its knobs are
+    the program's constants."""
+    algo = "ppo+count+calibration"
+    a = tiny_config(1, algo=algo, extra=["count.beta=0.01", "calibration.alpha=0.1"])
+    b = tiny_config(1, algo=algo, extra=["count.beta=0.05", "calibration.alpha=0.5", "calibration.beta=2.0",
+                                         "ent_coef=0.02"])
+    group = JaxGroup([a, b], [None, None])
+    assert group.setup.varying == ("ent_coef", "count.beta", "calibration.alpha", "calibration.beta")
+    group.train(progress=False)
+    alone = JaxGroup([b], [None])
+    alone.train(progress=False)
+    x = jax.tree_util.tree_leaves(jax.tree_util.tree_map(lambda v: v[1], group.states["params"]))
+    y = jax.tree_util.tree_leaves(jax.tree_util.tree_map(lambda v: v[0], alone.states["params"]))
+    for u, v in zip(x, y, strict=True):
+        np.testing.assert_allclose(np.asarray(u), np.asarray(v), rtol=1e-4, atol=1e-5)
+    assert group.params_sha256(0) != group.params_sha256(1)

@@ -1,5 +1,5 @@
 """`reflectrl sweep --vmap-trials N` (backend=jax, issue 39): a batch of trials trained as one
-compiled program, each run reading its own PPO knobs; and the one-line refusals."""
+compiled program, each run reading its own PPO and signal knobs; and the one-line refusals."""
 
 from __future__ import annotations
 
@@ -25,6 +25,10 @@ def sweep_argv(out, space, *extra, sets=TINY):
 @pytest.mark.parametrize("space, extra, sets, says", [
     (["ent_coef=uniform(0,0.05)"], ["--vmap-trials", "3"], TINY[1:], "add --set backend=jax"),
     (["gamma=uniform(0.9,0.99)"], ["--vmap-trials", "3"], TINY, "the space also tunes gamma"),
+    (["count.beta=uniform(0.001,0.1)"], ["--vmap-trials", "3", "--algo", "ppo+gear"], TINY,
+     "--algo ppo+gear does not run the 'count' signal"),
+    (["gear.temperature=uniform(0.5,2)"], ["--vmap-trials", "3", "--algo", "ppo+gear"], TINY,
+     "the space also tunes gear.temperature"),
     (["learning_rate=loguniform(1e-4,1e-2)"], ["--vmap-trials", "3", "--algo", "ppo+calibration"], TINY,
      "calibration fit their networks at lr_multiplier"),
     (["ent_coef=uniform(0,0.05)"], ["--vmap-trials", "0"], TINY, "--vmap-trials 0: must be >= 1"),
@@ -41,8 +45,9 @@ def test_refusals_are_one_line_and_write_nothing(cli, tmp_path, space, extra, se
 @pytest.mark.slow
 def test_a_batch_of_trials_trains_as_one_program_each_run_with_its_knobs(cli, tmp_path):
     out = tmp_path / "sweep"
-    code, stdout, err = cli(*sweep_argv(out, ["ent_coef=uniform(0,0.05)", "learning_rate=loguniform(1e-4,1e-2)"],
-                                        "--vmap-trials", "3"))
+    code, stdout, err = cli(*sweep_argv(out, ["ent_coef=uniform(0,0.05)", "learning_rate=loguniform(1e-4,1e-2)",
+                                              "count.beta=loguniform(1e-3,0.1)"], "--vmap-trials", "3",
+                                        "--algo", "ppo+count"))
     assert code == 0, err
     assert stdout.count("-> auc ") == 3
     # one program: one train-group process whose JSON lists the 3 trials x 2 seeds
@@ -52,11 +57,12 @@ def test_a_batch_of_trials_trains_as_one_program_each_run_with_its_knobs(cli, tm
         sets = json.loads((out / "trials" / f"{trial:04d}" / "experiment.json").read_text())["sets"]
         knobs = dict(item.split("=", 1) for item in sets)
         for seed in (1, 2):
-            run = out / "trials" / f"{trial:04d}" / "runs" / "gymnax_CartPole-v1" / "ppo" / f"seed{seed}"
+            run = out / "trials" / f"{trial:04d}" / "runs" / "gymnax_CartPole-v1" / "ppo+count" / f"seed{seed}"
             status = json.loads((run / "run.json").read_text())
             assert status["status"] == "finished"
             first = read_metrics(run)[0]
             # the run's own learning rate (annealed from it: the first iteration's is the knob itself)
             assert first["learning_rate"] == pytest.approx(float(knobs["learning_rate"]), rel=1e-6)
+            assert first["count_beta"] == pytest.approx(float(knobs["count.beta"]), rel=1e-6)  # the signal's own
     best = json.loads((out / "best.json").read_text())
     assert best["trial"] in (0, 1, 2)

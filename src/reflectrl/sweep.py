@@ -23,7 +23,8 @@ stopped the way Ctrl-C stops a `compare`: its runs end at their last checkpoint.
 * `--vmap-trials N` (backend=jax): N trials at a time, asked of the sampler together (TPE with
   its constant liar, so that they spread), their runs (N trials x K seeds) trained as one
   compiled program with each run's knobs read from its own state (jaxrl/ppo.py VECTOR_KNOBS:
-  learning_rate, ent_coef, vf_coef, clip_coef, max_grad_norm). A batch runs to its end: no
+  learning_rate, ent_coef, vf_coef, clip_coef, max_grad_norm; and the signals' vector_knobs:
+  count.beta, calibration.alpha and calibration.beta). A batch runs to its end: no
   pruning. Each trial's directory is the compare experiment it would otherwise be.
 * Winner's curse: the best knobs are re-run on fresh seeds K+1..K+M in DIR/best (an
   experiment whose seeds start at K+1: ExperimentSpec.first_seed), optionally beside the
@@ -491,7 +492,8 @@ def _sweep_lock(root: Path):
 
 def vectorised_keys(sweep: SweepSpec) -> list[str]:
     """Check that `sweep --vmap-trials` can train the sweep's trials as one program: backend=jax, and a
-    space of PPO's vectorisable knobs (learning_rate only where no signal fits a network with it).
+    space of vectorisable knobs: PPO's (learning_rate only where no signal fits a network with it) and
+    the signals' own (each JAX signal's vector_knobs, e.g. count.beta, calibration.alpha).
     Returns the space's keys."""
     from reflectrl.jaxrl.ppo import VECTOR_KNOBS
 
@@ -499,10 +501,14 @@ def vectorised_keys(sweep: SweepSpec) -> list[str]:
     if sets.get("backend", "").strip() != "jax":
         raise UserError("--vmap-trials trains a batch of trials as one compiled program: add --set backend=jax "
                         "(or drop --vmap-trials)")
+    from reflectrl.jaxrl.signals import JAX_SIGNALS
+
     keys = [k.key.removeprefix("ppo.") for k in sweep.knobs()]
-    other = [k for k in keys if k not in VECTOR_KNOBS]
+    allowed = VECTOR_KNOBS + tuple(f"{name}.{knob}" for name in parse_algo(sweep.algo).signals
+                                   if name in JAX_SIGNALS for knob in JAX_SIGNALS[name].vector_knobs)
+    other = [k for k in keys if k not in allowed]
     if other:
-        raise UserError(f"--vmap-trials vectorises PPO's {', '.join(VECTOR_KNOBS)}; the space also tunes "
+        raise UserError(f"--vmap-trials vectorises {', '.join(allowed)} here; the space also tunes "
                         f"{', '.join(other)}: drop --vmap-trials or tune those apart")
     if "learning_rate" in keys:
         from reflectrl.config import section_types

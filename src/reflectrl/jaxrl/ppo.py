@@ -35,11 +35,12 @@ import optax
 from reflectrl.jaxrl import nets
 from reflectrl.jaxrl.envs import vector_step
 from reflectrl.jaxrl.gae import gae
-from reflectrl.jaxrl.signals.base import Batch, Context, Output
+from reflectrl.jaxrl.signals.base import Batch, Context, Output, SeedKnobs
 
 WINDOW = 10  # iterations in the visitation-entropy window (trainers/exploration_metrics.py)
 # PPO's knobs that may differ between the seeds of one program (a sweep's trials, `sweep --vmap-trials`):
-# read from each seed's state["hyper"] (traced) where they differ, from PPOConfig (constants) where they do not
+# read from each seed's state["hyper"] (traced) where they differ, from PPOConfig (constants) where they do not.
+# A signal's own (as "SIGNAL.KNOB"): its class's vector_knobs, read through Signal.seed_cfg.
 VECTOR_KNOBS = ("learning_rate", "ent_coef", "vf_coef", "clip_coef", "max_grad_norm")
 
 
@@ -52,7 +53,8 @@ class Setup:
     signals: tuple = ()         # jaxrl signals, in --algo order
     total_iterations: int = 1
     snapshots: tuple = ()       # 1-based iterations whose rollouts are kept for state maps (runs/state_samples.py)
-    varying: tuple = ()         # VECTOR_KNOBS that differ between the program's seeds (their state["hyper"])
+    varying: tuple = ()         # knobs that differ between the program's seeds (VECTOR_KNOBS, "SIGNAL.KNOB"):
+                                # their values in each seed's state["hyper"]
 
     @property
     def T(self) -> int:
@@ -80,19 +82,16 @@ class Setup:
                        total_iterations=self.total_iterations, key_space=env.key_space)
 
 
-class SeedKnobs:
-    """PPOConfig's knobs as one seed sees them: the varying ones (Setup.varying) from its state["hyper"]."""
-
-    def __init__(self, knobs, hyper: dict):
-        self._knobs, self._hyper = knobs, hyper
-
-    def __getattr__(self, name):
-        hyper = self.__dict__["_hyper"]
-        return hyper[name] if name in hyper else getattr(self.__dict__["_knobs"], name)
-
-
 def seed_knobs(setup: Setup, state: dict):
-    return SeedKnobs(setup.knobs, state["hyper"]) if setup.varying else setup.knobs
+    """PPOConfig's knobs as one seed sees them: the varying ones (Setup.varying) from its state["hyper"]."""
+    ppo = {k: v for k, v in state.get("hyper", {}).items() if "." not in k}
+    return SeedKnobs(setup.knobs, ppo) if ppo else setup.knobs
+
+
+def signal_knobs(state: dict) -> dict | None:
+    """The signals' varying knobs ("SIGNAL.KNOB": this seed's value) for the Batch; None where none vary."""
+    knobs = {k: v for k, v in state.get("hyper", {}).items() if "." in k}
+    return knobs or None
 
 
 # --------------------------------------------------------------------------- the policy
@@ -323,7 +322,7 @@ def make_batch(traj: dict, state: dict, params, iteration, global_step, streamed
                   terminations=traj["terminations"], truncations=traj["truncations"], values=traj["values"],
                   next_values=next_values, next_obs=traj["next_obs"], features=traj["features"],
                   state_keys=traj["state_keys"], next_state_keys=traj["next_state_keys"], advantages=zeros,
-                  returns=zeros, iteration=iteration, global_step=global_step)
+                  returns=zeros, iteration=iteration, global_step=global_step, knobs=signal_knobs(state))
     if streamed is not None:
         (values_s, next_values_s), k = streamed
         batch = batch._replace(intrinsic_values=k * values_s, intrinsic_next_values=k * next_values_s)

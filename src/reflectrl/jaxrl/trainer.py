@@ -33,23 +33,36 @@ CHUNK_STEPS = 32_768  # env steps per seed per call of the program (at most; at 
 INT_METRICS = ("episodes", "unique_states", "unique_states_total", "achievements_total")
 
 
-def varying_knobs(cfgs: list[RunConfig]) -> tuple[str, ...]:
-    """The PPO knobs (ppo.VECTOR_KNOBS) whose values differ between a group's runs, which must
-    otherwise differ only in their seed."""
+def knob_value(cfg: RunConfig, name: str):
+    """A run's value of a vectorisable knob: PPO's `NAME` or a signal's `SIGNAL.KNOB`."""
+    if "." in name:
+        section, knob = name.split(".", 1)
+        return getattr(cfg.sections[section], knob)
+    return getattr(trainer_knobs(cfg), name)
+
+
+def varying_knobs(cfgs: list[RunConfig], signals=()) -> tuple[str, ...]:
+    """The knobs whose values differ between a group's runs, which must otherwise differ only in their
+    seed: PPO's (ppo.VECTOR_KNOBS) and the signals' own (each signal's vector_knobs, as SIGNAL.KNOB)."""
+    from reflectrl.config import add_algo_section
     from reflectrl.jaxrl.ppo import VECTOR_KNOBS
 
+    own = {s.name: tuple(s.vector_knobs) for s in signals}
+    allowed = VECTOR_KNOBS + tuple(f"{name}.{k}" for name, knobs in own.items() for k in knobs)
+
     def rest(cfg):
+        add_algo_section(cfg)
         d = cfg.to_dict()
         d.pop("seed")
         d["ppo"] = {k: v for k, v in d.get("ppo", {}).items() if k not in VECTOR_KNOBS}
+        d["sections"] = {name: {k: v for k, v in section.items() if k not in own.get(name, ())}
+                         if isinstance(section, dict) else section for name, section in d.get("sections", {}).items()}
         return d
 
     first = rest(cfgs[0])
     if any(rest(cfg) != first for cfg in cfgs[1:]):
-        raise UserError("the runs of one JAX group must differ only in their seed and in PPO's "
-                        f"{', '.join(VECTOR_KNOBS)}")
-    varying = tuple(k for k in VECTOR_KNOBS if len({getattr(trainer_knobs(c), k) for c in cfgs}) > 1)
-    return varying
+        raise UserError(f"the runs of one JAX group must differ only in their seed and in {', '.join(allowed)}")
+    return tuple(k for k in allowed if len({knob_value(c, k) for c in cfgs}) > 1)
 
 
 def _check_varying(varying: tuple[str, ...], signals) -> None:
@@ -103,13 +116,13 @@ class JaxGroup:
         from reflectrl.jaxrl.envs import make_env
         from reflectrl.jaxrl.resolve import build_signals
 
-        varying = varying_knobs(cfgs)
         enable_compilation_cache()
         self.cfgs, self.runs = cfgs, runs
         cfg = self.cfg = cfgs[0]
         self.knobs = trainer_knobs(cfg)
         self.env = make_env(cfg.env_id, cfg.env)
         self.signals = build_signals(cfg)
+        varying = varying_knobs(cfgs, self.signals)
         _check_varying(varying, self.signals)
         self.batch_size = self.knobs.batch_size
         self.num_iterations = math.ceil(cfg.total_steps / self.batch_size)
@@ -122,7 +135,7 @@ class JaxGroup:
         self.chunk = chunk_length(self.num_iterations, max(1, min(CHUNK_STEPS // self.batch_size,
                                                                   cfg.checkpoint_every // self.batch_size)))
         self._jax, self._ppo = jax, ppo
-        hyper = {k: jnp.asarray([getattr(trainer_knobs(c), k) for c in cfgs], jnp.float32) for k in varying}
+        hyper = {k: jnp.asarray([knob_value(c, k) for c in cfgs], jnp.float32) for k in varying}
         self.states = ppo.make_init(self.setup)(jnp.stack([ppo.seed_key(c.seed) for c in cfgs]), hyper)
         self.iteration = 0
         self.recent = [deque(maxlen=100) for _ in cfgs]

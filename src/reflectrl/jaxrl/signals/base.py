@@ -68,6 +68,9 @@ class Batch(NamedTuple):
     intrinsic_next_values: jax.Array | None = None  # (T, N) sum_s k_s V'_s, each by its stream's episodic rule
     intrinsic_rewards: jax.Array | None = None      # (T, N) sum_s k_s r_s: set once the stream's signal gave them
     intrinsic_advantages: jax.Array | None = None   # (T, N) sum_s k_s A_s as the policy used them (after_update)
+    # The signals' knobs that differ between the program's seeds (a sweep's trials, `sweep --vmap-trials`):
+    # {"SIGNAL.KNOB": () float32}, this seed's values; None where none differ (Signal.seed_cfg reads them)
+    knobs: dict | None = None
 
 
 class Output(NamedTuple):
@@ -96,12 +99,25 @@ class Stream(NamedTuple):
         return self.coef / self.extrinsic_coef if self.extrinsic_coef > 0 else self.coef
 
 
+class SeedKnobs:
+    """A config as one seed sees it: the knobs in `varying` (traced, this seed's values) in place of the
+    config's constants; everything else from the config."""
+
+    def __init__(self, cfg, varying: dict):
+        self._cfg, self._varying = cfg, varying
+
+    def __getattr__(self, name):
+        varying = self.__dict__["_varying"]
+        return varying[name] if name in varying else getattr(self.__dict__["_cfg"], name)
+
+
 class Signal:
     """A JAX signal: every hook is optional; the defaults do nothing."""
 
     name = "signal"
     stream: Stream | None = None  # a reward stream the trainer must learn (a second value head)
     wants_features = False
+    vector_knobs: tuple[str, ...] = ()  # knobs that may differ between a program's seeds (read via seed_cfg)
 
     def __init__(self, cfg: Any):
         """Its knobs checked (once: a run's config check usually did it), then kept."""
@@ -109,6 +125,13 @@ class Signal:
 
         validate_once(cfg)
         self.cfg = cfg
+
+    def seed_cfg(self, batch: Batch):
+        """The config as this seed sees it: its values of the vector_knobs that differ between the
+        program's seeds (Batch.knobs), the constants of `cfg` for the rest (cfg itself where none differ)."""
+        prefix = f"{self.name}."
+        varying = {k[len(prefix):]: v for k, v in (batch.knobs or {}).items() if k.startswith(prefix)}
+        return SeedKnobs(self.cfg, varying) if varying else self.cfg
 
     def init(self, key: jax.Array, ctx: Context) -> Any:
         """The signal's initial state (a pytree; {} when it keeps none)."""

@@ -100,6 +100,7 @@ def bootstrap_masks(key, heads: int, rows: int, p: float):
 
 class Calibration(Signal):
     name = "calibration"
+    vector_knobs = ("alpha", "beta")
     config = CalibrationConfig
 
     def __init__(self, cfg: CalibrationConfig):
@@ -140,7 +141,7 @@ class Calibration(Signal):
         return jax.vmap(fit)(heads, opt_state, masks, jax.random.split(key, cfg.ensemble))
 
     def uncertainty(self, state, batch: Batch, key):
-        cfg = self.cfg
+        cfg = self.seed_cfg(batch)
         adv = batch.advantages.reshape(-1)
         x = calibration_inputs(cfg.inputs, batch.obs, batch.features, batch.actions, self.ctx)
         target = (adv - adv.mean()) / (std(adv) + 1e-8) if cfg.ensemble_target == "normalized" else adv
@@ -152,7 +153,7 @@ class Calibration(Signal):
         return {"heads": heads, "opt": opt_state}, term.reshape(batch.advantages.shape), metrics
 
     def after_advantages(self, state, batch: Batch, key, estimate):
-        cfg = self.cfg
+        cfg = self.seed_cfg(batch)
         if cfg.mode == "uncertainty":
             state, term, metrics = self.uncertainty(state, batch, key)
             if cfg.recompute_advantages:

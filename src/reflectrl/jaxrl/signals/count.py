@@ -67,6 +67,7 @@ def global_visits(table, starting, state_keys, next_state_keys, ended):
 
 class Count(Signal):
     name = "count"
+    vector_knobs = ("beta",)
     config = CountConfig
 
     def __init__(self, cfg: CountConfig):
@@ -96,7 +97,8 @@ class Count(Signal):
         ended = (batch.terminations > 0) | (batch.truncations > 0)
         n, state = self.visits(state, batch.state_keys, batch.next_state_keys, ended)
         factor = schedule_factor(self.cfg, batch, self.ctx)
-        beta = self.cfg.beta if factor is None else self.cfg.beta * factor  # constant: today's program exactly
+        cfg = self.seed_cfg(batch)
+        beta = cfg.beta if factor is None else cfg.beta * factor  # constant: today's program exactly
         bonus = (beta / jnp.sqrt(n.astype(jnp.float32))).astype(jnp.float32)
         metrics = {"count_bonus_mean": bonus.mean(), "count_visits_mean": n.astype(jnp.float32).mean(),
                    "count_new_frac": (n == 1).astype(jnp.float32).mean(),
