@@ -40,6 +40,11 @@ def tiny_config(seed: int, algo: str = "ppo", total: int = 256, extra=()):
     (["--env", "gymnax:NoSuchEnv-v0", "--set", "backend=jax"], "gymnax has no such env"),
     (["--env", "navix:Navix-NoSuch-v0", "--set", "backend=jax"], "navix has no such env"),
     (["--env", "gymnax:CartPole-v1", "--wrapper", "sparse", "--set", "backend=jax"], "--wrapper sparse is torch-only"),
+    (["--env", "xminigrid:MiniGrid-LockedRoom"], "is a JAX env: add --set backend=jax"),
+    (["--env", "xminigrid:MiniGrid-NoSuch", "--set", "backend=jax"], "xland-minigrid has no such task"),
+    (["--env", "xminigrid:XLand-MiniGrid-R1-9x9", "--set", "backend=jax"], "need a benchmark of rulesets"),
+    (["--env", "xminigrid:MiniGrid-MemoryS64", "--set", "backend=jax"], "grids up to 64 x 32 cells"),
+    (["--env", "xminigrid:MiniGrid-Empty-5x5", "--set", "backend=jax", "env.colour=1"], "its settings: height"),
 ])
 def test_refusals_are_one_line_and_leave_no_run(tmp_path, capsys, argv, says):
     out = tmp_path / "run"
@@ -66,12 +71,18 @@ def group_and_single():
     return group, single
 
 
-def test_a_seed_in_a_group_trains_as_it_would_alone(group_and_single):
-    group, single = group_and_single
-    a = jax.tree_util.tree_leaves(jax.tree_util.tree_map(lambda x: x[1], group.states["params"]))
-    b = jax.tree_util.tree_leaves(jax.tree_util.tree_map(lambda x: x[0], single.states["params"]))
+def assert_same_params(group, i, other, j):
+    """Run i of `group` and run j of `other` end with the same parameters (to float rounding: a seed
+    vmapped among others runs batched matrix products where alone it runs plain ones)."""
+    a = jax.tree_util.tree_leaves(jax.tree_util.tree_map(lambda x: x[i], group.states["params"]))
+    b = jax.tree_util.tree_leaves(jax.tree_util.tree_map(lambda x: x[j], other.states["params"]))
     for x, y in zip(a, b, strict=True):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-4, atol=1e-5)
+
+
+def test_a_seed_in_a_group_trains_as_it_would_alone(group_and_single):
+    group, single = group_and_single
+    assert_same_params(group, 1, single, 0)
     assert group.params_sha256(0) != group.params_sha256(1)  # the seeds differ
     assert group.global_step == single.global_step == 256
 
@@ -207,10 +218,7 @@ def test_a_group_vectorises_ppos_knobs_and_each_run_trains_as_it_would_alone():
     alone = JaxGroup([b], [None])
     assert alone.setup.varying == ()
     alone.train(progress=False)
-    x = jax.tree_util.tree_leaves(jax.tree_util.tree_map(lambda v: v[1], group.states["params"]))
-    y = jax.tree_util.tree_leaves(jax.tree_util.tree_map(lambda v: v[0], alone.states["params"]))
-    for u, v in zip(x, y, strict=True):
-        np.testing.assert_allclose(np.asarray(u), np.asarray(v), rtol=1e-4, atol=1e-5)
+    assert_same_params(group, 1, alone, 0)
     assert group.params_sha256(0) != group.params_sha256(1)
 
 
@@ -260,8 +268,5 @@ def test_a_group_vectorises_the_signals_knobs_and_each_run_trains_as_it_would_al
     group.train(progress=False)
     alone = JaxGroup([b], [None])
     alone.train(progress=False)
-    x = jax.tree_util.tree_leaves(jax.tree_util.tree_map(lambda v: v[1], group.states["params"]))
-    y = jax.tree_util.tree_leaves(jax.tree_util.tree_map(lambda v: v[0], alone.states["params"]))
-    for u, v in zip(x, y, strict=True):
-        np.testing.assert_allclose(np.asarray(u), np.asarray(v), rtol=1e-4, atol=1e-5)
+    assert_same_params(group, 1, alone, 0)
     assert group.params_sha256(0) != group.params_sha256(1)

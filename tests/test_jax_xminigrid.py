@@ -1,5 +1,6 @@
 """xland-minigrid's MiniGrid tasks on the JAX backend (`xminigrid:<id>`, issue 39): its episodes
-against MiniGrid's own env, the state keys, the auto-reset, the refusals and a run directory.
+against MiniGrid's own env, the state keys, the auto-reset and a run directory (the refusals:
+tests/test_jax_backend.py).
 Shapes are tiny; the env's programs are shared within the module."""
 
 from __future__ import annotations
@@ -84,21 +85,6 @@ def test_the_key_says_whether_something_is_carried():
     carrying = state.replace(state=state.state.replace(agent=state.state.agent.replace(
         pocket=np.asarray([7, 5], np.uint8))))   # a yellow key in the pocket
     assert int(env._key(carrying.state)) == int(key) + 1
-
-
-@pytest.mark.parametrize("argv, says", [
-    (["--env", "xminigrid:MiniGrid-LockedRoom"], "is a JAX env: add --set backend=jax"),
-    (["--env", "xminigrid:MiniGrid-NoSuch", "--set", "backend=jax"], "xland-minigrid has no such task"),
-    (["--env", "xminigrid:XLand-MiniGrid-R1-9x9", "--set", "backend=jax"], "need a benchmark of rulesets"),
-    (["--env", "xminigrid:MiniGrid-MemoryS64", "--set", "backend=jax"], "grids up to 64 x 32 cells"),
-    (["--env", "xminigrid:MiniGrid-Empty-5x5", "--set", "backend=jax", "env.colour=1"], "its settings: height"),
-])
-def test_refusals_are_one_line_and_leave_no_run(tmp_path, capsys, argv, says):
-    out = tmp_path / "run"
-    assert main(["train", *argv, "--total-steps", "1024", "--out", str(out)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert says in err and "Traceback" not in err and len(err.splitlines()) == 1
-    assert not out.exists()
 
 
 @pytest.mark.slow

@@ -424,15 +424,9 @@ def run_trial(study, trial, root: Path, sweep: SweepSpec, backend: dict, budget:
     """Run one trial to its end (complete, pruned or failed), tell Optuna, print one line."""
     import optuna
 
-    knobs = sweep.knobs()
-    params = {k.key: k.suggest(trial) for k in knobs}
-    spec, out = sweep.experiment(params), trial_dir(root, trial.number)
-    head = f"trial {trial.number} ({_finished(study) + 1}/{budget}): {_knob_text(knobs, params)}"
-    try:
-        runs = validate_runs(spec, out)
-    except UserError as err:
-        study.tell(trial, state=optuna.trial.TrialState.FAIL)
-        return f"{head} -> failed: {err}"
+    spec, out, runs, head = _start_trial(study, trial, root, sweep, _finished(study), budget)
+    if runs is None:
+        return head
     warmup = int(PRUNE_WARMUP * sweep.total_steps)
     decide = functools.partial(below_median, study, warmup) if prune else (lambda step, value: False)
     check = PruneCheck(trial, [r.path for r in runs], sweep.total_steps, decide)
@@ -443,6 +437,27 @@ def run_trial(study, trial, root: Path, sweep: SweepSpec, backend: dict, budget:
     if code != 0:
         study.tell(trial, state=optuna.trial.TrialState.FAIL)
         return f"{head} -> failed (see {out.with_suffix('.log')}): {_log_tail(out)}"
+    return _complete_trial(study, trial, out, sweep, head)
+
+
+def _start_trial(study, trial, root: Path, sweep: SweepSpec, done: int, budget: int):
+    """(spec, its directory, its runs, the trial's line head); runs None, after telling Optuna the trial
+    failed, where its knobs make a run that cannot start (the head then the whole line)."""
+    import optuna
+
+    knobs = sweep.knobs()
+    params = {k.key: k.suggest(trial) for k in knobs}
+    spec, out = sweep.experiment(params), trial_dir(root, trial.number)
+    head = f"trial {trial.number} ({done + 1}/{budget}): {_knob_text(knobs, params)}"
+    try:
+        return spec, out, validate_runs(spec, out), head
+    except UserError as err:
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        return spec, out, None, f"{head} -> failed: {err}"
+
+
+def _complete_trial(study, trial, out: Path, sweep: SweepSpec, head: str) -> str:
+    """Tell Optuna a finished trial's objective (its scores kept as user attributes); its line."""
     scores = trial_scores(out)
     for key, value in scores.items():
         trial.set_user_attr(key, value)
@@ -538,14 +553,9 @@ def run_trial_batch(study, batch: list, root: Path, sweep: SweepSpec, budget: in
     lines, todo, members = [], [], []
     with contextlib.ExitStack() as locks:
         for j, trial in enumerate(batch):
-            params = {k.key: k.suggest(trial) for k in knobs}
-            spec, out = sweep.experiment(params), trial_dir(root, trial.number)
-            head = f"trial {trial.number} ({done + j + 1}/{budget}): {_knob_text(knobs, params)}"
-            try:
-                runs = validate_runs(spec, out)
-            except UserError as err:
-                study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                lines.append(f"{head} -> failed: {err}")
+            spec, out, runs, head = _start_trial(study, trial, root, sweep, done + j, budget)
+            if runs is None:
+                lines.append(head)
                 continue
             locks.enter_context(exclusive(out))
             load_or_create(out, spec)
@@ -576,11 +586,7 @@ def run_trial_batch(study, batch: list, root: Path, sweep: SweepSpec, budget: in
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
             lines.append(f"{head} -> failed (see {failed[0][0].path.with_suffix('.log')}): {failed[0][1]}")
             continue
-        scores = trial_scores(out)
-        for key, value in scores.items():
-            trial.set_user_attr(key, value)
-        study.tell(trial, scores[sweep.objective])
-        lines.append(f"{head} -> {sweep.objective} {_short(scores[sweep.objective])}{_best(study)}")
+        lines.append(_complete_trial(study, trial, out, sweep, head))
     return lines
 
 
