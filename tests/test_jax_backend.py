@@ -270,3 +270,40 @@ def test_a_group_vectorises_the_signals_knobs_and_each_run_trains_as_it_would_al
     alone.train(progress=False)
     assert_same_params(group, 1, alone, 0)
     assert group.params_sha256(0) != group.params_sha256(1)
+
+
+def test_a_knob_vectorised_groups_checkpoint_loads_in_a_group_of_its_run_alone(tmp_path):
+    """The knobs that differ between a group's runs are not saved (they come from each run's config):
+    a checkpoint of a sweep batch's run resumes alone (`train --resume`, `eval`) or in any other group."""
+    cfgs = [tiny_config(1, extra=["ent_coef=0.0"]), tiny_config(2, extra=["ent_coef=0.05"])]
+    runs = [RunDir.create(tmp_path / f"r{c.seed}", c.to_dict()) for c in cfgs]
+    group = JaxGroup(cfgs, runs)
+    assert group.setup.varying == ("ent_coef",)
+    group.save_checkpoints()
+    alone = JaxGroup([cfgs[1]], [None])
+    alone.load_seed_states([runs[1].load_checkpoint()])
+    assert alone.params_sha256(0) == group.params_sha256(1)
+    assert "hyper" not in alone.states and float(group.states["hyper"]["ent_coef"][1]) == pytest.approx(0.05)
+
+
+def test_a_kill_while_the_first_checkpoints_are_put_in_place_resumes_as_one_group(tmp_path):
+    """Killed after seed 1's first checkpoint was put in place and before seed 2's: seed 2 has only a
+    staged checkpoint; it counts as a run to resume (not one to start afresh) and the staged one is
+    put in place, so both resume from iteration 0 together."""
+    from types import SimpleNamespace
+
+    from reflectrl.experiments.state import run_state
+    from reflectrl.jaxrl.trainer import settle_checkpoints
+
+    cfgs = [tiny_config(1), tiny_config(2)]
+    runs = [RunDir.create(tmp_path / f"r{c.seed}", c.to_dict()) for c in cfgs]
+    group = JaxGroup(cfgs, runs)
+    leaves = group.host_leaves()
+    for i, run in enumerate(runs):
+        run.stage_checkpoint(group.seed_state(i, leaves))
+    runs[0].commit_checkpoint()
+    assert not runs[1].has_checkpoint()
+    assert run_state(SimpleNamespace(path=runs[1].path)) == "resume"
+    settled = settle_checkpoints(runs, [runs[0].load_checkpoint(), None])
+    assert [s["iteration"] for s in settled] == [0, 0]
+    assert runs[1].has_checkpoint() and runs[1].staged_checkpoint() is None

@@ -543,7 +543,7 @@ def run_trial_batch(study, batch: list, root: Path, sweep: SweepSpec, budget: in
     knobs vectorised); tell Optuna each trial's score. One line per trial."""
     import optuna
 
-    from reflectrl.experiments.local import run_local
+    from reflectrl.experiments.local import jax_groups, run_local
     from reflectrl.experiments.progress import Progress
     from reflectrl.experiments.spec import load_or_create
     from reflectrl.experiments.state import ExperimentResult, exclusive, run_state
@@ -569,10 +569,10 @@ def run_trial_batch(study, batch: list, root: Path, sweep: SweepSpec, budget: in
             members.append((trial, out, runs, head))
         if todo:
             numbers = ", ".join(str(t.number) for t, *_ in members)
+            logs = ", ".join(str(job[0][0].path.with_suffix(".log")) for job in jax_groups(todo))
             for _, out, _, _ in members:
                 with open(out.with_suffix(".log"), "a") as log:
-                    log.write(f"$ (--vmap-trials: trials {numbers} trained as one program; output in "
-                              f"{todo[0][0].path.with_suffix('.log')})\n")
+                    log.write(f"$ (--vmap-trials: trials {numbers} trained as one program; output in {logs})\n")
             result = ExperimentResult()
             bar = Progress(sweep.experiment({k.key: k.extremes()[0] for k in knobs}), [r for r, _ in todo], result,
                            False)

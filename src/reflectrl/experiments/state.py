@@ -16,7 +16,7 @@ from pathlib import Path
 
 from reflectrl.errors import UserError
 from reflectrl.experiments.spec import RunSpec
-from reflectrl.runs.files import has_checkpoint, has_config, run_status
+from reflectrl.runs.files import has_checkpoint, has_config, has_staged_checkpoint, run_status
 from reflectrl.runs.rundir import make_dir
 
 
@@ -33,8 +33,8 @@ def run_state(run: RunSpec) -> str:
     status = run_status(run.path)
     if status is not None and status.get("status") == "finished":
         return "finished"
-    if has_checkpoint(run.path) and has_config(run.path):
-        return "resume"
+    if (has_checkpoint(run.path) or has_staged_checkpoint(run.path)) and has_config(run.path):
+        return "resume"  # a staged checkpoint only: a JAX group killed while putting its first in place
     return "fresh"
 
 

@@ -348,8 +348,11 @@ class XMinigridEnv(JaxEnv):
         kwargs = dict(kwargs)
         self.reset_ratio = _reset_ratio(kwargs, 1)
         try:
-            self.env, self.params = xminigrid.make(name, **kwargs)
-        except (TypeError, ValueError) as err:
+            # the task's defaults with the settings in (xminigrid.make replaces them after the defaults, so a
+            # new height or width would keep the default grid's step limit)
+            self.env, _ = xminigrid.make(name)
+            self.params = self.env.default_params(**{**xminigrid.registration._REGISTRY[name].kwargs, **kwargs})
+        except (TypeError, ValueError, AssertionError) as err:
             raise UserError(f"--env xminigrid:{name}: {err} (its settings: height, width, view_size, "
                             "max_steps)") from None
         self.id = f"xminigrid:{name}"

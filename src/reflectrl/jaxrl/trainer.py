@@ -150,10 +150,16 @@ class JaxGroup:
     def global_step(self) -> int:
         return self.iteration * self.batch_size
 
+    def _saved(self) -> dict:
+        """The part of the stacked state a checkpoint keeps: all but the varying knobs ("hyper"), which
+        come from the runs' configs, so that a run's checkpoint loads in any group (alone, with other
+        trials, with a subset of its own) and has the layout it had before knobs were vectorised."""
+        return {k: v for k, v in self.states.items() if k != "hyper"}
+
     def host_leaves(self) -> list[np.ndarray]:
-        """The stacked state's leaves on the host, in one transfer (indexing device arrays leaf by leaf
+        """The saved state's leaves on the host, in one transfer (indexing device arrays leaf by leaf
         compiles a gather per leaf shape: dozens of programs)."""
-        return [np.asarray(leaf) for leaf in self._jax.device_get(self._jax.tree_util.tree_leaves(self.states))]
+        return [np.asarray(leaf) for leaf in self._jax.device_get(self._jax.tree_util.tree_leaves(self._saved()))]
 
     def seed_state(self, i: int, leaves: list[np.ndarray] | None = None) -> dict:
         leaves = self.host_leaves() if leaves is None else leaves
@@ -171,12 +177,15 @@ class JaxGroup:
             if state.get("format") != CHECKPOINT_FORMAT:
                 raise UserError("this checkpoint was not written by backend=jax (or by another version of it); "
                                 "resume it with the backend that wrote it")
-        leaves, treedef = self._jax.tree_util.tree_flatten(self.states)
+        leaves, treedef = self._jax.tree_util.tree_flatten(self._saved())
         saved = [s["leaves"] for s in states]
         if any(len(s) != len(leaves) for s in saved):
             raise UserError("the checkpoint does not fit this run's program (written by another reflectrl?)")
         stacked = [jnp.asarray(np.stack([s[j] for s in saved])).astype(leaf.dtype) for j, leaf in enumerate(leaves)]
-        self.states = self._jax.tree_util.tree_unflatten(treedef, stacked)
+        restored = self._jax.tree_util.tree_unflatten(treedef, stacked)
+        if "hyper" in self.states:
+            restored["hyper"] = self.states["hyper"]  # the runs' knobs, from their configs
+        self.states = restored
         self.iteration = int(states[0]["iteration"])
         self.recent = [deque(s.get("recent_returns", []), maxlen=100) for s in states]
 
@@ -363,32 +372,39 @@ def finish_run(group: JaxGroup, i: int, run: RunDir) -> None:
           f"{outcome}; run: {run.path}")
 
 
-def settle_checkpoints(runs: list[RunDir], states: list[dict]) -> list[dict]:
-    """The checkpoints a group resumes from. A kill between two of save_checkpoints' commits leaves some
-    runs one checkpoint behind with the next one staged: those are committed, so that the group resumes
-    from one iteration; staged checkpoints no run needs (a kill while staging) are discarded. Where the
-    iterations still differ (a group checkpointed before checkpoints were staged), they are returned as
-    they are, and train_group resumes each iteration's runs as a group of their own."""
-    latest = max(s.get("iteration", -1) for s in states)
+def settle_checkpoints(runs: list[RunDir], states: list[dict | None]) -> list[dict]:
+    """The checkpoints a group resumes from (`states`: each run's committed checkpoint, None where it has
+    only a staged one). A kill between two of save_checkpoints' commits leaves some runs one checkpoint
+    behind (or, at the first checkpoint, with none) and the next one staged: those are committed, so that
+    the group resumes from one iteration; staged checkpoints no run needs (a kill while staging) are
+    discarded. Where the iterations still differ (a seed that failed, seeds added to the entry, a group
+    checkpointed before checkpoints were staged), they are returned as they are, and train_group resumes
+    each iteration's runs as a group of their own."""
+    staged = [run.staged_checkpoint() for run in runs]
+    known = [s.get("iteration", -1) for s in states if s is not None]
+    latest = max(known) if known else max(s.get("iteration", -1) for s in staged if s is not None)
     settled = []
-    for run, state in zip(runs, states, strict=True):
-        staged = run.staged_checkpoint()
-        if state.get("iteration") != latest and staged is not None and staged.get("iteration") == latest:
+    for run, state, next_state in zip(runs, states, staged, strict=True):
+        behind = state is None or state.get("iteration") != latest
+        if behind and next_state is not None and next_state.get("iteration") == latest:
             run.commit_checkpoint()
-            state = staged
+            state = next_state
         else:
             run.discard_staged_checkpoint()
+        if state is None:
+            raise UserError(f"no checkpoint in {run.path} to resume from (its staged one is not this group's); "
+                            "delete the run directory and train it again")
         settled.append(state)
     return settled
 
 
 def train_group(items: list[tuple[str, RunConfig | None, list[str]]], progress: bool = False) -> int:
     """`reflectrl train-group`: train several runs of one configuration (differing only in their
-    seed) as one program. Each item is (run directory, its resolved config for a new run or None to
-    resume it, the `reflectrl train` arguments that made it). Returns the exit code (0 when every
-    run finished)."""
+    seed, and in the knobs a program vectorises) as one program. Each item is (run directory, its
+    resolved config for a new run or None to resume it, the `reflectrl train` arguments that made
+    it). Returns the exit code (0 when every run finished)."""
     from reflectrl.errors import EXIT_FAILED
-    from reflectrl.runs.session import open_to_resume
+    from reflectrl.runs.session import open_to_resume, sigterm_stops_training
 
     cfgs, runs, states = [], [], []
     try:
@@ -398,7 +414,8 @@ def train_group(items: list[tuple[str, RunConfig | None, list[str]]], progress: 
                 if run is None:
                     continue
                 cfg = RunConfig.from_dict(run.config())
-                states.append(run.load_checkpoint())
+                states.append(run.load_checkpoint() if run.has_checkpoint() or run.staged_checkpoint() is None
+                              else None)
                 run.set_status("running")
             else:
                 run = RunDir.create(path, cfg.to_dict(), command=["reflectrl", "train", *argv])
@@ -406,26 +423,33 @@ def train_group(items: list[tuple[str, RunConfig | None, list[str]]], progress: 
             runs.append(run)
         if not cfgs:
             return 0
-        if not states:
-            return EXIT_FAILED if _train_one_group(cfgs, runs, [], progress) else 0
-        if len(states) != len(cfgs):
+        if states and len(states) != len(cfgs):
             raise UserError("a JAX group resumes all its runs or none")
-        states = settle_checkpoints(runs, states)
-        iterations = sorted({s.get("iteration") for s in states})
-        if len(iterations) > 1:
-            def seeds_at(it):
-                return ", ".join(str(c.seed) for c, s in zip(cfgs, states, strict=True) if s.get("iteration") == it)
-
-            where = "; ".join(f"seeds {seeds_at(it)} at iteration {it}" for it in iterations)
-            print(f"reflectrl: warning: this group's checkpoints are at different iterations ({where}: a kill "
-                  "during a checkpoint written before checkpoints were staged); each iteration's seeds resume as a "
-                  "group of their own, vmapped with fewer seeds, so their float rounding is not the one group's",
-                  file=sys.stderr)
+        parts = [list(range(len(cfgs)))]
+        if states:
+            states = settle_checkpoints(runs, states)
+            iterations = sorted({s.get("iteration") for s in states})
+            parts = [[i for i, s in enumerate(states) if s.get("iteration") == it] for it in iterations]
+            if len(parts) > 1:
+                where = "; ".join(f"seeds {', '.join(str(cfgs[i].seed) for i in part)} at iteration {it}"
+                                  for it, part in zip(iterations, parts, strict=True))
+                print(f"reflectrl: warning: this group's checkpoints are at different iterations ({where}); each "
+                      "iteration's seeds resume as a group of their own, vmapped with fewer seeds, so their float "
+                      "rounding is not the one group's", file=sys.stderr)
         failed = False
-        for it in iterations:
-            part = [i for i, s in enumerate(states) if s.get("iteration") == it]
-            failed |= _train_one_group([cfgs[i] for i in part], [runs[i] for i in part], [states[i] for i in part],
-                                       progress)
+        with sigterm_stops_training():  # one for every part: a SIGTERM during one stops the rest too
+            for n, part in enumerate(parts):
+                try:
+                    if n and stop_requested():
+                        raise Terminated
+                    failed |= _train_one_group([cfgs[i] for i in part], [runs[i] for i in part],
+                                               [states[i] for i in part] if states else [], progress)
+                except BaseException as err:
+                    for later in parts[n + 1:]:  # not started: they stay at their checkpoints
+                        for i in later:
+                            runs[i].set_status("interrupted", global_step=states[i]["global_step"],
+                                               reason=f"{type(err).__name__} in another part of the group")
+                    raise
         return EXIT_FAILED if failed else 0
     finally:
         for run in runs:
@@ -433,28 +457,28 @@ def train_group(items: list[tuple[str, RunConfig | None, list[str]]], progress: 
 
 
 def _train_one_group(cfgs: list[RunConfig], runs: list[RunDir], states: list[dict], progress: bool) -> bool:
-    """Train runs as one program (from their checkpoints where `states` are given); True where one failed."""
-    from reflectrl.runs.session import sigterm_stops_training
-
-    group = JaxGroup(cfgs, runs)
-    if states:
-        group.load_seed_states(states)
+    """Train runs as one program (from their checkpoints where `states` are given); True where one failed.
+    Inside the caller's sigterm_stops_training block."""
 
     def failed(i, reason):
         runs[i].set_status("failed", reason=reason)
         print(f"reflectrl: error: {runs[i].path}: {reason}", file=sys.stderr)
 
+    group = None
     try:
-        with sigterm_stops_training():
-            group.train(progress=progress, on_failed=failed)
+        group = JaxGroup(cfgs, runs)
+        if states:
+            group.load_seed_states(states)
+        group.train(progress=progress, on_failed=failed)
     except KeyboardInterrupt:
         for i, run in enumerate(runs):
-            if i not in group.failed:
-                run.set_status("interrupted", global_step=group.global_step)
+            if group is None or i not in group.failed:
+                step = group.global_step if group is not None else (states[i]["global_step"] if states else 0)
+                run.set_status("interrupted", global_step=step)
         raise
     except Exception as err:  # a crash says so in every run's status; each resumes from its checkpoint
         for i, run in enumerate(runs):
-            if i not in group.failed:
+            if group is None or i not in group.failed:
                 run.set_status("failed", reason=f"{type(err).__name__}: {err}"[:500])
         raise
     for i, run in enumerate(runs):

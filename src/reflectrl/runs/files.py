@@ -12,7 +12,7 @@ import json
 import os
 from pathlib import Path
 
-from reflectrl.runs.rundir import CHECKPOINT, CONFIG, METRICS, STATUS
+from reflectrl.runs.rundir import CHECKPOINT, CONFIG, METRICS, STAGED_CHECKPOINT, STATUS
 
 
 def _read_json(path: Path) -> dict | None:
@@ -62,6 +62,11 @@ def has_config(path: str | os.PathLike) -> bool:
 
 def has_checkpoint(path: str | os.PathLike) -> bool:
     return (Path(path) / CHECKPOINT).is_file()
+
+
+def has_staged_checkpoint(path: str | os.PathLike) -> bool:
+    """A JAX group's next checkpoint, written whole and not yet put in place (runs/rundir.py)."""
+    return (Path(path) / STAGED_CHECKPOINT).is_file()
 
 
 def has_metrics(path: str | os.PathLike) -> bool:
