@@ -510,26 +510,20 @@ def vectorised_keys(sweep: SweepSpec) -> list[str]:
     space of vectorisable knobs: PPO's (learning_rate only where no signal fits a network with it) and
     the signals' own (each JAX signal's vector_knobs, e.g. count.beta, calibration.alpha).
     Returns the space's keys."""
-    from reflectrl.jaxrl.ppo import VECTOR_KNOBS
+    from reflectrl.jaxrl.trainer import fits_at_learning_rate, vectorisable_knobs
 
     sets = dict(item.partition("=")[::2] for item in sweep.sets)
     if sets.get("backend", "").strip() != "jax":
         raise UserError("--vmap-trials trains a batch of trials as one compiled program: add --set backend=jax "
                         "(or drop --vmap-trials)")
-    from reflectrl.jaxrl.signals import JAX_SIGNALS
-
     keys = [k.key.removeprefix("ppo.") for k in sweep.knobs()]
-    allowed = VECTOR_KNOBS + tuple(f"{name}.{knob}" for name in parse_algo(sweep.algo).signals
-                                   if name in JAX_SIGNALS for knob in JAX_SIGNALS[name].vector_knobs)
+    allowed = vectorisable_knobs(parse_algo(sweep.algo).signals)
     other = [k for k in keys if k not in allowed]
     if other:
         raise UserError(f"--vmap-trials vectorises {', '.join(allowed)} here; the space also tunes "
                         f"{', '.join(other)}: drop --vmap-trials or tune those apart")
     if "learning_rate" in keys:
-        from reflectrl.config import section_types
-
-        fitting = [name for name in parse_algo(sweep.algo).signals
-                   if hasattr(section_types().get(name, object)(), "lr_multiplier")]
+        fitting = fits_at_learning_rate(parse_algo(sweep.algo).signals)
         if fitting:
             raise UserError(f"--vmap-trials with learning_rate in the space: {', '.join(fitting)} fit their "
                             "networks at lr_multiplier x learning_rate, a constant of the program; tune "
@@ -546,11 +540,11 @@ def run_trial_batch(study, batch: list, root: Path, sweep: SweepSpec, budget: in
     from reflectrl.experiments.local import jax_groups, run_local
     from reflectrl.experiments.progress import Progress
     from reflectrl.experiments.spec import load_or_create
-    from reflectrl.experiments.state import ExperimentResult, exclusive, run_state
+    from reflectrl.experiments.state import ExperimentResult, exclusive, runs_to_train
 
     knobs = sweep.knobs()
     done = _finished(study)
-    lines, todo, members = [], [], []
+    lines, todo, members, result = [], [], [], ExperimentResult()
     with contextlib.ExitStack() as locks:
         for j, trial in enumerate(batch):
             spec, out, runs, head = _start_trial(study, trial, root, sweep, done + j, budget)
@@ -559,13 +553,9 @@ def run_trial_batch(study, batch: list, root: Path, sweep: SweepSpec, budget: in
                 continue
             locks.enter_context(exclusive(out))
             load_or_create(out, spec)
-            for run in runs:
-                state = run_state(run)
-                if state == "fresh" and run.path.exists():
-                    shutil.rmtree(run.path)  # died before its first checkpoint: nothing to keep
-                if state != "finished":
-                    run.path.parent.mkdir(parents=True, exist_ok=True)  # its log goes there
-                    todo.append((run, state))
+            for run, state in runs_to_train(runs, result):
+                run.path.parent.mkdir(parents=True, exist_ok=True)  # its log goes there
+                todo.append((run, state))
             members.append((trial, out, runs, head))
         if todo:
             numbers = ", ".join(str(t.number) for t, *_ in members)
@@ -573,7 +563,6 @@ def run_trial_batch(study, batch: list, root: Path, sweep: SweepSpec, budget: in
             for _, out, _, _ in members:
                 with open(out.with_suffix(".log"), "a") as log:
                     log.write(f"$ (--vmap-trials: trials {numbers} trained as one program; output in {logs})\n")
-            result = ExperimentResult()
             bar = Progress(sweep.experiment({k.key: k.extremes()[0] for k in knobs}), [r for r, _ in todo], result,
                            False)
             try:
@@ -581,7 +570,7 @@ def run_trial_batch(study, batch: list, root: Path, sweep: SweepSpec, budget: in
             finally:
                 bar.close()
     for trial, out, runs, head in members:
-        failed = [(run, why) for run, why in result.failed if run in runs] if todo else []
+        failed = [(run, why) for run, why in result.failed if run in runs]
         if failed:
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
             lines.append(f"{head} -> failed (see {failed[0][0].path.with_suffix('.log')}): {failed[0][1]}")
@@ -605,18 +594,17 @@ def run_sweep(root: Path, sweep: SweepSpec, trials: int, backend: dict, prune: b
         study = _open_study(root)
         if vmap_trials > 1:
             _run_batches(study, root, sweep, trials, vmap_trials, echo, result)
-            result.best = write_best(root, study, sweep, trials)
-            write_sweep_report(root, sweep.knobs(), trial_rows(study, sweep.knobs()), result.best, sweep.objective)
-            return result
-        for stale in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-            # the process that ran it was stopped; its runs resume from their checkpoints
-            echo(run_trial(study, optuna.trial.Trial(study, stale._trial_id), root, sweep, backend, trials, prune))
-            result.ran += 1
-        while _finished(study) < trials:
-            # a sampler seeded by the trial's number: the same suggestions whether or not the sweep was interrupted
-            study.sampler = optuna.samplers.TPESampler(seed=SAMPLER_SEED + len(study.get_trials(deepcopy=False)))
-            echo(run_trial(study, study.ask(), root, sweep, backend, trials, prune))
-            result.ran += 1
+        else:
+            for stale in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+                # the process that ran it was stopped; its runs resume from their checkpoints
+                echo(run_trial(study, optuna.trial.Trial(study, stale._trial_id), root, sweep, backend, trials,
+                               prune))
+                result.ran += 1
+            while _finished(study) < trials:
+                # a sampler seeded by the trial's number: the same suggestions whether or not the sweep was interrupted
+                study.sampler = optuna.samplers.TPESampler(seed=SAMPLER_SEED + len(study.get_trials(deepcopy=False)))
+                echo(run_trial(study, study.ask(), root, sweep, backend, trials, prune))
+                result.ran += 1
         result.best = write_best(root, study, sweep, trials)
         write_sweep_report(root, sweep.knobs(), trial_rows(study, sweep.knobs()), result.best, sweep.objective)
     return result

@@ -16,7 +16,6 @@ This module is the orchestration; the parts live beside it:
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from reflectrl.experiments.local import run_local
 from reflectrl.experiments.progress import Progress
 from reflectrl.experiments.ray_backend import pack, ray_task, run_ray, unpack
 from reflectrl.experiments.spec import ExperimentSpec, RunSpec, load_or_create
-from reflectrl.experiments.state import ExperimentResult, exclusive, log_path, run_state, train_argv
+from reflectrl.experiments.state import ExperimentResult, exclusive, log_path, run_state, runs_to_train, train_argv
 from reflectrl.runs.files import last_logged_step
 
 # The names this module had before it was split, for code that imports them from here.
@@ -64,15 +63,7 @@ def run_experiment(root: Path, spec: ExperimentSpec, backend: str = "local", wor
         result = ExperimentResult(added=load_or_create(root, spec))
         if result.added:
             print(f"reflectrl: extending {root} with {', '.join(result.added)}", file=sys.stderr)
-        todo = []
-        for run in runs:
-            state = run_state(run)
-            if state == "finished":
-                result.skipped.append(run)
-            else:
-                if state == "fresh" and run.path.exists():
-                    shutil.rmtree(run.path)  # died before its first checkpoint: nothing to keep
-                todo.append((run, state))
+        todo = runs_to_train(runs, result)
         bar = Progress(spec, runs, result, progress)
         try:
             if backend == "local":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +37,21 @@ def run_state(run: RunSpec) -> str:
     if (has_checkpoint(run.path) or has_staged_checkpoint(run.path)) and has_config(run.path):
         return "resume"  # a staged checkpoint only: a JAX group killed while putting its first in place
     return "fresh"
+
+
+def runs_to_train(runs: list[RunSpec], result: ExperimentResult) -> list[tuple[RunSpec, str]]:
+    """(run, state) of the runs still to train; finished ones go to result.skipped, and a run that died
+    before its first checkpoint is cleared (nothing to keep) to start afresh."""
+    todo = []
+    for run in runs:
+        state = run_state(run)
+        if state == "finished":
+            result.skipped.append(run)
+            continue
+        if state == "fresh" and run.path.exists():
+            shutil.rmtree(run.path)
+        todo.append((run, state))
+    return todo
 
 
 def train_argv(run: RunSpec, state: str, path: Path | None = None) -> list[str]:

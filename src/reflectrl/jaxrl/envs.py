@@ -350,8 +350,8 @@ class XMinigridEnv(JaxEnv):
         try:
             # the task's defaults with the settings in (xminigrid.make replaces them after the defaults, so a
             # new height or width would keep the default grid's step limit)
-            self.env, _ = xminigrid.make(name)
-            self.params = self.env.default_params(**{**xminigrid.registration._REGISTRY[name].kwargs, **kwargs})
+            self.env, default = xminigrid.make(name)
+            self.params = self.env.default_params(**{"height": default.height, "width": default.width, **kwargs})
         except (TypeError, ValueError, AssertionError) as err:
             raise UserError(f"--env xminigrid:{name}: {err} (its settings: height, width, view_size, "
                             "max_steps)") from None

@@ -41,14 +41,32 @@ def knob_value(cfg: RunConfig, name: str):
     return getattr(trainer_knobs(cfg), name)
 
 
+def vectorisable_knobs(signal_names) -> tuple[str, ...]:
+    """The knobs that may differ between the runs of one program: PPO's (ppo.VECTOR_KNOBS) and the
+    signals' own (each JAX signal's vector_knobs, as SIGNAL.KNOB)."""
+    from reflectrl.jaxrl.ppo import VECTOR_KNOBS
+    from reflectrl.jaxrl.signals import JAX_SIGNALS
+
+    return VECTOR_KNOBS + tuple(f"{name}.{knob}" for name in signal_names if name in JAX_SIGNALS
+                                for knob in JAX_SIGNALS[name].vector_knobs)
+
+
+def fits_at_learning_rate(signal_names) -> list[str]:
+    """The signals that fit a network at lr_multiplier x learning_rate, a constant of the program: with
+    them, learning_rate cannot differ between a program's runs."""
+    from reflectrl.config import section_types
+
+    return [name for name in signal_names if hasattr(section_types().get(name, object)(), "lr_multiplier")]
+
+
 def varying_knobs(cfgs: list[RunConfig], signals=()) -> tuple[str, ...]:
     """The knobs whose values differ between a group's runs, which must otherwise differ only in their
-    seed: PPO's (ppo.VECTOR_KNOBS) and the signals' own (each signal's vector_knobs, as SIGNAL.KNOB)."""
+    seed: the vectorisable ones (vectorisable_knobs)."""
     from reflectrl.config import add_algo_section
     from reflectrl.jaxrl.ppo import VECTOR_KNOBS
 
     own = {s.name: tuple(s.vector_knobs) for s in signals}
-    allowed = VECTOR_KNOBS + tuple(f"{name}.{k}" for name, knobs in own.items() for k in knobs)
+    allowed = vectorisable_knobs([s.name for s in signals])
 
     def rest(cfg):
         add_algo_section(cfg)
@@ -66,7 +84,7 @@ def varying_knobs(cfgs: list[RunConfig], signals=()) -> tuple[str, ...]:
 
 
 def _check_varying(varying: tuple[str, ...], signals) -> None:
-    fitting = [s.name for s in signals if hasattr(getattr(s, "cfg", None), "lr_multiplier")]
+    fitting = fits_at_learning_rate([s.name for s in signals])
     if "learning_rate" in varying and fitting:
         raise UserError(f"learning_rate differs between the runs of this JAX group, and {', '.join(fitting)} fit "
                         "their networks at lr_multiplier x learning_rate, a constant of the program: vectorise "
@@ -392,8 +410,8 @@ def settle_checkpoints(runs: list[RunDir], states: list[dict | None]) -> list[di
         else:
             run.discard_staged_checkpoint()
         if state is None:
-            raise UserError(f"no checkpoint in {run.path} to resume from (its staged one is not this group's); "
-                            "delete the run directory and train it again")
+            raise UserError(f"no checkpoint in {run.path} to resume from (none, or only a staged one of another "
+                            "iteration); delete the run directory and train it again")
         settled.append(state)
     return settled
 
@@ -414,8 +432,7 @@ def train_group(items: list[tuple[str, RunConfig | None, list[str]]], progress: 
                 if run is None:
                     continue
                 cfg = RunConfig.from_dict(run.config())
-                states.append(run.load_checkpoint() if run.has_checkpoint() or run.staged_checkpoint() is None
-                              else None)
+                states.append(run.load_checkpoint() if run.has_checkpoint() else None)  # None: staged only
                 run.set_status("running")
             else:
                 run = RunDir.create(path, cfg.to_dict(), command=["reflectrl", "train", *argv])

@@ -102,6 +102,12 @@ def _json_default(value: Any):
     raise TypeError(f"cannot serialise {type(value).__name__}")
 
 
+def _write_checkpoint(path: Path, state: dict) -> None:
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    atomic_write_bytes(path, buf.getvalue())
+
+
 class RunDir:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
@@ -228,9 +234,7 @@ class RunDir:
     # -- checkpoints
 
     def save_checkpoint(self, state: dict) -> None:
-        buf = io.BytesIO()
-        torch.save(state, buf)
-        atomic_write_bytes(self.checkpoint_path, buf.getvalue())
+        _write_checkpoint(self.checkpoint_path, state)
 
     def has_checkpoint(self) -> bool:
         return self.checkpoint_path.is_file()
@@ -241,9 +245,7 @@ class RunDir:
     # leaves staged checkpoints that complete the set (jaxrl/trainer.py settle_checkpoints).
 
     def stage_checkpoint(self, state: dict) -> None:
-        buf = io.BytesIO()
-        torch.save(state, buf)
-        atomic_write_bytes(self.path / STAGED_CHECKPOINT, buf.getvalue())
+        _write_checkpoint(self.path / STAGED_CHECKPOINT, state)
 
     def commit_checkpoint(self) -> None:
         os.replace(self.path / STAGED_CHECKPOINT, self.checkpoint_path)
