@@ -54,6 +54,20 @@ def test_refusals_are_one_line_and_leave_no_run(tmp_path, capsys, argv, says):
     assert not out.exists()
 
 
+def test_gymnax_imports_without_its_renderers_and_leaves_them_importable():
+    """import_gymnax stands in for seaborn and pyplot while gymnax loads, then takes the stand-ins
+    out: the env works, nothing of theirs was loaded, and a later real import gets the real ones."""
+    code = ("import sys; from reflectrl.jaxrl.envs import import_gymnax, make_env\n"
+            "import_gymnax(); env = make_env('gymnax:CartPole-v1')\n"
+            "assert not {'seaborn', 'matplotlib.pyplot', 'scipy.stats'} & set(sys.modules)\n"
+            "import seaborn, matplotlib.pyplot as plt\n"
+            "assert callable(seaborn.color_palette) and callable(plt.subplots)\n"
+            "print(env.id)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "gymnax:CartPole-v1"
+
+
 def test_chunks_divide_the_run_where_they_can():
     assert chunk_length(196, 64) == 49
     assert chunk_length(10, 64) == 10

@@ -148,8 +148,7 @@ def _simhash(obs: jax.Array, obs_dim: int) -> jax.Array:
 
 class GymnaxEnv(JaxEnv):
     def __init__(self, name: str, kwargs: dict):
-        import gymnax
-
+        gymnax = import_gymnax()
         if name not in gymnax.registered_envs:
             raise UserError(f"--env gymnax:{name}: gymnax has no such env; it has {', '.join(gymnax.registered_envs)}")
         self.id = f"gymnax:{name}"
@@ -204,23 +203,44 @@ def _minigrid_max_steps(name: str) -> int | None:
     return None
 
 
-def import_navix():
-    """navix, without its agents and experiment modules: its package imports them (wandb, distrax,
-    tensorflow-probability: 4 of navix's 6 s of import here) and its envs use neither. Stand-ins
-    take their place in sys.modules unless navix was imported already."""
+def import_with_stand_ins(package: str, stand_ins: tuple, keep: bool):
+    """`package`, imported with stand-in modules in sys.modules for `stand_ins` (modules it imports
+    that the envs we use never call: renderers, agents). Stand-ins that `keep` stay (the package's
+    own submodules); the others (third-party modules such as seaborn) are taken out again once the
+    package is in, so that a later real import of them still works. Nothing is stood in for when
+    the package was imported already, or for a module that was."""
+    import importlib
     import sys
     import types
 
-    if "navix" not in sys.modules:
-        for name in ("navix.agents", "navix.experiment"):
-            if name not in sys.modules:
-                stub = types.ModuleType(name)
-                stub.__doc__ = "not imported by reflectrl (jaxrl/envs.py import_navix): import navix first to use it"
-                stub.Experiment = None
-                sys.modules[name] = stub
-    import navix
+    if package in sys.modules:
+        return sys.modules[package]
+    placed = []
+    for name in stand_ins:
+        if name not in sys.modules:
+            stub = types.ModuleType(name)
+            stub.__doc__ = f"a stand-in (reflectrl.jaxrl.envs.import_with_stand_ins): import {name} first to use it"
+            stub.Experiment = None
+            sys.modules[name] = stub
+            placed.append(name)
+    try:
+        return importlib.import_module(package)
+    finally:
+        for name in placed if not keep else ():
+            sys.modules.pop(name, None)
 
-    return navix
+
+def import_navix():
+    """navix, without its agents and experiment modules: its package imports them (wandb, distrax,
+    tensorflow-probability: 4 of navix's 6 s of import here) and its envs use neither."""
+    return import_with_stand_ins("navix", ("navix.agents", "navix.experiment"), keep=True)
+
+
+def import_gymnax():
+    """gymnax, without seaborn and matplotlib's pyplot: its registry imports every env module, and
+    Pong's and the bsuite envs' renderers import those two (about 2 of gymnax's 3.5 s of import on
+    top of jax's here, with scipy and pandas); no env's step or reset uses them."""
+    return import_with_stand_ins("gymnax", ("seaborn", "matplotlib.pyplot"), keep=False)
 
 
 def minigrid_doorkey(env):
