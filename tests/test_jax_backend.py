@@ -239,6 +239,7 @@ def test_a_group_vectorises_ppos_knobs_and_each_run_trains_as_it_would_alone():
 @pytest.mark.parametrize("extra, algo, says", [
     (["gamma=0.9"], "ppo", "must differ only in their seed and in learning_rate"),
     (["learning_rate=0.001"], "ppo+calibration", "calibration fit their networks at lr_multiplier"),
+    (["rnd.int_coef=0"], "ppo+rnd", "rnd.int_coef is 0 in some runs of this JAX group"),
 ])
 def test_a_group_refuses_runs_it_cannot_vectorise(extra, algo, says):
     from reflectrl.errors import UserError
@@ -283,6 +284,36 @@ def test_a_group_vectorises_the_signals_knobs_and_each_run_trains_as_it_would_al
     alone = JaxGroup([b], [None])
     alone.train(progress=False)
     assert_same_params(group, 1, alone, 0)
+    assert group.params_sha256(0) != group.params_sha256(1)
+
+
+@pytest.mark.slow
+def test_a_group_vectorises_shaping_gear_and_rnd_knobs_and_each_run_trains_as_it_would_alone(tmp_path):
+    """shaping.eta, gear.temperature (inf in one run: w = 1, the shortcut a run alone takes) and RND's
+    stream coefficients differ between the runs of one program: each run ends with the parameters it
+    reaches alone, and logs the shaping terms and GEAR weights it logs alone (the terms' effect on a
+    tiny CartPole policy is below the parameters' float tolerance; their metrics are not)."""
+    algo = "ppo+rnd+gear+shaping"
+    shaping = ["shaping.mode=potential", "shaping.update_every=1"]
+    a = tiny_config(1, algo=algo, extra=[*shaping, "shaping.eta=0.5", "gear.temperature=inf"])
+    b = tiny_config(1, algo=algo, extra=[*shaping, "shaping.eta=2.0", "gear.temperature=0.3", "rnd.int_coef=0.5",
+                                         "rnd.ext_coef=1.5"])
+    runs = [RunDir.create(tmp_path / "group" / name, cfg.to_dict()) for name, cfg in (("a", a), ("b", b))]
+    group = JaxGroup([a, b], runs)
+    assert group.setup.varying == ("rnd.int_coef", "rnd.ext_coef", "gear.temperature", "shaping.eta")
+    group.train(progress=False)
+    keys = ("shaping_mean", "shaping_std", "weights_mean", "weights_std", "value_loss")
+    for i, (name, cfg) in enumerate((("a", a), ("b", b))):
+        run = RunDir.create(tmp_path / "alone" / name, cfg.to_dict())
+        alone = JaxGroup([cfg], [run])
+        assert alone.setup.varying == ()
+        alone.train(progress=False)
+        assert_same_params(group, i, alone, 0)
+        together, apart = read_metrics(runs[i].path), read_metrics(run.path)
+        assert len(together) == len(apart) > 4
+        for key in keys:
+            np.testing.assert_allclose([r[key] for r in together], [r[key] for r in apart], rtol=1e-3, atol=1e-6,
+                                       err_msg=f"run {name}: {key}")
     assert group.params_sha256(0) != group.params_sha256(1)
 
 

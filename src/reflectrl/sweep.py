@@ -24,8 +24,9 @@ stopped the way Ctrl-C stops a `compare`: its runs end at their last checkpoint.
   its constant liar, so that they spread), their runs (N trials x K seeds) trained as one
   compiled program with each run's knobs read from its own state (jaxrl/ppo.py VECTOR_KNOBS:
   learning_rate, ent_coef, vf_coef, clip_coef, max_grad_norm; and the signals' vector_knobs:
-  count.beta, calibration.alpha and calibration.beta). A batch runs to its end: no
-  pruning. Each trial's directory is the compare experiment it would otherwise be.
+  count.beta, calibration.alpha, calibration.beta, shaping.eta, gear.temperature, rnd.int_coef
+  (above 0) and rnd.ext_coef). A batch runs to its end: no pruning. Each trial's directory is
+  the compare experiment it would otherwise be.
 * Winner's curse: the best knobs are re-run on fresh seeds K+1..K+M in DIR/best (an
   experiment whose seeds start at K+1: ExperimentSpec.first_seed), optionally beside the
   tuned baseline of another sweep (`--baseline`), and that experiment gets the ordinary report.
@@ -505,12 +506,20 @@ def _sweep_lock(root: Path):
         yield
 
 
+def _at_most_zero(choice: str) -> bool:
+    """Whether a choice() value is a number <= 0."""
+    try:
+        return float(choice) <= 0
+    except ValueError:
+        return False
+
+
 def vectorised_keys(sweep: SweepSpec) -> list[str]:
     """Check that `sweep --vmap-trials` can train the sweep's trials as one program: backend=jax, and a
     space of vectorisable knobs: PPO's (learning_rate only where no signal fits a network with it) and
     the signals' own (each JAX signal's vector_knobs, e.g. count.beta, calibration.alpha).
     Returns the space's keys."""
-    from reflectrl.jaxrl.trainer import fits_at_learning_rate, vectorisable_knobs
+    from reflectrl.jaxrl.trainer import fits_at_learning_rate, positive_knobs, vectorisable_knobs
 
     sets = dict(item.partition("=")[::2] for item in sweep.sets)
     if sets.get("backend", "").strip() != "jax":
@@ -522,6 +531,13 @@ def vectorised_keys(sweep: SweepSpec) -> list[str]:
     if other:
         raise UserError(f"--vmap-trials vectorises {', '.join(allowed)} here; the space also tunes "
                         f"{', '.join(other)}: drop --vmap-trials or tune those apart")
+    positive = positive_knobs(parse_algo(sweep.algo).signals)
+    for knob in sweep.knobs():
+        reaches_zero = (any(_at_most_zero(c) for c in knob.choices) if knob.dist == "choice"
+                        else knob.low <= 0)
+        if knob.key in positive and reaches_zero:
+            raise UserError(f"--vmap-trials with {knob.text}: at {knob.key}=0 the signal has no reward stream, "
+                            "another program; keep its range above 0, or tune it without --vmap-trials")
     if "learning_rate" in keys:
         fitting = fits_at_learning_rate(parse_algo(sweep.algo).signals)
         if fitting:

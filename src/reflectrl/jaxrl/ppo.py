@@ -74,6 +74,12 @@ class Setup:
                             f"{', '.join(s.name for s in streams)}")
         return streams[0] if streams else None
 
+    def seed_stream(self, knobs: dict | None):
+        """The reward stream as one seed sees it (Signal.seed_stream: its coefficients may differ between
+        the program's seeds); `knobs`: the seed's signal knobs (signal_knobs)."""
+        owner = next((s for s in self.signals if s.stream is not None), None)
+        return None if owner is None else owner.seed_stream(knobs)
+
     def context(self) -> Context:
         k, env = self.knobs, self.env
         return Context(obs_dim=env.obs_dim, action_dim=env.action_dim, discrete=env.discrete,
@@ -382,7 +388,7 @@ def apply_signals(setup: Setup, state: dict, batch: Batch, key):
         if out.stream is not None:
             stream = out.stream
             if s.stream is not None:  # the later signals see the stream's rewards (gear's select, advantage)
-                seen_by = seen_by._replace(intrinsic_rewards=s.stream.weight * out.stream)
+                seen_by = seen_by._replace(intrinsic_rewards=s.seed_stream(batch.knobs).weight * out.stream)
     return {**state, "signals": states}, batch, seen_by, weights, stream, metrics, terms
 
 
@@ -482,14 +488,15 @@ def iteration(setup: Setup, state: dict, it=None):
     rng, k_sig, k_upd, k_after = jax.random.split(state["rng"], 4)
     state = {**state, "rng": rng}
     streamed = stream_values(setup, state["params"], traj) if setup.stream is not None else None
+    seed_stream = setup.seed_stream(signal_knobs(state))  # its coefficients: this seed's
     batch = make_batch(traj, state, state["params"], it, step_before,
-                       None if streamed is None else (streamed, setup.stream.weight))
+                       None if streamed is None else (streamed, seed_stream.weight))
     state, batch, signalled, weights, stream, sig_metrics, terms = apply_signals(setup, state, batch, k_sig)
     state = {**state, "snapshots": keep_snapshot(setup, state, traj, terms, step_before, it)}
     advantages, returns = signalled.advantages, signalled.returns
     stream_returns = None
     if setup.stream is not None:
-        s = setup.stream
+        s = seed_stream
         stream_rewards = stream if stream is not None else jnp.zeros_like(batch.rewards)
         stream_adv, stream_returns = stream_advantages(setup, streamed, traj, stream_rewards)
         advantages = s.extrinsic_coef * advantages + s.coef * stream_adv

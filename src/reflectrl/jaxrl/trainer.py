@@ -80,7 +80,21 @@ def varying_knobs(cfgs: list[RunConfig], signals=()) -> tuple[str, ...]:
     first = rest(cfgs[0])
     if any(rest(cfg) != first for cfg in cfgs[1:]):
         raise UserError(f"the runs of one JAX group must differ only in their seed and in {', '.join(allowed)}")
-    return tuple(k for k in allowed if len({knob_value(c, k) for c in cfgs}) > 1)
+    varying = tuple(k for k in allowed if len({knob_value(c, k) for c in cfgs}) > 1)
+    for name in positive_knobs(s.name for s in signals):
+        if name in varying and any(knob_value(c, name) <= 0 for c in cfgs):
+            raise UserError(f"{name} is 0 in some runs of this JAX group and not in others: at 0 the signal has no "
+                            "reward stream, another program; train those runs apart")
+    return varying
+
+
+def positive_knobs(signal_names) -> tuple[str, ...]:
+    """The vectorisable signal knobs whose 0 is another program (RND's int_coef: at 0 no reward stream):
+    they may differ between a program's runs only where every run's is > 0."""
+    from reflectrl.jaxrl.signals import JAX_SIGNALS
+
+    return tuple(f"{name}.{knob}" for name in signal_names if name in JAX_SIGNALS
+                 for knob in JAX_SIGNALS[name].positive_knobs)
 
 
 def _check_varying(varying: tuple[str, ...], signals) -> None:

@@ -96,7 +96,10 @@ class Stream(NamedTuple):
     def weight(self) -> float:
         """k_s = coef / extrinsic_coef: the stream's weight relative to the extrinsic advantage (the
         policy's advantage is extrinsic_coef x (A_ext + k_s A_s)); coef itself where extrinsic_coef = 0."""
-        return self.coef / self.extrinsic_coef if self.extrinsic_coef > 0 else self.coef
+        if isinstance(self.extrinsic_coef, (int, float)):  # constants: the program of before exactly
+            return self.coef / self.extrinsic_coef if self.extrinsic_coef > 0 else self.coef
+        positive = self.extrinsic_coef > 0  # one seed's (traced) values: Signal.seed_stream
+        return jnp.where(positive, self.coef / jnp.where(positive, self.extrinsic_coef, 1.0), self.coef)
 
 
 class SeedKnobs:
@@ -118,6 +121,8 @@ class Signal:
     stream: Stream | None = None  # a reward stream the trainer must learn (a second value head)
     wants_features = False
     vector_knobs: tuple[str, ...] = ()  # knobs that may differ between a program's seeds (read via seed_cfg)
+    stream_knobs: dict[str, str] = {}   # its stream's fields read from its vector_knobs (seed_stream)
+    positive_knobs: tuple[str, ...] = ()  # vector_knobs whose 0 is another program (0 turns the stream off)
 
     def __init__(self, cfg: Any):
         """Its knobs checked (once: a run's config check usually did it), then kept."""
@@ -132,6 +137,14 @@ class Signal:
         prefix = f"{self.name}."
         varying = {k[len(prefix):]: v for k, v in (batch.knobs or {}).items() if k.startswith(prefix)}
         return SeedKnobs(self.cfg, varying) if varying else self.cfg
+
+    def seed_stream(self, knobs: dict | None):
+        """Its reward stream as this seed sees it: the stream_knobs from the seed's values where they
+        differ between the program's seeds (`knobs`: Batch.knobs), the stream itself where none do."""
+        prefix = f"{self.name}."
+        varying = {k[len(prefix):]: v for k, v in (knobs or {}).items() if k.startswith(prefix)}
+        fields = {field: varying[knob] for field, knob in self.stream_knobs.items() if knob in varying}
+        return self.stream._replace(**fields) if fields and self.stream is not None else self.stream
 
     def init(self, key: jax.Array, ctx: Context) -> Any:
         """The signal's initial state (a pytree; {} when it keeps none)."""

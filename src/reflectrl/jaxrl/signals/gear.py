@@ -132,6 +132,7 @@ def reward_parts(batch: Batch, kind: str):
 class Gear(Signal):
     name = "gear"
     config = GEARConfig
+    vector_knobs = ("temperature",)
 
     def __init__(self, cfg: GEARConfig):
         super().__init__(cfg)
@@ -156,10 +157,11 @@ class Gear(Signal):
         return x.reshape(batch.values.size, -1).astype(jnp.float32)
 
     def after_advantages(self, state, batch: Batch, key, estimate):
-        cfg = self.cfg
+        cfg = self.seed_cfg(batch)
+        varies = cfg is not self.cfg  # the temperature is this seed's (traced): no shortcut for inf
         ones = {"weights_mean": 1.0, "weights_std": 0.0, "weights_min": 1.0, "weights_max": 1.0,
                 "weights_clipped_frac": 0.0}
-        if math.isinf(cfg.temperature) and not self.scheduled:  # w = 1 exactly: PPO bit for bit
+        if not varies and math.isinf(cfg.temperature) and not self.scheduled:  # w = 1 exactly: PPO bit for bit
             return state, Output(), {k: jnp.asarray(v, jnp.float32) for k, v in ones.items()}
         step = batch.global_step + batch.values.size  # torch's global_step counts this rollout's steps
         temperature = scheduled_temperature(step, cfg) if self.scheduled else jnp.asarray(cfg.temperature)
@@ -170,7 +172,7 @@ class Gear(Signal):
         w = jnp.where(off, 1.0, w)
         metrics = {"weights_mean": w.mean(), "weights_std": std(w), "weights_min": w.min(), "weights_max": w.max(),
                    "weights_clipped_frac": jnp.where(off, 0.0, clipped.astype(jnp.float32).mean())}
-        if self.scheduled:
+        if self.scheduled or varies:
             metrics["gear_temperature"] = temperature.astype(jnp.float32)
         return state, Output(weights=w), metrics
 

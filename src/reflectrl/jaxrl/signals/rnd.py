@@ -109,6 +109,9 @@ def clip_by_norm_torch(grads, max_norm: float):
 class Rnd(Signal):
     name = "rnd"
     config = RndConfig
+    vector_knobs = ("int_coef", "ext_coef")
+    stream_knobs = {"coef": "int_coef", "extrinsic_coef": "ext_coef"}
+    positive_knobs = ("int_coef",)
 
     def __init__(self, cfg: RndConfig):
         super().__init__(cfg)

@@ -62,6 +62,7 @@ def normalised_labels(advantages, mask, scale: float):
 class Shaping(Signal):
     name = "shaping"
     config = ShapingConfig
+    vector_knobs = ("eta",)
 
     def __init__(self, cfg: ShapingConfig):
         super().__init__(cfg)
@@ -75,9 +76,10 @@ class Shaping(Signal):
             if refused:
                 raise torch_only(knob)
 
-    def forward(self, params, obs, actions, next_obs, terminations):
-        return shaper_forward(params, obs, actions, next_obs, terminations, self.cfg.mode, self.cfg.eta,
-                              self.ctx.gamma, self.cfg.hard_clip)
+    def forward(self, params, obs, actions, next_obs, terminations, eta=None):
+        """F on flat rows; `eta`: this seed's (seed_cfg), cfg.eta when None."""
+        return shaper_forward(params, obs, actions, next_obs, terminations, self.cfg.mode,
+                              self.cfg.eta if eta is None else eta, self.ctx.gamma, self.cfg.hard_clip)
 
     def init(self, key, ctx):
         super().init(key, ctx)
@@ -103,9 +105,9 @@ class Shaping(Signal):
     def shape_rewards(self, state, batch: Batch, key):
         if self.cfg.mode == "off":
             return state, None, {}
-        cfg = self.cfg
+        cfg = self.seed_cfg(batch)
         weight = curriculum(batch.global_step + batch.values.size, cfg.warmup_steps, cfg.ramp_steps)
-        f = self.forward(state["target"], *self._rows(batch)).reshape(batch.values.shape)
+        f = self.forward(state["target"], *self._rows(batch), eta=cfg.eta).reshape(batch.values.shape)
         shaping = weight * f
         r = batch.rewards
         mean_abs_r = jnp.abs(r).mean()
@@ -138,7 +140,7 @@ class Shaping(Signal):
     def after_update(self, state, batch: Batch, key, value_fn, estimate):
         if self.cfg.mode == "off":
             return state, {}
-        cfg = self.cfg
+        cfg = self.seed_cfg(batch)
         B = cfg.buffer_rollouts
         slot = state["updates"] % B
         obs, actions, next_obs, terms = self._rows(batch)
@@ -160,12 +162,12 @@ class Shaping(Signal):
             labels, mask = self.labels(state["buffer"], state["filled"], value_fn)
             # F's R^2 on the newest rollout's labels, which it has not been fit on yet
             held = labels[slot].reshape(-1)
-            pred = self.forward(state["shaper"], obs, actions, next_obs, terms)
+            pred = self.forward(state["shaper"], obs, actions, next_obs, terms, eta=cfg.eta)
             r2_heldout = 1.0 - jnp.mean((pred - held) ** 2) / (var(held) + 1e-12)
             rows = tuple(state["buffer"][k].reshape(-1, state["buffer"][k].shape[-1])
                          for k in ("obs", "actions", "next_obs"))
             data = (*rows, state["buffer"]["terminations"].reshape(-1), labels.reshape(-1))
-            err = lambda p, o, a, o2, t, y: (self.forward(p, o, a, o2, t) - y) ** 2  # noqa: E731
+            err = lambda p, o, a, o2, t, y: (self.forward(p, o, a, o2, t, eta=cfg.eta) - y) ** 2  # noqa: E731
             follow = lambda p, target: polyak(target, p, cfg.tau)  # noqa: E731
             params, opt_state, target = fit_rows(err, state["shaper"], state["opt"], self.opt, data, key,
                                                  epochs=cfg.epochs, minibatch_size=cfg.minibatch_size,
