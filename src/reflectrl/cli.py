@@ -115,8 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--vmap-trials", type=int, default=1, metavar="N",
                     help="backend=jax: N trials at a time trained as one compiled program, their knobs "
                          "vectorised (PPO's learning_rate, ent_coef, vf_coef, clip_coef, max_grad_norm; "
-                         "count.beta, calibration.alpha, calibration.beta); no pruning (default 1: one trial "
-                         "at a time)")
+                         "count.beta, calibration.alpha, calibration.beta, shaping.eta, gear.temperature, "
+                         "rnd.int_coef, rnd.ext_coef); no pruning (default 1: one trial at a time)")
     sw.add_argument("--wrapper", default=None, help=WRAPPER_HELP + ", for every run")
     sw.add_argument("--set", action="append", nargs="+", metavar="KEY=VALUE", help="a fixed knob for every run")
     sw.add_argument("--backend", default="local", choices=["local", "ray"], help=BACKEND_HELP)
