@@ -54,6 +54,7 @@ def test_refusals_are_one_line_and_leave_no_run(tmp_path, capsys, argv, says):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_gymnax_imports_without_its_renderers_and_leaves_them_importable():
     """import_gymnax stands in for seaborn and pyplot while gymnax loads, then takes the stand-ins
     out: the env works, nothing of theirs was loaded, and a later real import gets the real ones."""
