@@ -295,7 +295,8 @@ def test_a_group_vectorises_shaping_gear_and_rnd_knobs_and_each_run_trains_as_it
     reaches alone, and logs the shaping terms and GEAR weights it logs alone (the terms' effect on a
     tiny CartPole policy is below the parameters' float tolerance; their metrics are not)."""
     algo = "ppo+rnd+gear+shaping"
-    shaping = ["shaping.mode=potential", "shaping.update_every=1"]
+    # gear on the total advantage reads the RND stream weighted by k_s (the Batch's intrinsic_* fields)
+    shaping = ["shaping.mode=potential", "shaping.update_every=1", "gear.advantage=total"]
     a = tiny_config(1, algo=algo, extra=[*shaping, "shaping.eta=0.5", "gear.temperature=inf"])
     b = tiny_config(1, algo=algo, extra=[*shaping, "shaping.eta=2.0", "gear.temperature=0.3", "rnd.int_coef=0.5",
                                          "rnd.ext_coef=1.5"])

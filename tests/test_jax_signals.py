@@ -498,3 +498,20 @@ def test_every_signal_runs_jitted_and_vmapped_over_seeds(arrays, name):
     if name in ("shaping", "gear", "rnd"):
         finite = [k for k, v in metrics.items() if np.isfinite(np.asarray(v)).all()]
         assert len(finite) == len(metrics), f"non-finite metrics: {set(metrics) - set(finite)}"
+
+
+def test_a_streams_coefficients_per_seed_give_its_weight():
+    """Signal.seed_stream: RND's stream as one seed sees it, its coefficients that seed's where they
+    differ between a program's seeds; Stream.weight (k_s) traced equals its constant form, 0 included."""
+    rnd = JAX_SIGNALS["rnd"](RndConfig(int_coef=1.0, ext_coef=2.0))
+    assert rnd.seed_stream(None) is rnd.stream and rnd.seed_stream({"count.beta": 0.1}) is rnd.stream
+    seed = rnd.seed_stream({"rnd.int_coef": jnp.float32(0.5), "count.beta": 0.1})
+    assert float(seed.coef) == 0.5 and seed.extrinsic_coef == 2.0 and seed.gamma == rnd.stream.gamma
+
+    @jax.jit
+    def weight(coef, extrinsic):
+        return rnd.stream._replace(coef=coef, extrinsic_coef=extrinsic).weight
+
+    for coef, extrinsic in [(1.0, 2.0), (0.5, 0.0), (0.3, 1.5)]:
+        constant = rnd.stream._replace(coef=coef, extrinsic_coef=extrinsic).weight
+        assert float(weight(coef, extrinsic)) == pytest.approx(constant, rel=1e-6)

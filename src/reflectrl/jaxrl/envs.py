@@ -203,44 +203,45 @@ def _minigrid_max_steps(name: str) -> int | None:
     return None
 
 
-def import_with_stand_ins(package: str, stand_ins: tuple, keep: bool):
-    """`package`, imported with stand-in modules in sys.modules for `stand_ins` (modules it imports
-    that the envs we use never call: renderers, agents). Stand-ins that `keep` stay (the package's
-    own submodules); the others (third-party modules such as seaborn) are taken out again once the
-    package is in, so that a later real import of them still works. Nothing is stood in for when
-    the package was imported already, or for a module that was."""
+def import_with_stand_ins(package: str, stand_ins: dict, keep: bool):
+    """`package`, imported with stand-in modules in sys.modules for `stand_ins` ({module: its
+    attributes}: modules it imports that the envs we use never call: renderers, agents). Stand-ins
+    that `keep` stay (the package's own submodules); the others (third-party modules such as
+    seaborn) are taken out again once the package is in, or its import failed, so that a later real
+    import of them still works. Nothing is stood in for when the package was imported already, or
+    for a module that was."""
     import importlib
     import sys
     import types
 
     if package in sys.modules:
         return sys.modules[package]
-    placed = []
-    for name in stand_ins:
+    placed = {}
+    for name, attributes in stand_ins.items():
         if name not in sys.modules:
             stub = types.ModuleType(name)
             stub.__doc__ = f"a stand-in (reflectrl.jaxrl.envs.import_with_stand_ins): import {name} first to use it"
-            stub.Experiment = None
-            sys.modules[name] = stub
-            placed.append(name)
+            stub.__dict__.update(attributes)
+            sys.modules[name] = placed[name] = stub
     try:
         return importlib.import_module(package)
     finally:
-        for name in placed if not keep else ():
-            sys.modules.pop(name, None)
+        for name, stub in placed.items() if not keep else ():
+            if sys.modules.get(name) is stub:
+                del sys.modules[name]
 
 
 def import_navix():
     """navix, without its agents and experiment modules: its package imports them (wandb, distrax,
     tensorflow-probability: 4 of navix's 6 s of import here) and its envs use neither."""
-    return import_with_stand_ins("navix", ("navix.agents", "navix.experiment"), keep=True)
+    return import_with_stand_ins("navix", {"navix.agents": {}, "navix.experiment": {"Experiment": None}}, keep=True)
 
 
 def import_gymnax():
     """gymnax, without seaborn and matplotlib's pyplot: its registry imports every env module, and
     Pong's and the bsuite envs' renderers import those two (about 2 of gymnax's 3.5 s of import on
     top of jax's here, with scipy and pandas); no env's step or reset uses them."""
-    return import_with_stand_ins("gymnax", ("seaborn", "matplotlib.pyplot"), keep=False)
+    return import_with_stand_ins("gymnax", {"seaborn": {}, "matplotlib.pyplot": {}}, keep=False)
 
 
 def minigrid_doorkey(env):

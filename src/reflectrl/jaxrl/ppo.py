@@ -250,7 +250,9 @@ def keep_snapshot(setup: Setup, state: dict, traj: dict, terms: dict, step_befor
     hit = at == it + 1
     slot, any_hit = jnp.argmax(hit), hit.any()
     values = {"state_keys": traj["state_keys"], "rewards": traj["rewards"], "obs": traj["obs"]}
-    values.update({f"term:{name}": terms.get(name, jnp.zeros_like(traj["rewards"])) for name in term_names(setup)})
+    # a term a signal did not give this iteration: 0, or for weights 1 (gear at temperature inf gives none)
+    values.update({f"term:{name}": terms.get(name, (jnp.ones_like if name.endswith(" weight") else jnp.zeros_like)(
+        traj["rewards"])) for name in term_names(setup)})
     snaps = dict(state["snapshots"])
     for name in snapshot_fields(setup):
         snaps[name] = jnp.where(any_hit, snaps[name].at[slot].set(values[name].astype(snaps[name].dtype)), snaps[name])

@@ -98,7 +98,9 @@ class Stream(NamedTuple):
         policy's advantage is extrinsic_coef x (A_ext + k_s A_s)); coef itself where extrinsic_coef = 0."""
         if isinstance(self.extrinsic_coef, (int, float)):  # constants: the program of before exactly
             return self.coef / self.extrinsic_coef if self.extrinsic_coef > 0 else self.coef
-        positive = self.extrinsic_coef > 0  # one seed's (traced) values: Signal.seed_stream
+        # one seed's (traced) values (Signal.seed_stream): the quotient in float32, where constants divide in
+        # float64 and round once, so k_s may be one float32 step off the run's alone (the intrinsic_* fields)
+        positive = self.extrinsic_coef > 0
         return jnp.where(positive, self.coef / jnp.where(positive, self.extrinsic_coef, 1.0), self.coef)
 
 

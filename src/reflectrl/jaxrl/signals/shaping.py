@@ -76,10 +76,10 @@ class Shaping(Signal):
             if refused:
                 raise torch_only(knob)
 
-    def forward(self, params, obs, actions, next_obs, terminations, eta=None):
-        """F on flat rows; `eta`: this seed's (seed_cfg), cfg.eta when None."""
-        return shaper_forward(params, obs, actions, next_obs, terminations, self.cfg.mode,
-                              self.cfg.eta if eta is None else eta, self.ctx.gamma, self.cfg.hard_clip)
+    def forward(self, params, obs, actions, next_obs, terminations, eta):
+        """F on flat rows; `eta`: this seed's (seed_cfg(batch).eta: it may differ between a program's seeds)."""
+        return shaper_forward(params, obs, actions, next_obs, terminations, self.cfg.mode, eta, self.ctx.gamma,
+                              self.cfg.hard_clip)
 
     def init(self, key, ctx):
         super().init(key, ctx)
