@@ -526,20 +526,21 @@ def vectorised_keys(sweep: SweepSpec) -> list[str]:
         raise UserError("--vmap-trials trains a batch of trials as one compiled program: add --set backend=jax "
                         "(or drop --vmap-trials)")
     keys = [k.key.removeprefix("ppo.") for k in sweep.knobs()]
-    allowed = vectorisable_knobs(parse_algo(sweep.algo).signals)
+    signals = parse_algo(sweep.algo).signals
+    allowed = vectorisable_knobs(signals)
     other = [k for k in keys if k not in allowed]
     if other:
         raise UserError(f"--vmap-trials vectorises {', '.join(allowed)} here; the space also tunes "
                         f"{', '.join(other)}: drop --vmap-trials or tune those apart")
-    positive = positive_knobs(parse_algo(sweep.algo).signals)
+    positive = positive_knobs(signals)
     for knob in sweep.knobs():
-        reaches_zero = (any(_at_most_zero(c) for c in knob.choices) if knob.dist == "choice"
-                        else knob.low <= 0)
-        if knob.key in positive and reaches_zero:
+        if knob.key not in positive:
+            continue
+        if any(_at_most_zero(c) for c in knob.choices) if knob.dist == "choice" else knob.low <= 0:
             raise UserError(f"--vmap-trials with {knob.text}: at {knob.key}=0 the signal has no reward stream, "
                             "another program; keep its range above 0, or tune it without --vmap-trials")
     if "learning_rate" in keys:
-        fitting = fits_at_learning_rate(parse_algo(sweep.algo).signals)
+        fitting = fits_at_learning_rate(signals)
         if fitting:
             raise UserError(f"--vmap-trials with learning_rate in the space: {', '.join(fitting)} fit their "
                             "networks at lr_multiplier x learning_rate, a constant of the program; tune "

@@ -45,10 +45,16 @@ def vectorisable_knobs(signal_names) -> tuple[str, ...]:
     """The knobs that may differ between the runs of one program: PPO's (ppo.VECTOR_KNOBS) and the
     signals' own (each JAX signal's vector_knobs, as SIGNAL.KNOB)."""
     from reflectrl.jaxrl.ppo import VECTOR_KNOBS
+
+    return VECTOR_KNOBS + _signal_knobs(signal_names, "vector_knobs")
+
+
+def _signal_knobs(signal_names, kind: str) -> tuple[str, ...]:
+    """SIGNAL.KNOB for each knob the named JAX signals list in their class attribute `kind`."""
     from reflectrl.jaxrl.signals import JAX_SIGNALS
 
-    return VECTOR_KNOBS + tuple(f"{name}.{knob}" for name in signal_names if name in JAX_SIGNALS
-                                for knob in JAX_SIGNALS[name].vector_knobs)
+    return tuple(f"{name}.{knob}" for name in signal_names if name in JAX_SIGNALS
+                 for knob in getattr(JAX_SIGNALS[name], kind))
 
 
 def fits_at_learning_rate(signal_names) -> list[str]:
@@ -81,7 +87,7 @@ def varying_knobs(cfgs: list[RunConfig], signals=()) -> tuple[str, ...]:
     if any(rest(cfg) != first for cfg in cfgs[1:]):
         raise UserError(f"the runs of one JAX group must differ only in their seed and in {', '.join(allowed)}")
     varying = tuple(k for k in allowed if len({knob_value(c, k) for c in cfgs}) > 1)
-    for name in positive_knobs(s.name for s in signals):
+    for name in positive_knobs([s.name for s in signals]):
         if name in varying and any(knob_value(c, name) <= 0 for c in cfgs):
             raise UserError(f"{name} is 0 in some runs of this JAX group and not in others: at 0 the signal has no "
                             "reward stream, another program; train those runs apart")
@@ -91,10 +97,7 @@ def varying_knobs(cfgs: list[RunConfig], signals=()) -> tuple[str, ...]:
 def positive_knobs(signal_names) -> tuple[str, ...]:
     """The vectorisable signal knobs whose 0 is another program (RND's int_coef: at 0 no reward stream):
     they may differ between a program's runs only where every run's is > 0."""
-    from reflectrl.jaxrl.signals import JAX_SIGNALS
-
-    return tuple(f"{name}.{knob}" for name in signal_names if name in JAX_SIGNALS
-                 for knob in JAX_SIGNALS[name].positive_knobs)
+    return _signal_knobs(signal_names, "positive_knobs")
 
 
 def _check_varying(varying: tuple[str, ...], signals) -> None:

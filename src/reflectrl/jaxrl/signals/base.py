@@ -136,15 +136,18 @@ class Signal:
     def seed_cfg(self, batch: Batch):
         """The config as this seed sees it: its values of the vector_knobs that differ between the
         program's seeds (Batch.knobs), the constants of `cfg` for the rest (cfg itself where none differ)."""
-        prefix = f"{self.name}."
-        varying = {k[len(prefix):]: v for k, v in (batch.knobs or {}).items() if k.startswith(prefix)}
+        varying = self._own_knobs(batch.knobs)
         return SeedKnobs(self.cfg, varying) if varying else self.cfg
+
+    def _own_knobs(self, knobs: dict | None) -> dict:
+        """Its knobs among a seed's differing ones ("SIGNAL.KNOB": value), by their own names."""
+        prefix = f"{self.name}."
+        return {k[len(prefix):]: v for k, v in (knobs or {}).items() if k.startswith(prefix)}
 
     def seed_stream(self, knobs: dict | None):
         """Its reward stream as this seed sees it: the stream_knobs from the seed's values where they
         differ between the program's seeds (`knobs`: Batch.knobs), the stream itself where none do."""
-        prefix = f"{self.name}."
-        varying = {k[len(prefix):]: v for k, v in (knobs or {}).items() if k.startswith(prefix)}
+        varying = self._own_knobs(knobs)
         fields = {field: varying[knob] for field, knob in self.stream_knobs.items() if knob in varying}
         return self.stream._replace(**fields) if fields and self.stream is not None else self.stream
 
