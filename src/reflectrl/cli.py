@@ -124,8 +124,14 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--ray-address", default=None, help="Ray cluster address (default: start a local one)")
     sw.add_argument("--no-progress", action="store_true", help="no progress bar for the re-run")
 
-    rep = sub.add_parser("report", help="write the HTML and Markdown report of an experiment")
-    rep.add_argument("exp_dir", metavar="DIR", help="an experiment directory (the --out of 'reflectrl compare')")
+    rep = sub.add_parser("report", help="write the HTML and Markdown report of an experiment (or merge the reports "
+                         "of an experiment run in parts)")
+    rep.add_argument("exp_dir", metavar="DIR", nargs="+",
+                     help="an experiment directory (the --out of 'reflectrl compare'); with --out, two or more parts "
+                     "of one experiment (their experiment directories or report folders) to merge")
+    rep.add_argument("--out", metavar="DIR", default=None,
+                     help="merge the parts' reports into this folder: the table, verdicts and claims over every "
+                     "part's finished runs (default: none; one experiment's report goes to DIR/report)")
     rep.add_argument("--reps", type=int, default=BOOTSTRAP_REPS,
                      help=f"bootstrap resamples (default {BOOTSTRAP_REPS:,})")
 
@@ -439,10 +445,21 @@ def _report(args) -> int:
 
     if args.reps < 100:
         raise UserError(f"--reps {args.reps}: use at least 100 bootstrap resamples")
-    root = Path(args.exp_dir)
-    if not root.exists():
-        raise UserError(f"{root} does not exist; pass the --out of a 'reflectrl compare'")
-    _print_report(root, args.reps)
+    for d in args.exp_dir:
+        if not Path(d).exists():
+            raise UserError(f"{d} does not exist; pass the --out of a 'reflectrl compare'")
+    if args.out is not None:
+        from reflectrl.report.merge import write_merged
+        from reflectrl.report.render import claims_text
+
+        path, claims = write_merged(args.exp_dir, args.out, reps=args.reps)
+        print(f"merged report of {len(args.exp_dir)} parts: {path}")
+        print(claims_text(claims))
+        return 0
+    if len(args.exp_dir) > 1:
+        raise UserError(f"{len(args.exp_dir)} folders given: one experiment's report takes one DIR; to merge the "
+                        "parts of an experiment run in parts, add --out FOLDER")
+    _print_report(Path(args.exp_dir[0]), args.reps)
     return 0
 
 

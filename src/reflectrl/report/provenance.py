@@ -140,7 +140,7 @@ def compare_command(spec: ExperimentSpec, root: Path) -> str:
     return shlex.join(argv + ["--out", str(root)])
 
 
-def _process_command() -> str:
+def process_command() -> str:
     """This process's command line, the program named by its file name."""
     argv = list(sys.argv) or [""]
     return shlex.join([Path(argv[0]).name or sys.executable, *argv[1:]])
@@ -171,7 +171,7 @@ def collect(root: Path, spec: ExperimentSpec, reps: int, source: Path | None = N
                          "the runs and are not recorded; each run's own 'reflectrl train' command is in "
                          "report.md (Runs)"),
         "report_command": shlex.join(["reflectrl", "report", str(root), "--reps", str(reps)]),
-        "written_by": _process_command(),
+        "written_by": process_command(),
         "versions": versions(),
         "machine": machine(),
         "statistics": statistics(reps),

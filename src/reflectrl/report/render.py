@@ -79,12 +79,24 @@ def _table_rows(table: list[dict]) -> list[list[str]]:
                     _num(r["auc_iqm"]), _ci(r["auc_ci"]) + mark,
                     "–" if r["p_improve_over_ppo"] is None
                     else f"{_num(r['p_improve_over_ppo'])} {_ci(r['p_improve_ci'])}{p_mark}",
-                    (f"{_num(r['steps_to_threshold_median'])} ({r['reached']}/{r['seeds']} reach "
-                     f"{_num(r['threshold'])})" if math.isfinite(r["threshold"]) else "– (every return the same)"),
+                    _reach_text(r),
                     "–" if r.get("unique_states_iqm") is None
                     else f"{_count(r['unique_states_iqm'])} {_ci_count(r['unique_states_ci'])}{mark}",
                     _versus_text(r)])
     return out
+
+
+SOLVED_TITLE = "Which entries solve each env (seeds reaching the threshold):"
+NOT_RECOMPUTED = "– (not recomputed across parts)"
+
+
+def _reach_text(r: dict) -> str:
+    if r["threshold"] is None:  # a merged report: the threshold needs every run's learning curve
+        return NOT_RECOMPUTED
+    if not math.isfinite(r["threshold"]):
+        return "– (every return the same)"
+    return (f"{_num(r['steps_to_threshold_median'])} ({r['reached']}/{r['seeds']} reach "
+            f"{_num(r['threshold'])})")
 
 
 HEADERS = ["env", "algo", "seeds", "final return IQM", "95% CI", "norm. AUC IQM", "95% CI",
@@ -131,12 +143,12 @@ def versus_note(table: list[dict]) -> str:
     return text + few_text
 
 
-def runs_csv(scores: list[dict]) -> bytes:
+def runs_csv(scores: list[dict], extra: list[str] | None = None) -> bytes:
     """Every run's scores as CSV (env, entry, seed, final score, AUC, steps to threshold,
     status, ...): what the summary table is computed from (unfinished runs are listed, and
-    excluded from the table)."""
+    excluded from the table). `extra`: more columns, last (a merged report's "part")."""
     fields = ["env", "algo", "seed", "status", "final", "auc", "early_auc", "steps_to_threshold",
-              "unique_states_total", "first_reward_step", "rooms_visited"]
+              "unique_states_total", "first_reward_step", "rooms_visited", *(extra or [])]
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
@@ -208,7 +220,7 @@ def solved_text(table: list[dict]) -> str:
     lines = []
     for env_id in dict.fromkeys(r["env"] for r in table):
         rows = [r for r in table if r["env"] == env_id and r.get("seeds")]
-        if not rows:
+        if not rows or rows[0].get("threshold", math.inf) is None:
             continue
         lo, hi = rows[0].get("env_range", (math.nan, math.nan))
         if not hi - lo > 1e-9:
@@ -253,6 +265,29 @@ def write_report(root: Path, reps: int = stats.BOOTSTRAP_REPS) -> tuple[Path, li
         out.mkdir()
         claims = _write_report(root, out, reps)
     return final / "index.html", claims
+
+
+def results_markdown(table: list[dict], claims: list[Claim], reps: int, notes: str, excluded: str | None) -> list[str]:
+    """The report's Markdown from its results table to its claims (the lines under "## Results")."""
+    few_seeds = few_seeds_warning(table)
+    md = [f"> **Warning:** {few_seeds}", ""] if few_seeds else []
+    columns = headers(table)
+    md += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    md += ["| " + " | ".join(r) + " |" for r in _table_rows(table)]
+    solved = solved_text(table)
+    md += ["", SOLVED_TITLE, "", "```", solved, "```"] if solved else []
+    versus = versus_note(table)
+    md += ["", notes, ""] + ([versus, ""] if versus else []) + ([f"> {excluded}", ""] if excluded else [])
+    md += ["## Claims", ""]
+    tested = [c for c in claims if c.testable]
+    if tested:
+        md += [analysis_claims_intro(claims, reps), ""]
+        md += ["| claim | verdict | evidence |", "|---|---|---|"]
+        md += [f"| {c.statement} | **{c.verdict}** | {c.evidence} |" for c in tested]
+    else:
+        md += ["No claim can be tested by this experiment."]
+    untestable = not_testable_text(claims)
+    return md + (["", untestable] if untestable else [])
 
 
 def _write_report(root: Path, out: Path, reps: int) -> list[Claim]:
@@ -316,22 +351,9 @@ def _write_report(root: Path, out: Path, reps: int) -> list[Claim]:
 
     # ---- Markdown
     md = [f"# reflectrl experiment report: {root.name}", "", intro, "", PROVENANCE_LINE, "", "## Results", ""]
-    md += [f"> **Warning:** {few_seeds}", ""] if few_seeds else []
-    columns = headers(table)
-    md += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    md += ["| " + " | ".join(r) + " |" for r in rows]
+    md += results_markdown(table, claims, reps, notes, excluded)
     solved = solved_text(table)
-    solved_title = "Which entries solve each env (seeds reaching the threshold):"
-    md += ["", solved_title, "", "```", solved, "```"] if solved else []
-    md += ["", notes, ""] + ([versus, ""] if versus else []) + ([f"> {excluded}", ""] if excluded else [])
-    md += ["## Claims", ""]
-    if tested:
-        md += [claims_intro, ""]
-        md += ["| claim | verdict | evidence |", "|---|---|---|"]
-        md += [f"| {c.statement} | **{c.verdict}** | {c.evidence} |" for c in tested]
-    else:
-        md += ["No claim can be tested by this experiment."]
-    md += ["", untestable] if untestable else []
+    solved_title = SOLVED_TITLE
     md += ["", "## Plots", ""] + [f"### {title}\n\n![{title}]({name})\n" for title, name, _ in figures]
     scores = per_run_scores(exp)
     md += ["## Per-run scores", "", 'What the table above is computed from (runs.csv; stats.json holds them under '

@@ -1,0 +1,168 @@
+"""`reflectrl report PART PART ... --out DIR`: the report of an experiment run in parts equals the
+one report of the whole experiment (table, vs-ppo verdicts, claims), from the parts' per-run
+scores; what it cannot recompute it says; bad input is one line."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from reflectrl.errors import UserError
+from reflectrl.experiments.spec import SPEC_FILE
+from reflectrl.report.analysis import evaluate_claims, load_experiment, summary_table
+from reflectrl.report.claims import build_ledger
+from reflectrl.report.merge import write_merged
+from reflectrl.report.render import write_report
+from test_report_claims import make_experiment
+
+REPS = 200
+RNG = np.random.default_rng(7)
+PPO = [list(RNG.normal(0.2, 0.05, 20)) for _ in range(6)]
+GEAR = [list(RNG.normal(0.4, 0.05, 20)) for _ in range(6)]
+CAL = [list(np.linspace(0.1, 0.3, 20) + RNG.normal(0, 0.02, 20)) for _ in range(6)]
+CAL_ROWS = [[{"calibration_loss": 1.0 - i / 40} for i in range(20)] for _ in range(6)]
+
+
+def _drop_seeds(root, label, seeds):
+    """Remove these seeds' runs of the entry: a part that ran only the others."""
+    for path in root.glob(f"runs/*/{label}/seed*"):
+        if path.is_dir() and int(path.name[4:]) in seeds:
+            shutil.rmtree(path)
+
+
+@pytest.fixture(scope="module")
+def parts(tmp_path_factory):
+    """The whole experiment, and the same runs in three parts: ppo; ppo+gear seeds 1-3 and
+    ppo+calibration; ppo+gear seeds 4-6 (each part with its report written)."""
+    tmp = tmp_path_factory.mktemp("merge")
+    whole = make_experiment(tmp / "whole", {"ppo": PPO, "ppo+gear": GEAR, "ppo+calibration": CAL},
+                            extra={"ppo+calibration": CAL_ROWS})
+    a = make_experiment(tmp / "a", {"ppo": PPO})
+    b = make_experiment(tmp / "b", {"ppo+gear": GEAR, "ppo+calibration": CAL}, extra={"ppo+calibration": CAL_ROWS})
+    _drop_seeds(b, "ppo+gear", {4, 5, 6})
+    c = make_experiment(tmp / "c", {"ppo+gear": GEAR})
+    _drop_seeds(c, "ppo+gear", {1, 2, 3})
+    with pytest.warns(UserWarning):  # b's and c's gear entries have 3 seeds each
+        for part in (a, b, c):
+            write_report(part, reps=REPS)
+    return tmp, whole, [a, b / "report", c]  # an experiment directory or its report folder
+
+
+def test_merged_report_equals_the_whole_experiments(parts):
+    tmp, whole, dirs = parts
+    path, claims = write_merged([str(d) for d in dirs], tmp / "merged", reps=REPS)
+    data = json.loads((tmp / "merged" / "stats.json").read_text())
+    exp = load_experiment(whole)
+    expected = {(r["env"], r["algo"]): r for r in summary_table(exp, reps=REPS)}
+    got = {(r["env"], r["algo"]): r for r in data["table"]}
+    assert set(got) == set(expected)
+    for key, row in expected.items():
+        for field in ("seeds", "final_iqm", "final_ci", "final_seeds", "auc_iqm", "auc_ci", "p_improve_over_ppo",
+                      "env_range", "margin", "vs_ppo", "vs_ppo_ci", "vs_ppo_p_holm"):
+            want = row.get(field)
+            numeric = isinstance(want, float) or (isinstance(want, list) and all(isinstance(x, float) for x in want))
+            assert got[key].get(field) == (pytest.approx(want, rel=1e-12) if numeric else want), (key, field)
+        assert got[key]["threshold"] is None and got[key]["reached"] is None  # needs the curves
+    assert got[(exp.spec.envs[0], "ppo+gear")]["vs_ppo"] == "better"
+    by_statement = {c.statement: c for c in evaluate_claims(exp, reps=REPS)}
+    for c in claims:
+        want = by_statement[c.statement]
+        if c.statement.startswith("RefGRPO's calibration loss"):
+            assert want.verdict == "supported" and c.verdict == "not tested" and "not kept" in c.evidence
+            continue
+        assert (c.verdict, c.estimate, c.seeds) == (want.verdict, want.estimate, want.seeds), c.statement
+    assert {c.statement: c.verdict for c in claims}["GEAR beats the baseline"] == "supported"
+    # every run once, with its part; the parts' own steps to threshold are not carried
+    assert len(data["runs"]) == 18 and {r["part"] for r in data["runs"]} == {(dirs[0] / "report").as_posix(),
+                                                                            dirs[1].as_posix(),
+                                                                            (dirs[2] / "report").as_posix()}
+    assert all(r.get("steps_to_threshold") is None for r in data["runs"])
+    assert [p["entries"] for p in data["parts"]] == [{"ppo": [1, 2, 3, 4, 5, 6]},
+                                                     {"ppo+gear": [1, 2, 3], "ppo+calibration": [1, 2, 3, 4, 5, 6]},
+                                                     {"ppo+gear": [4, 5, 6]}]
+    text = path.read_text()
+    assert "merged from 3 parts" in text and "not recomputed across parts" in text and "| part |" in text
+    prov = json.loads((tmp / "merged" / "provenance.json").read_text())
+    assert len(prov["parts"]) == 3 and prov["command"].startswith("reflectrl report ")
+    # the ledger recomputes the merged report's verdicts from its runs and ranges: the same
+    rows = build_ledger([tmp / "merged"], "reflectrl claims merged", reps=REPS).rows
+    assert {r.statement: r.today for r in rows} == {c.statement: c.verdict for c in claims if c.testable}
+
+
+def test_a_run_unfinished_in_one_part_and_finished_in_another_counts_once(parts, tmp_path):
+    tmp, _, dirs = parts
+    stale = tmp_path / "stale"
+    shutil.copytree(dirs[0] / "report", stale)
+    data = json.loads((stale / "stats.json").read_text())
+    data["spec"]["algos"].append("ppo+gear")
+    data["runs"].append({"env": data["runs"][0]["env"], "algo": "ppo+gear", "seed": 2, "status": "stopped",
+                         "final": 0.0, "auc": 0.0, "early_auc": 0.0})
+    (stale / "stats.json").write_text(json.dumps(data))
+    write_merged([str(stale), str(dirs[1]), str(dirs[2])], tmp_path / "m", reps=REPS)
+    merged = json.loads((tmp_path / "m" / "stats.json").read_text())
+    assert merged["excluded"] == []
+    assert [r["status"] for r in merged["runs"] if r["algo"] == "ppo+gear" and r["seed"] == 2] == ["finished"]
+
+
+def _with_spec(src, dst, **change):
+    shutil.copytree(src, dst)
+    data = json.loads((dst / "stats.json").read_text())
+    data["spec"].update(change)
+    (dst / "stats.json").write_text(json.dumps(data))
+    return dst
+
+
+@pytest.mark.parametrize("case, message", [
+    ("twice", "is finished in both"),
+    ("one", "give two or more parts"),
+    ("steps", "differ in --total-steps"),
+    ("sets", "differ in --set"),
+    ("out-is-part", "it holds the part"),
+    ("out-not-empty", "holds other files"),
+    ("no-report", "has no report yet"),
+    ("not-a-part", "neither a report folder"),
+    ("merged", "is itself a merged report"),
+])
+def test_merge_refuses_bad_input_in_one_line(parts, tmp_path, cli, case, message):
+    tmp, _, dirs = parts
+    a, b = dirs[0] / "report", dirs[1]
+    out = tmp_path / "out"
+    args = {"twice": [a, a], "one": [a],
+            "steps": [a, _with_spec(b, tmp_path / "b2", total_steps=999)],
+            "sets": [a, _with_spec(b, tmp_path / "b3", sets=["num_envs=8"])],
+            "out-is-part": [a, b], "out-not-empty": [a, b], "no-report": [a, tmp_path / "bare"],
+            "not-a-part": [a, tmp_path], "merged": [a, tmp_path / "m"]}[case]
+    if case == "out-is-part":
+        out = dirs[0]
+    if case == "out-not-empty":
+        out.mkdir()
+        (out / "notes.txt").write_text("mine")
+    if case == "no-report":
+        (tmp_path / "bare").mkdir()
+        (tmp_path / "bare" / SPEC_FILE).write_text((dirs[0] / SPEC_FILE).read_text())
+    if case == "merged":
+        write_merged([str(a), str(b)], tmp_path / "m", reps=REPS)
+    code, _, err = cli("report", *args, "--out", out, "--reps", REPS)
+    assert code == 2 and err.startswith("reflectrl: error: ") and message in err and len(err.strip().splitlines()) == 1
+    if case == "out-not-empty":
+        assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]  # nothing replaced
+    elif case != "out-is-part":
+        assert not out.exists()
+
+
+def test_several_folders_without_out_are_refused(parts, cli):
+    _, _, dirs = parts
+    code, _, err = cli("report", dirs[0], dirs[2])
+    assert code == 2 and "add --out FOLDER" in err and len(err.strip().splitlines()) == 1
+
+
+def test_merge_from_the_command_line_prints_the_claims_and_replaces_its_own_output(parts, tmp_path, cli):
+    _, _, dirs = parts
+    out = tmp_path / "merged"
+    for _ in range(2):  # a second merge replaces the first (a merged report is its own output)
+        code, text, _ = cli("report", *dirs, "--out", out, "--reps", REPS)
+        assert code == 0 and "merged report of 3 parts" in text and "GEAR beats the baseline" in text
+    assert sorted(p.name for p in out.iterdir()) == ["provenance.json", "report.md", "runs.csv", "stats.json"]
+    with pytest.raises(UserError):
+        write_merged([str(dirs[0])], out)
