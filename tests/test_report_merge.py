@@ -7,6 +7,7 @@ import shutil
 
 import numpy as np
 import pytest
+from test_report_claims import make_experiment
 
 from reflectrl.errors import UserError
 from reflectrl.experiments.spec import SPEC_FILE
@@ -14,7 +15,6 @@ from reflectrl.report.analysis import evaluate_claims, load_experiment, summary_
 from reflectrl.report.claims import build_ledger
 from reflectrl.report.merge import write_merged
 from reflectrl.report.render import write_report
-from test_report_claims import make_experiment
 
 REPS = 200
 RNG = np.random.default_rng(7)
@@ -166,3 +166,32 @@ def test_merge_from_the_command_line_prints_the_claims_and_replaces_its_own_outp
     assert sorted(p.name for p in out.iterdir()) == ["provenance.json", "report.md", "runs.csv", "stats.json"]
     with pytest.raises(UserError):
         write_merged([str(dirs[0])], out)
+
+
+def test_the_ledger_sets_a_merged_reports_parts_apart(tmp_path):
+    """Parts split by seeds (each with claims rows, not tested under 5 seeds), merged beside them."""
+    from reflectrl.report.claims import to_markdown
+
+    halves = []
+    for name, drop in (("x", {4, 5, 6}), ("y", {1, 2, 3})):
+        root = make_experiment(tmp_path / name, {"ppo": PPO, "ppo+gear": GEAR})
+        _drop_seeds(root, "ppo", drop)
+        _drop_seeds(root, "ppo+gear", drop)
+        with pytest.warns(UserWarning):
+            write_report(root, reps=REPS)
+        halves.append(root / "report")
+    write_merged([str(h) for h in halves], tmp_path / "all", reps=REPS)
+    ledger = build_ledger([tmp_path], "reflectrl claims", reps=REPS)
+    by_folder = {}
+    for row in ledger.rows:
+        by_folder.setdefault(row.folder, set()).add(row.part_of)
+    shown = (tmp_path / "all").as_posix()
+    assert by_folder == {shown: {None}, halves[0].as_posix(): {shown}, halves[1].as_posix(): {shown}}
+    gear = [r for r in ledger.rows if r.statement == "GEAR beats the baseline"]
+    assert {r.folder: (r.seeds, r.today) for r in gear} == {
+        shown: ([6, 6], "supported"), halves[0].as_posix(): ([3, 3], "not tested"),
+        halves[1].as_posix(): ([3, 3], "not tested")}
+    text = to_markdown(ledger, [str(tmp_path)])
+    assert "## Parts of merged reports" in text
+    assert text.index(f"]({shown}/report.md)") < text.index("## Parts of merged reports") < text.index(
+        f"]({halves[0].as_posix()}/report.md)")

@@ -33,6 +33,9 @@ What a row shows, and where it comes from:
   re-run of a `reflectrl sweep` (an experiment folder named `best` beside the sweep's
   best.json and sweep.json: every entry of it carries tuned knobs). "yes" where every entry
   of the claim is tuned, "only X" where some are, "no" otherwise.
+The reports that are parts of a merged report found beside them (`reflectrl report PART... --out
+MERGED`: its stats.json lists its "parts") are listed in a section of their own, after the
+table: their claims over all the parts are the merged report's rows.
 Reports under a folder named `archive` inside a DIR are left out (docs/results/archive/ holds
 superseded or withdrawn results, kept for history); given an archive folder itself as DIR, its
 reports are listed, in a section of their own.
@@ -98,6 +101,7 @@ class Row:
     today: str | None = None      # today's verdict; None where it cannot be recomputed
     today_p: str = ""             # the Holm-corrected p-value that decided it
     archived: bool = False
+    part_of: str | None = None    # the merged report (`reflectrl report PART... --out`) this report is a part of
 
 
 @dataclass
@@ -450,11 +454,37 @@ def _report_rows(path: Path, dirs: list[Path], reps: int) -> tuple[list[Row], li
     return rows, untestable, why
 
 
+def _merged_parts(paths: list[Path], dirs: list[Path]) -> dict[Path, str]:
+    """{a part's folder (resolved): the merged report's folder as shown} for the merged reports
+    among `paths` (their stats.json lists "parts": the folders as given to the merge, relative to
+    where it ran; a part is also looked for beside the merged report, by name)."""
+    out: dict[Path, str] = {}
+    for path in paths:
+        data = _read_json(path)
+        parts = data.get("parts") if isinstance(data, dict) else None
+        if not isinstance(parts, list):
+            continue
+        for part in parts:
+            folder = Path(str(part.get("folder", ""))) if isinstance(part, dict) else None
+            if folder is None or not folder.name:
+                continue
+            for where in (folder, path.parent.parent / folder.name):
+                if where.is_dir():
+                    out[where.resolve()] = _display(path.parent, dirs)
+                    break
+    return out
+
+
 def build_ledger(dirs: list[Path], command: str, reps: int = stats.BOOTSTRAP_REPS) -> Ledger:
     dirs = [Path(d) for d in dirs]
     ledger = Ledger(command)
-    for path in find_reports(dirs):
+    paths = find_reports(dirs)
+    merged = _merged_parts(paths, dirs)
+    for path in paths:
         rows, untestable, why = _report_rows(path, dirs, reps)
+        part_of = merged.get(path.parent.resolve())
+        for row in rows:
+            row.part_of = part_of
         ledger.rows += rows
         shown = _display(path.parent, dirs)
         if untestable:
@@ -555,7 +585,8 @@ def to_markdown(ledger: Ledger, dirs: list[str], base: Path | None = None) -> st
     """The ledger as Markdown; links relative to `base` (the --out file's folder), else as found."""
     md = [HEADER.format(command=ledger.command, dirs=", ".join(f"`{d}`" for d in dirs), differs=DIFFERS,
                         none=NONE).rstrip(), ""]
-    current = [r for r in ledger.rows if not r.archived]
+    current = [r for r in ledger.rows if not r.archived and r.part_of is None]
+    parts = [r for r in ledger.rows if not r.archived and r.part_of is not None]
     archived = [r for r in ledger.rows if r.archived]
     reports = len({r.folder for r in current})
     md += [f"{len(current)} claims in {reports} reports (the claims each report could test). "
@@ -563,6 +594,11 @@ def to_markdown(ledger: Ledger, dirs: list[str], base: Path | None = None) -> st
            f"Today: {_counts(current, 'today')}; {sum(r.today is None for r in current)} not recomputed; "
            f"{sum(r.today is not None and r.today != r.verdict for r in current)} differ ({DIFFERS}).", ""]
     md += _table(current, base)
+    if parts:
+        merged = ", ".join(_link(m, base) for m in dict.fromkeys(r.part_of for r in parts))
+        md += ["", "## Parts of merged reports", "",
+               f"The reports of experiments run in parts, each on its own share of the runs; their claims over "
+               f"all the parts are the rows of the merged report ({merged}) above.", ""] + _table(parts, base)
     if archived:
         md += ["", "## Archived reports (superseded or withdrawn)", ""] + _table(archived, base)
     if ledger.not_recomputed:
