@@ -123,6 +123,7 @@ def _with_spec(src, dst, **change):
     ("no-report", "has no report yet"),
     ("not-a-part", "neither a report folder"),
     ("merged", "is itself a merged report"),
+    ("no-range", "keeps no observed return range"),
 ])
 def test_merge_refuses_bad_input_in_one_line(parts, tmp_path, cli, case, message):
     tmp, _, dirs = parts
@@ -132,7 +133,13 @@ def test_merge_refuses_bad_input_in_one_line(parts, tmp_path, cli, case, message
             "steps": [a, _with_spec(b, tmp_path / "b2", total_steps=999)],
             "sets": [a, _with_spec(b, tmp_path / "b3", sets=["num_envs=8"])],
             "out-is-part": [a, b], "out-not-empty": [a, b], "no-report": [a, tmp_path / "bare"],
-            "not-a-part": [a, tmp_path], "merged": [a, tmp_path / "m"]}[case]
+            "not-a-part": [a, tmp_path], "merged": [a, tmp_path / "m"],
+            "no-range": [a, _with_spec(b, tmp_path / "b4")]}[case]
+    if case == "no-range":
+        data = json.loads((tmp_path / "b4" / "stats.json").read_text())
+        for row in data["table"]:
+            row.pop("env_range", None)
+        (tmp_path / "b4" / "stats.json").write_text(json.dumps(data))
     if case == "out-is-part":
         out = dirs[0]
     if case == "out-not-empty":

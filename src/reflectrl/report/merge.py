@@ -99,6 +99,11 @@ def read_part(path: str | Path) -> Part:
     for row in data["table"]:
         if isinstance(row, dict) and isinstance(row.get("env_range"), list) and row.get("env") not in ranges:
             ranges[row["env"]] = (float(row["env_range"][0]), float(row["env_range"][1]))
+    lacking = sorted({r["env"] for r in rows if r["status"] == FINISHED} - set(ranges))
+    if lacking:
+        raise UserError(f"{folder / STATS_FILE} keeps no observed return range of {', '.join(lacking)} (an older "
+                        "report), which the merged scores are normalised by; write its report again with "
+                        "'reflectrl report'")
     prov = {}
     if (folder / provenance.FILE).is_file():
         try:
