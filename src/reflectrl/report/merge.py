@@ -40,6 +40,7 @@ STATS_FILE = "stats.json"
 RUNS_FILE = "runs.csv"
 REPORT_DIR = "report"  # an experiment's report folder (render.write_report)
 FINISHED = "finished"
+EXTRA_COLUMNS = ["part"]  # runs.csv's columns after a report's own: the part each run came from
 
 
 @dataclass
@@ -290,7 +291,7 @@ def _write(m: Merged, tmp: Path, out: Path, table: list[dict], claims: list[Clai
            for r in sorted(m.runs, key=lambda r: (r["env"], spec.algos.index(r["algo"]), r["seed"]))]
     atomic_write_bytes(tmp / "report.md", ("\n".join(md) + "\n").encode())
     runs = sorted(m.runs, key=lambda r: (r["env"], spec.algos.index(r["algo"]), r["seed"]))
-    atomic_write_bytes(tmp / RUNS_FILE, runs_csv(runs, extra=["part"]))
+    atomic_write_bytes(tmp / RUNS_FILE, runs_csv(runs, extra=EXTRA_COLUMNS))
     data = {"spec": spec.to_dict(), "parts": lines, "table": table, "runs": runs,
             "claims": [c.__dict__ for c in claims],
             "bootstrap": {"reps": reps, "verdict_seeds": list(stats.VERDICT_SEEDS), "alpha": ALPHA,
