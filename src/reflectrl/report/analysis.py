@@ -364,7 +364,7 @@ def per_run_scores(exp: Experiment) -> list[dict]:
     final return, AUC and early AUC (raw returns), steps to the env's threshold, and the
     exploration metrics it logged last (None where it logged none)."""
     out = []
-    thresholds = {env_id: _threshold(exp, env_id) for env_id in exp.spec.envs}
+    thresholds = {env_id: exp.threshold(env_id) for env_id in exp.spec.envs}
     for r in exp.runs:
         env_id = r.spec.env_id
         last = {k: last_logged(r, k) for k in ("unique_states_total", "first_reward_step", "rooms_visited")}
@@ -379,11 +379,6 @@ def per_run_scores(exp: Experiment) -> list[dict]:
 def few_seed_rows(table: list[dict]) -> list[dict]:
     """The summary rows whose intervals rest on fewer than MIN_SEEDS_FOR_CI seeds."""
     return [r for r in table if 0 < r.get("seeds", 0) < MIN_SEEDS_FOR_CI]
-
-
-def _threshold(exp: Experiment, env_id: str) -> float:
-    """Default threshold (Experiment.threshold)."""
-    return exp.threshold(env_id)
 
 
 # ------------------------------------------------------------------------------- claims

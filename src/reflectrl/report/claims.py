@@ -183,6 +183,15 @@ def _per_run_scores(data: dict, folder: Path) -> list[dict] | None:
     return rows or None
 
 
+def stored_ranges(data: dict) -> dict[str, tuple[float, float]]:
+    """{env: the observed return range its report stored} (the summary table's env_range)."""
+    ranges: dict[str, tuple[float, float]] = {}
+    for row in data.get("table", []):
+        if isinstance(row, dict) and isinstance(row.get("env_range"), list) and row.get("env") not in ranges:
+            ranges[row["env"]] = (float(row["env_range"][0]), float(row["env_range"][1]))
+    return ranges
+
+
 def _float(x) -> float:
     try:
         return float(x) if x not in (None, "") else math.nan
@@ -377,10 +386,7 @@ def _today(parsed: list[_Parsed], data: dict, folder: Path, reps: int) -> tuple[
         if p.claim.get("verdict") == "not tested" and p.index not in out:
             out[p.index] = ("not tested", "")  # lacked data then; the seeds asked for only grew
     runs = _per_run_scores(data, folder)
-    ranges = {}
-    for row in data.get("table", []):
-        if isinstance(row, dict) and isinstance(row.get("env_range"), list) and row.get("env") not in ranges:
-            ranges[row["env"]] = tuple(float(x) for x in row["env_range"])
+    ranges = stored_ranges(data)
     if runs is None:
         return out, "no per-run scores stored (stats.json has no \"runs\", no runs.csv beside it)"
     if not ranges:

@@ -20,7 +20,6 @@ finished in two parts, a part with no report, an --out that is a part or holds o
 
 from __future__ import annotations
 
-import csv
 import datetime
 import json
 import math
@@ -33,11 +32,10 @@ from reflectrl.experiments.spec import SPEC_FILE, ExperimentSpec
 from reflectrl.outputs import check_writable
 from reflectrl.report import provenance, stats
 from reflectrl.report.analysis import ALPHA, MARGIN_SHARE, Claim, evaluate_claims, summary_table
+from reflectrl.report.claims import RUNS_FILE, STATS_FILE, _float, _per_run_scores, stored_ranges
 from reflectrl.runs import atomic_write_bytes
 from reflectrl.runs.rundir import atomic_dir
 
-STATS_FILE = "stats.json"
-RUNS_FILE = "runs.csv"
 REPORT_DIR = "report"  # an experiment's report folder (render.write_report)
 FINISHED = "finished"
 EXTRA_COLUMNS = ["part"]  # runs.csv's columns after a report's own: the part each run came from
@@ -50,13 +48,6 @@ class Part:
     runs: list[dict]                           # its per-run scores
     ranges: dict[str, tuple[float, float]]     # env -> observed return range over its finished runs
     provenance: dict                           # its provenance.json ({} where it has none)
-
-
-def _float(x) -> float:
-    try:
-        return float(x) if x not in (None, "") else math.nan
-    except (TypeError, ValueError):
-        return math.nan
 
 
 def _report_folder(path: Path) -> Path:
@@ -82,13 +73,10 @@ def read_part(path: str | Path) -> Part:
         raise UserError(f"{folder / STATS_FILE} is not a report's stats.json (no spec or table)")
     if "parts" in data:
         raise UserError(f"{folder} is itself a merged report; give its parts instead")
-    runs = data.get("runs")
-    if not isinstance(runs, list) or not runs:
-        if not (folder / RUNS_FILE).is_file():
-            raise UserError(f"{folder} keeps no per-run scores (no \"runs\" in {STATS_FILE}, no {RUNS_FILE}); "
-                            f"write its report again with 'reflectrl report'")
-        with open(folder / RUNS_FILE, newline="") as fh:
-            runs = list(csv.DictReader(fh))
+    runs = _per_run_scores(data, folder)
+    if runs is None:
+        raise UserError(f"{folder} keeps no per-run scores (no \"runs\" in {STATS_FILE}, no {RUNS_FILE}); "
+                        f"write its report again with 'reflectrl report'")
     rows = []
     for r in runs:
         # a part's steps to threshold are against its own threshold: not carried into the merge
@@ -96,10 +84,7 @@ def read_part(path: str | Path) -> Part:
                if k not in ("part", "steps_to_threshold")}
         row["seed"] = int(row["seed"])
         rows.append(row)
-    ranges: dict[str, tuple[float, float]] = {}
-    for row in data["table"]:
-        if isinstance(row, dict) and isinstance(row.get("env_range"), list) and row.get("env") not in ranges:
-            ranges[row["env"]] = (float(row["env_range"][0]), float(row["env_range"][1]))
+    ranges = stored_ranges(data)
     lacking = sorted({r["env"] for r in rows if r["status"] == FINISHED} - set(ranges))
     if lacking:
         raise UserError(f"{folder / STATS_FILE} keeps no observed return range of {', '.join(lacking)} (an older "
@@ -250,7 +235,7 @@ def write_merged(dirs: list[str], out: str | Path, reps: int = stats.BOOTSTRAP_R
 
 
 def _write(m: Merged, tmp: Path, out: Path, table: list[dict], claims: list[Claim], reps: int, command: str) -> None:
-    from reflectrl.report.render import PROVENANCE_LINE, _num, _strict_json, results_markdown, runs_csv
+    from reflectrl.report.render import PROVENANCE_LINE, _count, _num, _strict_json, results_markdown, runs_csv
 
     lines = [_part_line(m, p) for p in m.parts]
     spec = m.spec
@@ -283,7 +268,7 @@ def _write(m: Merged, tmp: Path, out: Path, table: list[dict], claims: list[Clai
            "|---|---|---|---|---|---|---|---|---|"]
 
     def count(x):
-        return "–" if x is None or not math.isfinite(_float(x)) else f"{_float(x):,.0f}"
+        return _count(_float(x) if math.isfinite(_float(x)) else None)
 
     md += [f"| {r['env']} | {r['algo']} | {r['seed']} | {r['status']} | {_num(_float(r.get('final')))} | "
            f"{_num(_float(r.get('auc')))} | {count(r.get('unique_states_total'))} | "
