@@ -11,6 +11,7 @@ from test_report_claims import make_experiment
 
 from reflectrl.errors import UserError
 from reflectrl.experiments.spec import SPEC_FILE
+from reflectrl.report import render
 from reflectrl.report.analysis import evaluate_claims, load_experiment, summary_table
 from reflectrl.report.claims import build_ledger
 from reflectrl.report.merge import write_merged
@@ -83,6 +84,12 @@ def test_merged_report_equals_the_whole_experiments(parts):
                                                      {"ppo+gear": [4, 5, 6]}]
     text = path.read_text()
     assert "merged from 3 parts" in text and "not recomputed across parts" in text and "| part |" in text
+    # one figure per env from the per-run scores, linked from the report; the curves stay in the parts
+    env = exp.spec.envs[0]
+    figure = tmp / "merged" / f"final_{render._slug(env)}.png"
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"]({figure.name})" in text
+    assert sorted(p.name for p in (tmp / "merged").iterdir()) == sorted(
+        ["report.md", "stats.json", "runs.csv", "provenance.json", figure.name])
     prov = json.loads((tmp / "merged" / "provenance.json").read_text())
     assert len(prov["parts"]) == 3 and prov["command"].startswith("reflectrl report ")
     # the ledger recomputes the merged report's verdicts from its runs and ranges: the same
@@ -170,7 +177,9 @@ def test_merge_from_the_command_line_prints_the_claims_and_replaces_its_own_outp
     for _ in range(2):  # a second merge replaces the first (a merged report is its own output)
         code, text, _ = cli("report", *dirs, "--out", out, "--reps", REPS)
         assert code == 0 and "merged report of 3 parts" in text and "GEAR beats the baseline" in text
-    assert sorted(p.name for p in out.iterdir()) == ["provenance.json", "report.md", "runs.csv", "stats.json"]
+    names = sorted(p.name for p in out.iterdir())
+    assert [n for n in names if not n.startswith("final_")] == ["provenance.json", "report.md", "runs.csv",
+                                                                  "stats.json"] and len(names) == 5
     with pytest.raises(UserError):
         write_merged([str(dirs[0])], out)
 

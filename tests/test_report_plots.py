@@ -97,12 +97,16 @@ def test_final_intervals_height_is_per_entry_and_the_png_matches():
     assert (width, height) == (round(6.4 * plots.DPI), round(heights[2] * plots.DPI))
 
 
-@pytest.mark.parametrize("env_id", [ENV, "BabyAI-GoToRedBall-v0", "MiniGrid-KeyCorridorS3R3-v0"])
-def test_final_intervals_title_fits_with_the_few_seeds_note(env_id):
+@pytest.mark.parametrize("env_id", [ENV, "BabyAI-GoToRedBall-v0", "MiniGrid-KeyCorridorS3R3-v0",
+                                    "navix:Navix-DoorKey-Random-16x16-v0"])
+@pytest.mark.parametrize("label", [None, "ppo+shaping[mode=potential]"])  # a long label pushes the axes right
+def test_final_intervals_title_fits_with_the_few_seeds_note(env_id, label):
     rows = [{**row, "env": env_id, "seeds": 2} for row in fake_table(3)]
+    if label:
+        rows[0]["algo"] = label
     fig = plots.final_intervals_figure(rows, env_id)
     fig.canvas.draw()
-    title = fig.axes[0].title
+    title = fig._suptitle
     assert "seeds' range" in title.get_text()
     box, frame = title.get_window_extent(), fig.bbox
     assert box.x0 >= frame.x0 and box.x1 <= frame.x1 and box.y1 <= frame.y1

@@ -12,7 +12,9 @@ A PART is a report folder (holding stats.json: an experiment's DIR/report, or a 
 docs/results/NAME) or an experiment directory whose report has been written. What needs the
 learning curves is not recomputed and the report says so: the steps to threshold (the
 threshold moves with the range) and the calibration loss's fall (per-iteration losses), which
-stay in the parts' own reports. No figures.
+stay in the parts' own reports. One figure per env, drawn from the per-run scores: the final
+return of every entry (IQM, 95% CI, each seed; final_<env>.png); the learning curves and
+diagnostics stay in the parts' reports.
 
 Refused, in one line each: parts whose settings differ (total steps, wrapper, --set), a run
 finished in two parts, a part with no report, an --out that is a part or holds other files.
@@ -235,7 +237,16 @@ def write_merged(dirs: list[str], out: str | Path, reps: int = stats.BOOTSTRAP_R
 
 
 def _write(m: Merged, tmp: Path, out: Path, table: list[dict], claims: list[Claim], reps: int, command: str) -> None:
-    from reflectrl.report.render import PROVENANCE_LINE, _count, _num, _strict_json, results_markdown, runs_csv
+    from reflectrl.report import plots
+    from reflectrl.report.render import (
+        PROVENANCE_LINE,
+        _count,
+        _num,
+        _slug,
+        _strict_json,
+        results_markdown,
+        runs_csv,
+    )
 
     lines = [_part_line(m, p) for p in m.parts]
     spec = m.spec
@@ -262,6 +273,12 @@ def _write(m: Merged, tmp: Path, out: Path, table: list[dict], claims: list[Clai
         commit = (line["commit"] or "unknown")[:7] + (" (uncommitted changes)" if line["uncommitted_changes"] else "")
         md.append(f"| {line['folder']} | {entries} | {commit} | {line['date'] or 'unknown'} |")
     md += ["", "## Results", ""] + results_markdown(table, claims, reps, notes, excluded_line)
+    figures = [(f"{env}: final return", f"final_{_slug(env)}.png", plots.final_intervals(table, env))
+               for env in spec.envs if any(r["env"] == env and r.get("seeds") for r in table)]
+    for _, name, png in figures:
+        atomic_write_bytes(tmp / name, png)
+    md += ["", "## Plots", "", "From the per-run scores; the learning curves and diagnostics are in the parts' "
+           "own reports.", ""] + [f"### {title}\n\n![{title}]({name})\n" for title, name, _ in figures]
     md += ["", "## Per-run scores", "", "What the tables above are computed from (runs.csv; stats.json holds them "
            'under "runs"), each with the part it came from.', "",
            "| env | algo | seed | status | final return | AUC | unique states | first reward | part |",
