@@ -157,6 +157,9 @@ def run_all(commands: list[list[str]], at_once: int, env: dict) -> list[float]:
                 del started[i]
                 seconds[i] = time.perf_counter() - t0
                 if proc.returncode != 0:
+                    for other, _ in started.values():  # none left running behind the script
+                        other.terminate()
+                        other.wait()
                     raise SystemExit(f"jax_device: {' '.join(commands[i][2:6])} ... failed "
                                      f"(exit {proc.returncode}); its output is above")
     return seconds
