@@ -237,13 +237,13 @@ def write_merged(dirs: list[str], out: str | Path, reps: int = stats.BOOTSTRAP_R
 
 
 def _write(m: Merged, tmp: Path, out: Path, table: list[dict], claims: list[Claim], reps: int, command: str) -> None:
-    from reflectrl.report import plots
     from reflectrl.report.render import (
         PROVENANCE_LINE,
         _count,
         _num,
-        _slug,
         _strict_json,
+        figures_markdown,
+        final_figure,
         results_markdown,
         runs_csv,
     )
@@ -273,12 +273,12 @@ def _write(m: Merged, tmp: Path, out: Path, table: list[dict], claims: list[Clai
         commit = (line["commit"] or "unknown")[:7] + (" (uncommitted changes)" if line["uncommitted_changes"] else "")
         md.append(f"| {line['folder']} | {entries} | {commit} | {line['date'] or 'unknown'} |")
     md += ["", "## Results", ""] + results_markdown(table, claims, reps, notes, excluded_line)
-    figures = [(f"{env}: final return", f"final_{_slug(env)}.png", plots.final_intervals(table, env))
-               for env in spec.envs if any(r["env"] == env and r.get("seeds") for r in table)]
+    figures = [final_figure(table, env) for env in spec.envs
+               if any(r["env"] == env and r.get("seeds") for r in table)]
     for _, name, png in figures:
         atomic_write_bytes(tmp / name, png)
     md += ["", "## Plots", "", "From the per-run scores; the learning curves and diagnostics are in the parts' "
-           "own reports.", ""] + [f"### {title}\n\n![{title}]({name})\n" for title, name, _ in figures]
+           "own reports.", ""] + figures_markdown(figures)
     md += ["", "## Per-run scores", "", "What the tables above are computed from (runs.csv; stats.json holds them "
            'under "runs"), each with the part it came from.', "",
            "| env | algo | seed | status | final return | AUC | unique states | first reward | part |",

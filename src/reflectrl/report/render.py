@@ -240,6 +240,15 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_")
 
 
+def final_figure(table: list[dict], env_id: str) -> tuple[str, str, bytes]:
+    """An env's final-return figure, drawn from the table alone: (section title, file name, png)."""
+    return f"{env_id}: final return", f"final_{_slug(env_id)}.png", plots.final_intervals(table, env_id)
+
+
+def figures_markdown(figures: list[tuple[str, str, bytes]]) -> list[str]:
+    return [f"### {title}\n\n![{title}]({name})\n" for title, name, _ in figures]
+
+
 def _strict_json(x):
     """JSON has no inf or nan: write them as null (a threshold never reached, a missing score)."""
     if isinstance(x, float) and not math.isfinite(x):
@@ -313,7 +322,7 @@ def _write_report(root: Path, out: Path, reps: int) -> list[Claim]:
             continue
         s = _slug(env_id)
         figures.append((f"{env_id}: learning curves", f"curves_{s}.png", plots.learning_curves(exp, env_id)))
-        figures.append((f"{env_id}: final return", f"final_{s}.png", plots.final_intervals(table, env_id)))
+        figures.append(final_figure(table, env_id))
         figures.append((f"{env_id}: diagnostics", f"diagnostics_{s}.png", plots.diagnostics(exp, env_id, keys)))
         if plots.exploration_keys(exp, env_id):
             figures.append((f"{env_id}: exploration", f"exploration_{s}.png", plots.exploration(exp, env_id)))
@@ -354,7 +363,7 @@ def _write_report(root: Path, out: Path, reps: int) -> list[Claim]:
     md += results_markdown(table, claims, reps, notes, excluded)
     solved = solved_text(table)
     solved_title = SOLVED_TITLE
-    md += ["", "## Plots", ""] + [f"### {title}\n\n![{title}]({name})\n" for title, name, _ in figures]
+    md += ["", "## Plots", ""] + figures_markdown(figures)
     scores = per_run_scores(exp)
     md += ["## Per-run scores", "", 'What the table above is computed from (runs.csv; stats.json holds them under '
            '"runs"); runs not finished are listed here and left out of the table.', "",
