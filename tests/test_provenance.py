@@ -95,7 +95,7 @@ def test_compare_writes_provenance_with_every_field(cli, tmp_path):
     assert versions["reflectrl"] == reflectrl.__version__ and versions["python"].split()[-1].count(".") == 2
     for name in ("torch", "gymnasium", "numpy"):
         assert versions[name] == metadata.version(name)
-    for name in ("ale-py", "minigrid", "envpool"):
+    for name in provenance.OPTIONAL_PACKAGES:
         try:
             assert versions[name] == metadata.version(name)
         except metadata.PackageNotFoundError:

@@ -38,7 +38,8 @@ SOURCE_DIR = Path(reflectrl.__file__).resolve().parent  # the reflectrl package 
 GIT_TIMEOUT_S = 5.0
 UNKNOWN = "unknown"
 PACKAGES = ("torch", "gymnasium", "numpy")  # always listed (None where not installed)
-OPTIONAL_PACKAGES = ("ale-py", "minigrid", "envpool")  # listed where installed
+OPTIONAL_PACKAGES = ("ale-py", "minigrid", "envpool",  # listed where installed; the JAX backend's too, whose
+                     "jax", "jaxlib", "flax", "optax", "navix", "gymnax", "xminigrid", "craftax")  # float rounding differs by version
 MAX_CHANGED_FILES = 20  # uncommitted paths listed by name; the rest are counted
 
 
