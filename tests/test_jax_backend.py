@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from importlib import metadata
 
 import numpy as np
 import pytest
@@ -161,8 +162,11 @@ def test_compare_trains_an_entrys_seeds_as_one_program(tmp_path):
     groups = [p for p in logs if "train-group" in p.read_text()]
     assert len(groups) == 2  # one program per entry, its seeds together
     for run_json in out.rglob("run.json"):
-        assert json.loads(run_json.read_text())["status"] == "finished"
+        status = json.loads(run_json.read_text())
+        assert status["status"] == "finished" and status["jax_version"] == metadata.version("jax")
     assert (out / "report" / "report.md").exists()
+    recorded = json.loads((out / "report" / "provenance.json").read_text())["runs_recorded"]
+    assert recorded["jax_version"] == {metadata.version("jax"): 4}
 
 
 @pytest.mark.slow

@@ -115,6 +115,7 @@ def test_compare_writes_provenance_with_every_field(cli, tmp_path):
     assert data["runs_recorded"]["runs"] == 2
     assert data["runs_recorded"]["reflectrl_version"] == {reflectrl.__version__: 2}
     assert len(data["runs_recorded"]["created"]) == 2
+    assert "jax_version" not in data["runs_recorded"]  # torch runs; a JAX run's: tests/test_jax_backend.py
 
     # report.md says in one line where its provenance is
     md = (out / "report" / "report.md").read_text()

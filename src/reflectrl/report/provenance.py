@@ -38,8 +38,9 @@ SOURCE_DIR = Path(reflectrl.__file__).resolve().parent  # the reflectrl package 
 GIT_TIMEOUT_S = 5.0
 UNKNOWN = "unknown"
 PACKAGES = ("torch", "gymnasium", "numpy")  # always listed (None where not installed)
-OPTIONAL_PACKAGES = ("ale-py", "minigrid", "envpool",  # listed where installed; the JAX backend's too, whose
-                     "jax", "jaxlib", "flax", "optax", "navix", "gymnax", "xminigrid", "craftax")  # float rounding differs by version
+# listed where installed; the JAX backend's too, whose versions change its programs' float rounding and speed
+OPTIONAL_PACKAGES = ("ale-py", "minigrid", "envpool",
+                     "jax", "jaxlib", "flax", "optax", "navix", "gymnax", "xminigrid", "craftax")
 MAX_CHANGED_FILES = 20  # uncommitted paths listed by name; the rest are counted
 
 
@@ -151,9 +152,10 @@ def _runs_recorded(spec: ExperimentSpec, root: Path) -> dict:
     """What the runs' status files say about the software they started with."""
     found = [s for run in spec.runs(root) if (s := run_status(run.path))]
     out: dict = {"runs": len(found)}
-    for key in ("reflectrl_version", "torch_version", "python"):
+    for key in ("reflectrl_version", "torch_version", "jax_version", "python"):
         counts = Counter(str(s[key]) for s in found if s.get(key) is not None)
-        out[key] = dict(sorted(counts.items()))
+        if counts or key != "jax_version":  # jax_version: JAX runs only
+            out[key] = dict(sorted(counts.items()))
     created = sorted(str(s["created"]) for s in found if s.get("created"))
     out["created"] = [created[0], created[-1]] if created else []
     return out

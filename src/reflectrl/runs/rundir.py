@@ -141,14 +141,19 @@ class RunDir:
         run.write_json(CONFIG, config)
         import reflectrl
 
-        run.write_json(STATUS, {
+        status = {
             "status": "running",
             "command": command if command is not None else sys.argv,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "reflectrl_version": reflectrl.__version__,
             "torch_version": torch.__version__,
             "python": platform.python_version(),
-        })
+        }
+        if isinstance(config, dict) and config.get("backend") == "jax":  # the compiled program's rounding and speed
+            from importlib import metadata
+
+            status["jax_version"] = metadata.version("jax")
+        run.write_json(STATUS, status)
         return run
 
     @classmethod
