@@ -55,6 +55,27 @@ def test_refusals_are_one_line_and_leave_no_run(tmp_path, capsys, argv, says):
     assert not out.exists()
 
 
+def test_navix_key_corridor_is_refused_while_it_cannot_be_solved(tmp_path, capsys):
+    """navix 0.7.4's KeyCorridor puts its doors in walls and its goal is a Ball that never pays: a run
+    there learns nothing whatever the algorithm (envs.key_corridor_defects). The check finds that on
+    KeyCorridor and nothing on DoorKey, whose door is a gap in its wall and whose goal pays."""
+    from reflectrl.jaxrl.envs import import_navix, key_corridor_defects
+
+    navix = import_navix()
+    assert key_corridor_defects(navix.make("Navix-DoorKey-Random-5x5-v0")) == []
+    found = key_corridor_defects(navix.make("Navix-KeyCorridorS3R3-v0"))
+    if not found:
+        pytest.skip(f"navix {metadata.version('navix')}'s KeyCorridor can be solved: run it (bench/jax_device.py)")
+    assert any("walls" in f for f in found)
+    out = tmp_path / "run"
+    argv = ["train", "--env", "navix:Navix-KeyCorridorS3R3-v0", "--set", "backend=jax", "--total-steps", "1024",
+            "--out", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "KeyCorridor cannot be solved" in err and "--env MiniGrid-KeyCorridorS3R3-v0 --set backend=envpool" in err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err and not out.exists()
+
+
 @pytest.mark.slow
 def test_gymnax_imports_without_its_renderers_and_leaves_them_importable():
     """import_gymnax stands in for seaborn and pyplot while gymnax loads, then takes the stand-ins

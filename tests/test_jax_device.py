@@ -22,7 +22,7 @@ def jd():
     return module
 
 
-def probes(jd, fixed=30.0, rate=1e6, tasks=("doorkey16", "keycorridor", "lockedroom", "craftax")):
+def probes(jd, fixed=30.0, rate=1e6, tasks=("doorkey16", "blockedunlock", "lockedroom", "craftax")):
     steps, seeds = 98_304, 16
     return [jd.Probe(t, steps, seeds, fixed + steps * seeds / rate, rate) for t in tasks]
 
@@ -41,7 +41,7 @@ def test_the_plan_fits_the_budget_dropping_tasks_from_the_end(jd):
                    batch=32_768)
     # four tasks' fixed costs alone (report + 3 waves of compilation each) overrun the budget's share
     assert sum(jd.task_seconds(p, 9, 16, 0, 4) for p in ps) > jd.SAFETY * 540
-    assert plan.tasks == ["doorkey16"] and plan.dropped == ["keycorridor", "lockedroom", "craftax"]
+    assert plan.tasks == ["doorkey16"] and plan.dropped == ["blockedunlock", "lockedroom", "craftax"]
     assert plan.steps >= 1_000_000 and plan.steps % 32_768 == 0
     assert sum(plan.seconds.values()) <= jd.SAFETY * 540
     # one batch more would not have fitted
@@ -76,3 +76,11 @@ def test_an_unknown_task_is_one_line(tmp_path):
                           capture_output=True, text=True)
     assert done.returncode == 2 and "unknown task mars" in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "x").exists()
+
+
+def test_a_task_that_cannot_be_solved_is_one_line(tmp_path):
+    """navix's KeyCorridor, once in the suite, is refused before any probe spends the window."""
+    argv = [sys.executable, str(BENCH), "--tasks", "doorkey16,keycorridor", "--out", str(tmp_path / "x")]
+    done = subprocess.run(argv, capture_output=True, text=True)
+    assert done.returncode == 2 and "keycorridor: navix's KeyCorridorS3R3 cannot be solved" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "x").exists()

@@ -1,7 +1,8 @@
 """JAX environments by family, behind one functional interface with auto-reset.
 
     gymnax:<id>    gymnax's classic control and MinAtar (gymnax:CartPole-v1, gymnax:Breakout-MinAtar)
-    navix:<id>     MiniGrid tasks in navix (navix:Navix-DoorKey-Random-8x8-v0, navix:Navix-KeyCorridorS3R1-v0)
+    navix:<id>     MiniGrid tasks in navix (navix:Navix-DoorKey-Random-8x8-v0, navix:Navix-Empty-8x8-v0;
+                   not its KeyCorridor, which cannot be solved: key_corridor_defects)
     xminigrid:<id> xland-minigrid's ports of MiniGrid tasks navix lacks (xminigrid:MiniGrid-LockedRoom,
                    xminigrid:MiniGrid-BlockedUnlockPickUp, ...); its XLand meta-RL tasks are not supported
     craftax:<id>   Craftax (craftax:Craftax-Classic-Symbolic-v1), its achievements logged
@@ -289,6 +290,43 @@ def minigrid_doorkey(env):
     return MiniGridDoorKey(**{f.name: getattr(env, f.name) for f in dataclasses.fields(env)})
 
 
+def key_corridor_defects(env) -> list[str]:
+    """What makes a navix KeyCorridor unsolvable, from one reset (empty where nothing does). navix
+    0.7.4's (navix/environments/key_corridor.py) places every door on a wall cell, so the agent never
+    leaves the corridor, and its goal is a Ball, which walking into or picking up never marks as the
+    goal reached, so no step pays a reward (found on 2026-12-06: 8 seeds x 500k steps of ppo and
+    ppo+count visited 20 state keys, the corridor's 5 cells x 4 headings, and got no reward)."""
+    from navix.entities import Goal
+
+    state = jax.jit(env.reset)(jax.random.PRNGKey(0)).state
+    grid = np.asarray(state.grid)
+    doors = np.asarray(state.entities["door"].position).reshape(-1, 2)
+    found = []
+    if any(grid[r, c] != 0 for r, c in doors):
+        found.append("its doors sit in walls, so the agent never leaves the corridor")
+    if not isinstance(state.entities["goal"], Goal):
+        found.append(f"its goal is a {type(state.entities['goal']).__name__}, which never pays a reward")
+    return found
+
+
+def _refuse_unsolvable_key_corridor(env, env_id: str) -> None:
+    found = key_corridor_defects(env)
+    if found:
+        version = _dist_version("navix")
+        minigrid_id = env_id.split(":", 1)[1].replace("Navix-", "MiniGrid-")
+        raise UserError(f"--env {env_id}: navix {version}'s KeyCorridor cannot be solved ({'; '.join(found)}); "
+                        f"run MiniGrid's on the torch side instead: --env {minigrid_id} --set backend=envpool")
+
+
+def _dist_version(dist: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "(version unknown)"
+
+
 class NavixEnv(JaxEnv):
     def __init__(self, name: str, kwargs: dict):
         import warnings
@@ -316,6 +354,8 @@ class NavixEnv(JaxEnv):
         if minigrid and "DoorKey" in name and "Random" in name:
             self.env = minigrid_doorkey(self.env)
         self.id = f"navix:{name}"
+        if "KeyCorridor" in name:
+            _refuse_unsolvable_key_corridor(self.env, self.id)
         self.max_steps = int(self.env.max_steps)
         ts = jax.eval_shape(self.env.reset, jax.random.PRNGKey(0))  # shapes only: an eager reset takes seconds
         self.obs_dim = int(np.prod(ts.observation.shape))
