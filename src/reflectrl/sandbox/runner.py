@@ -90,8 +90,10 @@ def run_code(code: str, tests: Mapping | TestSuite, *, timeout: float = 10.0, me
                       max_output_bytes=max_output_bytes, max_result_bytes=max_result_bytes)
     finally:
         if uid is not None:
-            if isolation != "bwrap":
-                kill_uid(uid)
+            # rlimits-only: the run's processes that left the group, daemons included. Under bwrap
+            # the PID namespace dies with its init; the sweep is a second guarantee (one fork-bomb
+            # test once found a child of the run alive after it, on a saturated machine).
+            kill_uid(uid)
             uids.give(uid)
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)
