@@ -312,19 +312,12 @@ def key_corridor_defects(env) -> list[str]:
 def _refuse_unsolvable_key_corridor(env, env_id: str) -> None:
     found = key_corridor_defects(env)
     if found:
-        version = _dist_version("navix")
+        from importlib import metadata
+
+        version = metadata.version("navix")  # installed: the env came from it
         minigrid_id = env_id.split(":", 1)[1].replace("Navix-", "MiniGrid-")
         raise UserError(f"--env {env_id}: navix {version}'s KeyCorridor cannot be solved ({'; '.join(found)}); "
                         f"run MiniGrid's on the torch side instead: --env {minigrid_id} --set backend=envpool")
-
-
-def _dist_version(dist: str) -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return "(version unknown)"
 
 
 class NavixEnv(JaxEnv):

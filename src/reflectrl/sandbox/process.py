@@ -17,8 +17,9 @@ namespace; otherwise (or before the pid is known) the process group is SIGKILLed
 child is not reaped until its group has been killed, so the group id cannot be reused;
 on any exception in the parent (e.g. KeyboardInterrupt) the run is killed before it
 propagates. `kill_uid` SIGKILLs every process of a per-run uid (as root, after every run:
-daemons that left the group included; under bwrap, beside the namespace's own end).
-The caller runs this on the thread that must outlive the run: bwrap's --die-with-parent follows the spawning *thread*.
+daemons that left the group included; under bwrap, beside the namespace's own end). The
+caller runs this on the thread that must outlive the run: bwrap's --die-with-parent follows
+the spawning *thread*.
 
 Nothing here decides anything about the tests: the verdict is `reflectrl.sandbox.verdict`,
 what the command line contains is `reflectrl.sandbox.isolation`.
