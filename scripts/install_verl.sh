@@ -25,12 +25,16 @@ if have; then
 fi
 echo "setup: installing verl 0.9.1 and TransferQueue 0.1.11 (no-deps) for reflectrl.integrations.verl"
 constraints="$(mktemp)"
-"$py" -m pip freeze 2>/dev/null | grep -i -E "^(torch|numpy|transformers|accelerate|pandas|ray)==" > "$constraints"
-if "$py" -m pip --disable-pip-version-check -q install --no-deps "verl==0.9.1" "TransferQueue==0.1.11" &&
-   "$py" -m pip --disable-pip-version-check -q install -c "$constraints" "tensordict==0.10.0" \
+# packaging too: tensordict 0.10 pins pyvers<0.2, and pyvers 0.1 pins packaging<26, which would take packaging
+# below what navix's setuptools-scm needs; tensordict goes in without its pins, with pyvers 0.2 (no cap),
+# under which the verl adapter's tests pass
+"$py" -m pip freeze 2>/dev/null | grep -i -E "^(torch|numpy|transformers|accelerate|pandas|ray|packaging)==" > "$constraints"
+if "$py" -m pip --disable-pip-version-check -q install --no-deps "verl==0.9.1" "TransferQueue==0.1.11" \
+     "tensordict==0.10.0" "pyvers>=0.2" 2>&1 | "$py" scripts/pip_output.py &&
+   "$py" -m pip --disable-pip-version-check -q install -c "$constraints" cloudpickle importlib_metadata orjson \
      hydra-core codetiming dill pylatexenc torchdata peft datasets pybind11 pyarrow cachetools \
      pyzmq msgspec psutil "prometheus_client>=0.20" omegaconf uvicorn fastapi aiohttp 2>&1 |
-     grep -v -E "^WARNING: Location .* is ignored"; then
+     "$py" scripts/pip_output.py; then
   "$py" -c "import verl.trainer.ppo.core_algos" >/dev/null 2>&1 ||
     echo "setup: verl installed but does not import; its tests will skip" >&2
   "$py" -c "import verl.trainer.ppo.v1.trainer_base" >/dev/null 2>&1 ||

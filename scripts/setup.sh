@@ -17,14 +17,17 @@ if [ ! -x "$venv/bin/python" ]; then
   "$py" -m venv "$venv"
 fi
 pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
+# pip's output less the conflict report that gymnax's and verl's deliberately unmet pins bring (said in
+# one line of ours instead) and this machine's index noise: scripts/pip_output.py
+quiet=("$venv/bin/python" scripts/pip_output.py)
 
 if ! "$venv/bin/python" -c "import torch" >/dev/null 2>&1; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     echo "setup: installing torch (CUDA machine; a multi-GB download, several minutes)"
-    "${pip[@]}" install torch 2>&1 | grep -v -E "^WARNING: Location .* is ignored" || true
+    "${pip[@]}" install torch 2>&1 | "${quiet[@]}" || true
   else
     echo "setup: installing torch==2.13.0 (no CUDA GPU here; a CPU build, about a minute)"
-    "${pip[@]}" install torch==2.13.0 2>&1 | grep -v -E "^WARNING: Location .* is ignored" || true
+    "${pip[@]}" install torch==2.13.0 2>&1 | "${quiet[@]}" || true
   fi
   "$venv/bin/python" -W ignore -c "import torch" 2>/dev/null || { echo "setup: torch did not install" >&2; exit 1; }  # the filter above hides pip's exit status
 fi
@@ -34,13 +37,14 @@ want="$(sha256sum pyproject.toml | cut -c1-16)-$extras"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "setup: installing reflectrl[$extras] and its dependencies (gymnasium with box2d and mujoco, minigrid," \
        "transformers, ray, stable-baselines3, ...): about 2 minutes on a fresh machine"
-  "${pip[@]}" install -e ".[$extras]" 2>&1 | grep -v -E "^WARNING: Location .* is ignored" || true
+  "${pip[@]}" install -e ".[$extras]" 2>&1 | "${quiet[@]}" || true
   if [ "$extras" = "all" ] || [[ ",$extras," == *",jax,"* ]]; then
-    # gymnax pins gymnasium<1.4 for its renderer only: installed without dependencies (its own are jax, flax
-    # and matplotlib, all present); on a CUDA machine, jax's accelerator build
-    "${pip[@]}" install --no-deps "gymnax>=1.0" 2>&1 | grep -v -E "^WARNING: Location .* is ignored" || true
+    # gymnax pins gymnasium<1.4 for its renderer only: installed without dependencies (its own are jax, flax,
+    # matplotlib and seaborn, all in the extra; the same command is what a gymnax:<id> env's error names:
+    # reflectrl.envs.jax_ids.GYMNAX_INSTALL); on a CUDA machine, jax's accelerator build
+    "${pip[@]}" install --no-deps "gymnax>=1.0" 2>&1 | "${quiet[@]}" || true
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-      "${pip[@]}" install "jax[cuda12]" 2>&1 | grep -v -E "^WARNING: Location .* is ignored" || true
+      "${pip[@]}" install "jax[cuda12]" 2>&1 | "${quiet[@]}" || true
     fi
   fi
   "$venv/bin/python" -c "import reflectrl" # fail here, not later, if the install did not work

@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from reflectrl.envs.gridworld import ACTION_DELTAS, GridWorldEnv
-from reflectrl.envs.jax_ids import FAMILIES
+from reflectrl.envs.jax_ids import FAMILIES, canonical_env_id, install_hint
 from reflectrl.envs.statekey import pack_craftax_key, pack_navix_key
 from reflectrl.errors import UserError
 
@@ -542,6 +542,7 @@ def make_env(env_id: str, kwargs: dict | None = None) -> JaxEnv:
     built once per process for an id and settings (a run's resolve and its trainer share it)."""
     import json
 
+    env_id = canonical_env_id(env_id, "jax")  # the grid world's torch spelling too
     key = (env_id, json.dumps(kwargs or {}, sort_keys=True, default=str))
     if key not in _MADE:
         _MADE[key] = _make_env(env_id, kwargs)
@@ -560,6 +561,6 @@ def _make_env(env_id: str, kwargs: dict | None = None) -> JaxEnv:
 
         __import__(family)
     except ImportError:
-        raise UserError(f"--env {env_id} needs {family} and JAX: pip install 'reflectrl[jax]'") from None
+        raise UserError(f"--env {env_id} needs {family} and JAX: {install_hint(env_id)}") from None
     return {"gymnax": GymnaxEnv, "navix": NavixEnv, "xminigrid": XMinigridEnv,
             "craftax": CraftaxEnv}[family](name, dict(kwargs or {}))
