@@ -2,7 +2,9 @@
 one report of the whole experiment (table, vs-ppo verdicts, claims), from the parts' per-run
 scores; what it cannot recompute it says; bad input is one line."""
 
+import html
 import json
+import re
 import shutil
 
 import numpy as np
@@ -89,7 +91,16 @@ def test_merged_report_equals_the_whole_experiments(parts):
     figure = tmp / "merged" / f"final_{render._slug(env)}.png"
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"]({figure.name})" in text
     assert sorted(p.name for p in (tmp / "merged").iterdir()) == sorted(
-        ["report.md", "stats.json", "runs.csv", "provenance.json", figure.name])
+        ["index.html", "report.md", "stats.json", "runs.csv", "provenance.json", figure.name])
+    # the same self-contained page as an experiment's report: tables, claims, the figure embedded, the parts
+    page = html.unescape((tmp / "merged" / "index.html").read_text())
+    assert "<script" not in page and "http" not in page and "src='data:image/png;base64," in page
+    assert "<h2>Parts</h2>" in page and dirs[1].as_posix() in page and "<h2>Claims</h2>" in page
+    table_rows = [line for line in text.splitlines() if line.startswith(f"| {env} | ")]
+    for row in table_rows:  # every cell of the results and per-run tables
+        assert all(f"<td>{cell}</td>" in page for cell in row.strip("| ").split(" | ")), row
+    for c in claims:
+        assert c.statement in page and c.verdict in page
     prov = json.loads((tmp / "merged" / "provenance.json").read_text())
     assert len(prov["parts"]) == 3 and prov["command"].startswith("reflectrl report ")
     # the ledger recomputes the merged report's verdicts from its runs and ranges: the same
@@ -178,8 +189,9 @@ def test_merge_from_the_command_line_prints_the_claims_and_replaces_its_own_outp
         code, text, _ = cli("report", *dirs, "--out", out, "--reps", REPS)
         assert code == 0 and "merged report of 3 parts" in text and "GEAR beats the baseline" in text
     names = sorted(p.name for p in out.iterdir())
-    assert [n for n in names if not n.startswith("final_")] == ["provenance.json", "report.md", "runs.csv",
-                                                                  "stats.json"] and len(names) == 5
+    assert [n for n in names if not n.startswith("final_")] == ["index.html", "provenance.json", "report.md",
+                                                                  "runs.csv", "stats.json"] and len(names) == 6
+    assert f"report: {out / 'index.html'}" in text
     with pytest.raises(UserError):
         write_merged([str(dirs[0])], out)
 
@@ -211,3 +223,30 @@ def test_the_ledger_sets_a_merged_reports_parts_apart(tmp_path):
     assert "## Parts of merged reports" in text
     assert text.index(f"]({shown}/report.md)") < text.index("## Parts of merged reports") < text.index(
         f"]({halves[0].as_posix()}/report.md)")
+
+
+def test_an_inconclusive_verdict_whose_ci_excludes_0_shows_its_holm_p_in_both_reports(tmp_path):
+    """Four entries each about 2.4 above ppo: every CI excludes 0, every raw p is about 0.03,
+    and Holm over the 4 comparisons makes each inconclusive. The table said
+    "inconclusive (+2.4 [+0.07, +4.73])", not why."""
+    ppo = [0.0, 1.0, 2.0, 3.0, 4.0]
+    entries = {f"ppo[ent_coef=0.0{k + 1}]": [v + 2.4 + 0.01 * k for v in ppo] for k in range(4)}
+    whole = make_experiment(tmp_path / "whole", {"ppo": ppo, **entries})
+    labels = list(entries)
+    a = make_experiment(tmp_path / "a", {"ppo": ppo, **{k: entries[k] for k in labels[:2]}})
+    b = make_experiment(tmp_path / "b", {k: entries[k] for k in labels[2:]})
+    for root in (whole, a, b):
+        write_report(root, reps=1000)
+    write_merged([str(a), str(b)], tmp_path / "merged", reps=1000)
+
+    def versus_cells(md: str) -> dict[str, str]:
+        rows = [line.strip("| ").split(" | ") for line in md.splitlines() if line.startswith("| reflectrl/")]
+        return {cells[1]: cells[10] for cells in rows if len(cells) == 11}
+
+    single = versus_cells((whole / "report" / "report.md").read_text())
+    merged = versus_cells((tmp_path / "merged" / "report.md").read_text())
+    assert single == merged and single["ppo"] == "–"
+    for label in labels:
+        assert re.fullmatch(r"inconclusive \(\+2\.4\d* \[\+0\.\d+, \+4\.\d+\]; Holm p 0\.1\d* over 4 comparisons\)",
+                            single[label]), single[label]
+    assert html.escape(single[labels[0]]) in (tmp_path / "merged" / "index.html").read_text()

@@ -1,6 +1,7 @@
 """The report's figures, measured: sizes in pixels, room around the bars, axis labels, tick
 label sizes, and legends that name every line drawn and nothing that is not drawn."""
 
+import json
 import math
 import struct
 
@@ -13,8 +14,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 from test_report_claims import ENV, make_experiment  # noqa: E402
 
 from reflectrl.report import plots  # noqa: E402
-from reflectrl.report.analysis import load_experiment  # noqa: E402
+from reflectrl.report.analysis import identical_entries, load_experiment  # noqa: E402
 from reflectrl.report.calibration_plot import calibration_figure  # noqa: E402
+from reflectrl.report.render import write_report  # noqa: E402
 
 MIN_TICK_POINTS = 8
 
@@ -123,7 +125,7 @@ def experiment(tmp_path):
     """Every entry logs entropy (ppo nothing else); the others also log their own diagnostics."""
     curves = {label: [[float(i) for i in range(20)]] * 2 for label in DEMO_ALGOS}
     own = {"refgrpo": {"calibration_loss": lambda i: 1 - i / 40}, "sdrs": {"shaping_to_reward": lambda i: 0.1 * i},
-           "gear": {"weights_mean": lambda i: 1.0, "weights_std": lambda i: 0.1 * i}}
+           "gear": {"weights_mean": lambda i: 1.0 + 0.01 * i, "weights_std": lambda i: 0.1 * i}}
     extra = {label: [[{k: f(i) for k, f in own[label.split("[")[0]].items()} for i in range(20)]] * 2
              for label in DEMO_ALGOS[1:]}
     return load_experiment(make_experiment(tmp_path / "exp", curves, total_steps=1_000_000, extra=extra))
@@ -216,3 +218,107 @@ def test_a_panel_of_many_entries_bands_only_its_baseline(experiment):
     fig = plots.learning_curves_figure(experiment, ENV)  # 7 entries, none stacked: one panel
     (ax,) = fig.axes
     assert len(ax.get_lines()) == len(DEMO_ALGOS) and len(ax.collections) == 1  # ppo's band only
+
+
+# ------------------------------------------------------------- titles and legends on the figure
+
+def inside(box, fig) -> bool:
+    frame = fig.bbox
+    return frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+
+
+@pytest.mark.parametrize("env_id", [ENV, "navix:Navix-DoorKey-5x5-v0", "navix:Navix-DoorKey-Random-16x16-v0"])
+@pytest.mark.parametrize("algos", [
+    ["ppo"],  # one diagnostics panel (entropy): a 4.2-inch figure
+    ["ppo", "ppo+count", "ppo+gear", "ppo+rnd", "ppo+shaping[mode=potential]"],  # "; bands for the baselines only"
+    ["ppo", "ppo+count", "ppo+gear", "ppo+count+gear"],  # panels, under one figure title
+])
+def test_curve_diagnostics_and_exploration_titles_and_legends_fit_the_figure(tmp_path, env_id, algos):
+    """A long env id with the title's note ran off both ends of the figure (the curves of five
+    entries on navix:Navix-DoorKey-5x5-v0, the one-panel diagnostics of any long id)."""
+    curves = {label: [[float(i + k) for i in range(20)]] * 2 for k, label in enumerate(algos)}
+    exp = load_experiment(make_experiment(tmp_path / "exp", curves, envs=(env_id,)))
+    figures = [plots.learning_curves_figure(exp, env_id), plots.diagnostics_figure(exp, env_id, []),
+               plots.exploration_figure(exp, env_id)]
+    for fig in figures:
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        # the figure's title, wherever it is put (a one-panel figure's could be its axes' title)
+        (title,) = [t for t in [fig._suptitle, *(ax.title for ax in fig.axes)] if t and env_id in t.get_text()]
+        box = title.get_window_extent(renderer)
+        assert inside(box, fig), (title.get_text(), box, fig.bbox)
+        for ax in visible_axes(fig):
+            assert title is ax.title or not box.overlaps(ax.get_window_extent(renderer)), title.get_text()
+        legends = list(fig.legends) + [ax.get_legend() for ax in fig.axes if ax.get_legend()]
+        assert legends and all(inside(legend.get_window_extent(renderer), fig) for legend in legends)
+
+
+# ------------------------------------------------------------------- entries with identical runs
+
+def pixels_of(fig, color) -> int:
+    """How many pixels of the drawn figure are exactly this colour."""
+    fig.canvas.draw()
+    rgb = np.asarray(fig.canvas.buffer_rgba())[..., :3].astype(int)
+    want = np.array(matplotlib.colors.to_rgb(color)) * 255
+    return int((np.abs(rgb - want) <= 1).all(axis=-1).sum())
+
+
+def test_an_entry_identical_to_another_is_named_and_drawn_so_both_show(tmp_path):
+    """ppo+count and ppo+rnd log ppo's returns seed by seed: drawn plainly, the last one drawn
+    hid the others, whose colours were in the legend only."""
+    same = [[float(i) for i in range(20)], [float(2 * i) for i in range(20)]]
+    curves = {"ppo": same, "ppo+count": same, "ppo+gear": [[float(i + 3) for i in range(20)]] * 2, "ppo+rnd": same}
+    root = make_experiment(tmp_path / "exp", curves)
+    exp = load_experiment(root)
+    assert identical_entries(exp, ENV) == {"ppo+count": "ppo", "ppo+rnd": "ppo"}
+    fig = plots.learning_curves_figure(exp, ENV)
+    (ax,) = fig.axes
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert list(lines) == ["ppo (2 seeds)", "ppo+count (2 seeds; identical to ppo)", "ppo+gear (2 seeds)",
+                           "ppo+rnd (2 seeds; identical to ppo)"]
+    ax.get_legend().remove()  # count each colour in the plot, not in the legend
+    for label, line in lines.items():
+        assert pixels_of(fig, line.get_color()) > 50, label
+
+    with pytest.warns(UserWarning):  # 2 seeds
+        write_report(root, reps=200)
+    md = (root / "report" / "report.md").read_text()
+    assert f"ppo+count = ppo on {ENV}; ppo+rnd = ppo on {ENV}" in md
+    assert json.loads((root / "report" / "stats.json").read_text())["identical"] == {
+        ENV: {"ppo+count": "ppo", "ppo+rnd": "ppo"}}
+
+
+def test_runs_that_differ_in_one_seed_are_not_identical(tmp_path):
+    curves = {"ppo": [[1.0] * 20, [2.0] * 20], "ppo+count": [[1.0] * 20, [2.0] * 19 + [2.5]]}
+    assert identical_entries(load_experiment(make_experiment(tmp_path / "exp", curves)), ENV) == {}
+
+
+# --------------------------------------------------------------------------- flat diagnostics
+
+def test_flat_diagnostics_are_not_drawn_and_the_report_names_them(tmp_path):
+    """A neutral signal's bonus at 0 and an alpha held fixed drew a panel of flat lines each."""
+    rising = [[float(i) for i in range(20)]] * 5
+    gear = [[{"verdict_bonus": 0.0, "alpha": 0.0, "weights_std": 0.1 * i} for i in range(20)]] * 5
+    calibration = [[{"alpha": 0.5} for _ in range(20)]] * 5
+    root = make_experiment(tmp_path / "exp", {"ppo": rising, "ppo+gear": rising, "ppo+calibration": rising},
+                           extra={"ppo+gear": gear, "ppo+calibration": calibration})
+    exp = load_experiment(root)
+    keys = plots.diagnostic_keys(exp)
+    assert keys == ["verdict_bonus", "alpha", "weights_std"]
+    fig = plots.diagnostics_figure(exp, ENV, keys)
+    assert [ax.get_title() for ax in visible_axes(fig)] == ["weights_std", "entropy"]
+
+    write_report(root, reps=200)
+    line = "constant, not drawn: verdict_bonus 0; alpha 0 (ppo+gear), 0.5 (ppo+calibration)"
+    assert line in (root / "report" / "report.md").read_text()
+    assert line in (root / "report" / "index.html").read_text()
+
+
+def test_a_diagnostics_figure_of_flat_lines_only_is_left_out(tmp_path):
+    flat = [[{"entropy": 0.5} for _ in range(20)]] * 5
+    root = make_experiment(tmp_path / "exp", {"ppo": [[float(i) for i in range(20)]] * 5}, extra={"ppo": flat})
+    assert plots.diagnostics_figure(load_experiment(root), ENV, []) is None
+    write_report(root, reps=200)
+    assert not list((root / "report").glob("diagnostics_*.png"))
+    md = (root / "report" / "report.md").read_text()
+    assert f"### {ENV}: diagnostics\n\nconstant, not drawn: entropy 0.5\n" in md

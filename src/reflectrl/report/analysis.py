@@ -198,6 +198,29 @@ def _fill(curve: np.ndarray) -> np.ndarray:
     return c
 
 
+def identical_entries(exp: Experiment, env_id: str) -> dict[str, str]:
+    """The entries whose finished runs on the env are an earlier entry's, seed by seed (the same
+    returns logged at the same steps: a signal that changed nothing, or two spellings of one
+    algo), each mapped to the first such earlier entry. Their learning curves coincide: drawn
+    plainly, the later one hides the earlier."""
+    def returns(run: RunData) -> tuple:
+        return tuple((row.get("global_step"), row["episodic_return"]) for row in run.rows
+                     if row.get("episodic_return") is not None)
+
+    first: dict[tuple, str] = {}
+    same = {}
+    for label in exp.spec.algos:
+        runs = sorted(exp.select(env_id, label), key=lambda r: r.spec.seed)
+        data = tuple((r.spec.seed, returns(r)) for r in runs)
+        if not any(logged for _, logged in data):
+            continue  # nothing drawn
+        if data in first:
+            same[label] = first[data]
+        else:
+            first[data] = label
+    return same
+
+
 def last_logged(run: RunData, key: str):
     """The last value of a metric the run logged (None if it logged none)."""
     for row in reversed(run.rows):

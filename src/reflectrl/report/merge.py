@@ -221,7 +221,7 @@ def merge_command(dirs: list[str], out: str, reps: int) -> str:
 
 
 def write_merged(dirs: list[str], out: str | Path, reps: int = stats.BOOTSTRAP_REPS) -> tuple[Path, list[Claim]]:
-    """Merge the parts' reports into OUT (report.md, stats.json, runs.csv, provenance.json),
+    """Merge the parts' reports into OUT (index.html, report.md, stats.json, runs.csv, provenance.json),
     written whole or not at all; returns OUT/report.md and the claims."""
     parts = [read_part(d) for d in dirs]
     m = Merged(parts)
@@ -244,6 +244,8 @@ def _write(m: Merged, tmp: Path, out: Path, table: list[dict], claims: list[Clai
         _strict_json,
         figures_markdown,
         final_figure,
+        html_page,
+        html_table,
         results_markdown,
         runs_csv,
     )
@@ -265,34 +267,41 @@ def _write(m: Merged, tmp: Path, out: Path, table: list[dict], claims: list[Clai
     excluded_line = (f"{len(excluded)} run(s) excluded from the statistics (not finished): "
                      + "; ".join(f"{r['env']} / {r['algo']} / seed {r['seed']} ({r['status']}, in {r['part']})"
                                  for r in excluded)) if excluded else None
-    md = [f"# reflectrl experiment report: {out.name} (merged from {len(m.parts)} parts)", "", intro, "",
-          PROVENANCE_LINE, "", "## Parts", "", "| part | finished (entry: seeds) | report's code | report written |",
-          "|---|---|---|---|"]
+    title = f"reflectrl experiment report: {out.name} (merged from {len(m.parts)} parts)"
+    part_columns = ["part", "finished (entry: seeds)", "report's code", "report written"]
+    part_rows = []
     for line in lines:
         entries = "; ".join(f"{a}: {_seeds_text(s)}" for a, s in line["entries"].items()) or "none"
         commit = (line["commit"] or "unknown")[:7] + (" (uncommitted changes)" if line["uncommitted_changes"] else "")
-        md.append(f"| {line['folder']} | {entries} | {commit} | {line['date'] or 'unknown'} |")
+        part_rows.append([line["folder"], entries, commit, line["date"] or "unknown"])
+    md = [f"# {title}", "", intro, "", PROVENANCE_LINE, "", "## Parts", "", "| " + " | ".join(part_columns) + " |",
+          "|---|---|---|---|"] + ["| " + " | ".join(row) + " |" for row in part_rows]
     md += ["", "## Results", ""] + results_markdown(table, claims, reps, notes, excluded_line)
     figures = [final_figure(table, env) for env in spec.envs
                if any(r["env"] == env and r.get("seeds") for r in table)]
     for _, name, png in figures:
         atomic_write_bytes(tmp / name, png)
-    md += ["", "## Plots", "", "From the per-run scores; the learning curves and diagnostics are in the parts' "
-           "own reports.", ""] + figures_markdown(figures)
+    plots_note = "From the per-run scores; the learning curves and diagnostics are in the parts' own reports."
+    md += ["", "## Plots", "", plots_note, ""] + figures_markdown(figures)
+    score_columns = ["env", "algo", "seed", "status", "final return", "AUC", "unique states", "first reward", "part"]
     md += ["", "## Per-run scores", "", "What the tables above are computed from (runs.csv; stats.json holds them "
-           'under "runs"), each with the part it came from.', "",
-           "| env | algo | seed | status | final return | AUC | unique states | first reward | part |",
+           'under "runs"), each with the part it came from.', "", "| " + " | ".join(score_columns) + " |",
            "|---|---|---|---|---|---|---|---|---|"]
 
     def count(x):
         return _count(_float(x) if math.isfinite(_float(x)) else None)
 
-    md += [f"| {r['env']} | {r['algo']} | {r['seed']} | {r['status']} | {_num(_float(r.get('final')))} | "
-           f"{_num(_float(r.get('auc')))} | {count(r.get('unique_states_total'))} | "
-           f"{count(r.get('first_reward_step'))} | {r['part']} |"
-           for r in sorted(m.runs, key=lambda r: (r["env"], spec.algos.index(r["algo"]), r["seed"]))]
-    atomic_write_bytes(tmp / "report.md", ("\n".join(md) + "\n").encode())
     runs = sorted(m.runs, key=lambda r: (r["env"], spec.algos.index(r["algo"]), r["seed"]))
+    score_rows = [[r["env"], r["algo"], str(r["seed"]), r["status"], _num(_float(r.get("final"))),
+                   _num(_float(r.get("auc"))), count(r.get("unique_states_total")), count(r.get("first_reward_step")),
+                   r["part"]] for r in runs]
+    md += ["| " + " | ".join(row) + " |" for row in score_rows]
+    atomic_write_bytes(tmp / "report.md", ("\n".join(md) + "\n").encode())
+    # the same self-contained page a single experiment's report has, with the parts and the per-run scores
+    atomic_write_bytes(tmp / "index.html", html_page(
+        title, intro, table, claims, reps, notes, excluded_line, figures,
+        before=["<h2>Parts</h2>", html_table(part_columns, part_rows)],
+        after=["<h2>Per-run scores</h2>", html_table(score_columns, score_rows)]))
     atomic_write_bytes(tmp / RUNS_FILE, runs_csv(runs, extra=EXTRA_COLUMNS))
     data = {"spec": spec.to_dict(), "parts": lines, "table": table, "runs": runs,
             "claims": [c.__dict__ for c in claims],

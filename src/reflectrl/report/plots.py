@@ -13,7 +13,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from reflectrl.report import stats  # noqa: E402
-from reflectrl.report.analysis import EXPLORATION_SERIES, STANDARD_METRICS, Experiment, _fill  # noqa: E402
+from reflectrl.report.analysis import (  # noqa: E402
+    EXPLORATION_SERIES,
+    STANDARD_METRICS,
+    Experiment,
+    _fill,
+    identical_entries,
+)
 
 COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
 DPI = 100
@@ -50,6 +56,35 @@ def _png(fig) -> bytes:
     return png_bytes(fig, DPI)
 
 
+TITLE_WIDTH = 0.96  # share of the figure's width a title line may take
+
+
+def suptitle(fig, text: str, fontsize) -> None:
+    """The figure's title, centred on the figure and wrapped at spaces to fit its width: a long
+    env id (navix:Navix-DoorKey-5x5-v0) with the title's note ran off both ends of a one-panel
+    figure. The lines are measured as drawn, so the layout (tight or constrained) makes room
+    for each."""
+    title = fig.suptitle(text, fontsize=fontsize)
+    renderer = fig.canvas.get_renderer()
+    limit = TITLE_WIDTH * fig.bbox.width
+
+    def fits(line: str) -> bool:
+        title.set_text(line)
+        return title.get_window_extent(renderer).width <= limit
+
+    lines = []
+    for paragraph in text.split("\n"):
+        line = ""
+        for word in paragraph.split(" "):
+            if line and not fits(f"{line} {word}"):
+                lines.append(line)
+                line = word
+            else:
+                line = f"{line} {word}" if line else word
+        lines.append(line)
+    title.set_text("\n".join(lines))
+
+
 # Resamples of a plotted band: the tables' bootstrap, with fewer resamples (a band is read by
 # eye, and a report draws one per entry and series at each of GRID points).
 BAND_REPS = 5_000
@@ -73,6 +108,18 @@ def _band(curves: np.ndarray, reps: int = BAND_REPS) -> tuple[np.ndarray, np.nda
 
 def learning_curves(exp: Experiment, env_id: str) -> bytes:
     return _png(learning_curves_figure(exp, env_id))
+
+
+DASH = 4  # points (times the line width) of a dash of an entry identical to another
+
+
+def identical_dashes(label: str, same: dict[str, str], labels: list[str]) -> tuple:
+    """The dash pattern of an entry identical to another (`same`) in a panel of `labels`: the
+    copies of one curve take turns, one dash each in a period of a dash per copy and one for
+    the original, so that every colour shows."""
+    copies = [other for other in labels if same.get(other) == same[label]]
+    j, k = copies.index(label) + 1, len(copies)
+    return (DASH * j, (DASH, DASH * k))
 
 
 # The exploration bonuses users trust, on which the seed signals are stacked (ppo+count+gear): an
@@ -113,6 +160,7 @@ def learning_curves_figure(exp: Experiment, env_id: str):
     rows = -(-len(panels) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(6.4 * cols, 4 * rows), dpi=DPI, sharey=True, squeeze=False)
     colour = {label: COLORS[i % len(COLORS)] for i, label in enumerate(exp.spec.algos)}
+    same = identical_entries(exp, env_id)
     for ax, (title, labels, refs) in zip(axes.flat, panels):
         banded = set(labels) if len(labels) <= MAX_BANDS else set(refs)
         for label in labels:
@@ -122,7 +170,14 @@ def learning_curves_figure(exp: Experiment, env_id: str):
             curves = np.stack([_fill(r.curve) for r in runs])
             mid, lo, hi = _band(curves)
             style = "--" if label in refs and len(panels) > 1 else "-"
-            ax.plot(exp.grid, mid, style, color=colour[label], label=f"{label} ({len(runs)} seeds)")
+            name = f"{label} ({len(runs)} seeds)"
+            if label in same:
+                name = f"{label} ({len(runs)} seeds; identical to {same[label]})"
+                if same[label] in labels:  # drawn on top in dashes, the other's colour showing between them
+                    style = identical_dashes(label, same, labels)
+                    banded.discard(label)  # the same band again would only darken it
+            ax.plot(exp.grid, mid, linestyle=style, color=colour[label], label=name,
+                    zorder=3 if label in same else 2)
             if label in banded:
                 ax.fill_between(exp.grid, lo, hi, color=colour[label], alpha=0.2)
         ax.set_title(title, fontsize=10)
@@ -135,10 +190,7 @@ def learning_curves_figure(exp: Experiment, env_id: str):
     many = any(len(labels) > MAX_BANDS for _, labels, _ in panels)
     heading = f"{env_id}: true episodic return (IQM, 95% CI"
     heading += f"{'; bands for the baselines only' if many else ''})"
-    if len(panels) == 1:
-        axes[0, 0].set_title(heading)
-    else:
-        fig.suptitle(heading, fontsize=11)
+    suptitle(fig, heading, fontsize=12 if len(panels) == 1 else 11)
     fig.tight_layout()
     return fig
 
@@ -186,17 +238,19 @@ def diagnostic_keys(exp: Experiment) -> list[str]:
     return keys
 
 
-def diagnostics(exp: Experiment, env_id: str, keys: list[str]) -> bytes:
-    return _png(diagnostics_figure(exp, env_id, keys))
+def diagnostics(exp: Experiment, env_id: str, keys: list[str]) -> bytes | None:
+    """The diagnostics figure's PNG; None where no panel is left to draw."""
+    fig = diagnostics_figure(exp, env_id, keys)
+    return None if fig is None else _png(fig)
 
 
-def diagnostics_figure(exp: Experiment, env_id: str, keys: list[str]):
-    """One panel per signal metric (and the policy entropy), mean over seeds per algo entry;
-    one legend below the panels with every entry drawn in any of them."""
-    keys = keys + ["entropy"]
-    fig, axes = _panel_grid(len(keys))
-    for ax, key in zip(axes.flat, keys):
-        for i, label in enumerate(exp.spec.algos):
+def diagnostic_curves(exp: Experiment, env_id: str, keys: list[str]) -> dict[str, dict[str, np.ndarray]]:
+    """Each signal metric (and the policy entropy): {entry: its mean over seeds on the step
+    grid} over the entries whose runs on the env logged it."""
+    out = {}
+    for key in keys + ["entropy"]:
+        out[key] = {}
+        for label in exp.spec.algos:
             series = []
             for run in exp.select(env_id, label):
                 pts = [(row["global_step"], row[key]) for row in run.rows
@@ -204,10 +258,38 @@ def diagnostics_figure(exp: Experiment, env_id: str, keys: list[str]):
                 if pts:
                     series.append(np.interp(exp.grid, *zip(*pts)))
             if series:
-                ax.plot(exp.grid, np.mean(series, axis=0), color=COLORS[i % len(COLORS)], label=label)
+                out[key][label] = np.mean(series, axis=0)
+    return out
+
+
+def constant_diagnostics(curves: dict[str, dict[str, np.ndarray]]) -> dict[str, dict[str, float]]:
+    """The metrics of `diagnostic_curves` whose every curve is a flat line (a neutral signal's
+    bonus 0, an alpha fixed at 0): {metric: {entry: its value}}. A panel of flat lines says
+    nothing a number cannot, and a report had about ten of them."""
+    def flat(curve: np.ndarray) -> bool:
+        return float(np.ptp(curve)) <= 1e-12 * max(1.0, float(np.abs(curve).max()))
+
+    return {key: {label: float(curve[0]) for label, curve in by_entry.items()}
+            for key, by_entry in curves.items() if by_entry and all(flat(c) for c in by_entry.values())}
+
+
+def diagnostics_figure(exp: Experiment, env_id: str, keys: list[str]):
+    """One panel per signal metric (and the policy entropy) that some entry logged on the env
+    and that is not constant (`constant_diagnostics`), mean over seeds per algo entry; one
+    legend below the panels with every entry drawn in any of them. None where no panel is left."""
+    curves = diagnostic_curves(exp, env_id, keys)
+    constant = constant_diagnostics(curves)
+    shown = [key for key, by_entry in curves.items() if by_entry and key not in constant]
+    if not shown:
+        return None
+    fig, axes = _panel_grid(len(shown))
+    for ax, key in zip(axes.flat, shown):
+        for i, label in enumerate(exp.spec.algos):
+            if label in curves[key]:
+                ax.plot(exp.grid, curves[key][label], color=COLORS[i % len(COLORS)], label=label)
         _style_panel(ax, key)
         ax.set_ylabel(key, fontsize=TICK_SIZE)
-    _finish_grid(fig, axes, len(keys), exp.spec.algos, f"{env_id}: diagnostics over training (mean over seeds)")
+    _finish_grid(fig, axes, len(shown), exp.spec.algos, f"{env_id}: diagnostics over training (mean over seeds)")
     return fig  # laid out (constrained) when drawn or saved
 
 
@@ -238,10 +320,15 @@ def _finish_grid(fig, axes, used: int, algos: list[str], title: str) -> None:
         for line in ax.get_lines():
             drawn.setdefault(line.get_label(), line)
     labels = [label for label in algos if label in drawn]
-    fig.suptitle(title, fontsize=11)
-    if labels:
-        fig.legend([drawn[label] for label in labels], labels, loc="outside lower center",
-                   ncol=min(4, len(labels)), fontsize=TICK_SIZE)
+    suptitle(fig, title, fontsize=11)
+    # up to 4 columns, fewer where the row would be wider than the figure (one panel's is 4.2 inches)
+    renderer = fig.canvas.get_renderer()
+    for ncol in range(min(4, len(labels)), 0, -1):
+        legend = fig.legend([drawn[label] for label in labels], labels, loc="outside lower center", ncol=ncol,
+                            fontsize=TICK_SIZE)
+        if ncol == 1 or legend.get_window_extent(renderer).width <= TITLE_WIDTH * fig.bbox.width:
+            break
+        legend.remove()
 
 
 def _series(run, key: str, grid: np.ndarray) -> np.ndarray | None:

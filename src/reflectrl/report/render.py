@@ -29,6 +29,7 @@ from reflectrl.report.analysis import (
     Claim,
     evaluate_claims,
     few_seed_rows,
+    identical_entries,
     load_experiment,
     per_run_scores,
     summary_table,
@@ -106,13 +107,17 @@ UNSTABLE_MARK = "‡"
 
 def _versus_text(r: dict) -> str:
     """An entry's verdict against ppo, with the difference's CI; ‡ where the verdict changes
-    with the bootstrap seed."""
+    with the bootstrap seed. An inconclusive verdict whose CI excludes 0 also shows the
+    Holm-corrected p that makes it so, and over how many comparisons."""
     if r.get("vs_ppo") is None:
         return "–"
     lo, hi = r["vs_ppo_ci"]
     mark = "" if r["vs_ppo_stable"] else f" {UNSTABLE_MARK}"
     versus = "" if r.get("baseline", BASELINE) == BASELINE else f" vs {r['baseline']}"
-    return f"{r['vs_ppo']}{versus} ({r['vs_ppo_diff']:+.3g} [{lo:+.3g}, {hi:+.3g}]){mark}"
+    holm = ""
+    if r["vs_ppo"] == "inconclusive" and (lo > 0 or hi < 0) and r.get("vs_ppo_p_holm") is not None:
+        holm = f"; Holm p {r['vs_ppo_p_holm']:.3g} over {r['vs_ppo_tests']} comparisons"
+    return f"{r['vs_ppo']}{versus} ({r['vs_ppo_diff']:+.3g} [{lo:+.3g}, {hi:+.3g}]{holm}){mark}"
 
 
 def versus_note(table: list[dict]) -> str:
@@ -245,8 +250,36 @@ def final_figure(table: list[dict], env_id: str) -> tuple[str, str, bytes]:
     return f"{env_id}: final return", f"final_{_slug(env_id)}.png", plots.final_intervals(table, env_id)
 
 
-def figures_markdown(figures: list[tuple[str, str, bytes]]) -> list[str]:
-    return [f"### {title}\n\n![{title}]({name})\n" for title, name, _ in figures]
+def figures_markdown(figures: list[tuple[str, str, bytes | None]], notes: dict[str, str] | None = None) -> list[str]:
+    """Each figure's section: its image (none where nothing was left to draw), then its note."""
+    notes = notes or {}
+    return [f"### {title}\n" + (f"\n![{title}]({name})\n" if png is not None else "")
+            + (f"\n{notes[title]}\n" if title in notes else "") for title, name, png in figures]
+
+
+def identical_text(exp) -> str | None:
+    """One line naming the entries whose runs are another entry's, seed by seed (drawn dashed
+    over it in the learning curves), or None."""
+    pairs = [f"{label} = {other} on {env_id}" for env_id in exp.spec.envs
+             for label, other in identical_entries(exp, env_id).items()]
+    if not pairs:
+        return None
+    return ("identical runs (every seed logged the same returns at the same steps; drawn dashed over the other "
+            "in the learning curves): " + "; ".join(pairs))
+
+
+def constant_text(constant: dict[str, dict[str, float]]) -> str | None:
+    """One line naming the diagnostics left out of the figure as flat lines, with their values
+    (per entry where they differ), or None."""
+    if not constant:
+        return None
+
+    def values(by_entry: dict[str, float]) -> str:
+        if len(set(by_entry.values())) == 1:
+            return f"{next(iter(by_entry.values())):.4g}"
+        return ", ".join(f"{v:.4g} ({label})" for label, v in by_entry.items())
+
+    return "constant, not drawn: " + "; ".join(f"{key} {values(by_entry)}" for key, by_entry in constant.items())
 
 
 def _strict_json(x):
@@ -276,8 +309,10 @@ def write_report(root: Path, reps: int = stats.BOOTSTRAP_REPS) -> tuple[Path, li
     return final / "index.html", claims
 
 
-def results_markdown(table: list[dict], claims: list[Claim], reps: int, notes: str, excluded: str | None) -> list[str]:
-    """The report's Markdown from its results table to its claims (the lines under "## Results")."""
+def results_markdown(table: list[dict], claims: list[Claim], reps: int, notes: str, excluded: str | None,
+                     remarks: list[str] | None = None) -> list[str]:
+    """The report's Markdown from its results table to its claims (the lines under "## Results");
+    `remarks`: lines quoted under the notes (identical runs)."""
     few_seeds = few_seeds_warning(table)
     md = [f"> **Warning:** {few_seeds}", ""] if few_seeds else []
     columns = headers(table)
@@ -287,6 +322,7 @@ def results_markdown(table: list[dict], claims: list[Claim], reps: int, notes: s
     md += ["", SOLVED_TITLE, "", "```", solved, "```"] if solved else []
     versus = versus_note(table)
     md += ["", notes, ""] + ([versus, ""] if versus else []) + ([f"> {excluded}", ""] if excluded else [])
+    md += [line for remark in remarks or [] for line in (f"> {remark}", "")]
     md += ["## Claims", ""]
     tested = [c for c in claims if c.testable]
     if tested:
@@ -299,6 +335,70 @@ def results_markdown(table: list[dict], claims: list[Claim], reps: int, notes: s
     return md + (["", untestable] if untestable else [])
 
 
+STYLE = ("<style>body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}"
+         "table{border-collapse:collapse;margin:1em 0;font-size:14px}td,th{border:1px solid #ccc;padding:4px 8px}"
+         "th{background:#f3f3f3}.supported{color:#0a7a22;font-weight:bold}.not{color:#b00020;font-weight:bold}"
+         ".inconclusive{color:#8a6d00;font-weight:bold}.equivalent{color:#1f5fa8;font-weight:bold}"
+         ".untested{color:#777}img{max-width:100%}"
+         ".warning{background:#fff4d6;border-left:4px solid #d9a400;padding:6px 10px}"
+         "pre{background:#f7f7f7;padding:8px;overflow-x:auto;font-size:12px}</style>")
+VERDICT_CSS = {"supported": "supported", "not supported": "not", "equivalent": "equivalent",
+               "inconclusive": "inconclusive", "not tested": "untested"}
+
+
+def html_table(columns: list[str], rows: list[list[str]]) -> str:
+    e = html.escape
+    return ("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in columns) + "</tr>"
+            + "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows) + "</table>")
+
+
+def html_page(title: str, intro: str, table: list[dict], claims: list[Claim], reps: int, notes: str,
+              excluded: str | None, figures: list[tuple[str, str, bytes | None]], *,
+              figure_notes: dict[str, str] | None = None, remarks: list[str] | None = None,
+              before: list[str] | None = None, after: list[str] | None = None) -> bytes:
+    """The report as one self-contained HTML page (plots embedded as base64 PNGs, no scripts
+    or links to fetch): the same results, claims and plots as report.md. `before`: HTML put
+    between the intro and the results (a merged report's parts); `after`: after the plots
+    (an experiment's runs)."""
+    e = html.escape
+    few_seeds = few_seeds_warning(table)
+    solved = solved_text(table)
+    versus = versus_note(table)
+    tested = [c for c in claims if c.testable]
+    untestable = not_testable_text(claims)
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title>", STYLE, "</head><body>",
+             f"<h1>{e(title)}</h1><p>{e(intro)}</p>", *(before or []), "<h2>Results</h2>"]
+    if few_seeds:
+        parts.append(f"<p class='warning'><b>Warning:</b> {e(few_seeds)}</p>")
+    parts.append(html_table(headers(table), _table_rows(table)))
+    parts += [f"<p>{e(SOLVED_TITLE)}</p><pre>{e(solved)}</pre>"] if solved else []
+    parts += [f"<p><small>{e(notes)}</small></p>"]
+    parts += [f"<p><small>{e(versus)}</small></p>"] if versus else []
+    parts += [f"<p class='warning'>{e(excluded)}</p>"] if excluded else []
+    parts += [f"<p class='warning'>{e(remark)}</p>" for remark in remarks or []]
+    parts += ["<h2>Claims</h2>"]
+    if tested:
+        parts += [f"<p>{e(analysis_claims_intro(claims, reps))}</p>"]
+        parts += ["<table><tr><th>claim</th><th>verdict</th><th>evidence</th></tr>"]
+        parts += [f"<tr><td>{e(c.statement)}</td><td class='{VERDICT_CSS[c.verdict]}'>{e(c.verdict)}</td>"
+                  f"<td>{e(c.evidence)}</td></tr>" for c in tested]
+        parts += ["</table>"]
+    else:
+        parts += ["<p>No claim can be tested by this experiment.</p>"]
+    if untestable:
+        parts += [f"<p class='untested'>{e(untestable)}</p>"]
+    parts += ["<h2>Plots</h2>"]
+    for section, _, png in figures:
+        parts.append(f"<h3>{e(section)}</h3>")
+        if png is not None:
+            data = base64.b64encode(png).decode()
+            parts.append(f"<img class='plot' alt='{e(section)}' src='data:image/png;base64,{data}'>")
+        if section in (figure_notes or {}):
+            parts.append(f"<p><small>{e(figure_notes[section])}</small></p>")
+    parts += [*(after or []), "</body></html>"]
+    return "".join(parts).encode()
+
+
 def _write_report(root: Path, out: Path, reps: int) -> list[Claim]:
     """The report's files, written into `out`; the claims."""
     exp = load_experiment(root)
@@ -309,27 +409,30 @@ def _write_report(root: Path, out: Path, reps: int) -> list[Claim]:
                         "let 'reflectrl compare' finish, or re-run it to resume")
     table = summary_table(exp, reps)
     claims = evaluate_claims(exp, reps)
-    tested = [c for c in claims if c.testable]
-    untestable = not_testable_text(claims)
     few_seeds = few_seeds_warning(table)
     if few_seeds:
         warnings.warn(few_seeds, UserWarning, stacklevel=3)
 
     keys = plots.diagnostic_keys(exp)
-    figures: list[tuple[str, str, bytes]] = []  # (section, file name, png)
+    figures: list[tuple[str, str, bytes | None]] = []  # (section, file name, png: None where nothing is drawn)
+    figure_notes: dict[str, str] = {}  # section -> the line under its figure
     for env_id in exp.spec.envs:
         if not any(r.spec.env_id == env_id for r in exp.finished):
             continue
         s = _slug(env_id)
         figures.append((f"{env_id}: learning curves", f"curves_{s}.png", plots.learning_curves(exp, env_id)))
         figures.append(final_figure(table, env_id))
-        figures.append((f"{env_id}: diagnostics", f"diagnostics_{s}.png", plots.diagnostics(exp, env_id, keys)))
+        section = f"{env_id}: diagnostics"
+        figures.append((section, f"diagnostics_{s}.png", plots.diagnostics(exp, env_id, keys)))
+        constant = constant_text(plots.constant_diagnostics(plots.diagnostic_curves(exp, env_id, keys)))
+        if constant:
+            figure_notes[section] = constant
         if plots.exploration_keys(exp, env_id):
             figures.append((f"{env_id}: exploration", f"exploration_{s}.png", plots.exploration(exp, env_id)))
     for _, name, png in figures:
-        atomic_write_bytes(out / name, png)
+        if png is not None:
+            atomic_write_bytes(out / name, png)
 
-    rows = _table_rows(table)
     spec = exp.spec
     done = len(exp.finished)
     intro = (f"{len(spec.envs)} env(s) x {len(spec.algos)} algo entries x {spec.seeds} seeds, "
@@ -354,16 +457,14 @@ def _write_report(root: Path, out: Path, reps: int) -> list[Claim]:
                   "they are then (the target shaper, the current reflection net), and never stored in the buffer.")
     if few_seeds:
         notes += " " + FEW_SEEDS_NOTE
-    versus = versus_note(table)
     excluded = excluded_text(exp)
-    claims_intro = analysis_claims_intro(claims, reps) if tested else ""
+    identical = identical_text(exp)
+    remarks = [identical] if identical else []
 
     # ---- Markdown
     md = [f"# reflectrl experiment report: {root.name}", "", intro, "", PROVENANCE_LINE, "", "## Results", ""]
-    md += results_markdown(table, claims, reps, notes, excluded)
-    solved = solved_text(table)
-    solved_title = SOLVED_TITLE
-    md += ["", "## Plots", ""] + figures_markdown(figures)
+    md += results_markdown(table, claims, reps, notes, excluded, remarks)
+    md += ["", "## Plots", ""] + figures_markdown(figures, figure_notes)
     scores = per_run_scores(exp)
     md += ["## Per-run scores", "", 'What the table above is computed from (runs.csv; stats.json holds them under '
            '"runs"); runs not finished are listed here and left out of the table.', "",
@@ -379,48 +480,12 @@ def _write_report(root: Path, out: Path, reps: int) -> list[Claim]:
 
     # ---- HTML (self-contained)
     e = html.escape
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>reflectrl report: {e(root.name)}</title>",
-             "<style>body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}"
-             "table{border-collapse:collapse;margin:1em 0;font-size:14px}td,th{border:1px solid #ccc;padding:4px 8px}"
-             "th{background:#f3f3f3}.supported{color:#0a7a22;font-weight:bold}.not{color:#b00020;font-weight:bold}"
-             ".inconclusive{color:#8a6d00;font-weight:bold}.equivalent{color:#1f5fa8;font-weight:bold}.untested{color:#777}img{max-width:100%}"
-             ".warning{background:#fff4d6;border-left:4px solid #d9a400;padding:6px 10px}"
-             "pre{background:#f7f7f7;padding:8px;overflow-x:auto;font-size:12px}</style></head><body>",
-             f"<h1>reflectrl experiment report: {e(root.name)}</h1><p>{e(intro)}</p><h2>Results</h2>"]
-    if few_seeds:
-        parts.append(f"<p class='warning'><b>Warning:</b> {e(few_seeds)}</p>")
-    parts.append("<table><tr>")
-    parts += [f"<th>{e(h)}</th>" for h in headers(table)] + ["</tr>"]
-    parts += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows]
-    parts += ["</table>"] + ([f"<p>{e(solved_title)}</p><pre>{e(solved)}</pre>"] if solved else [])
-    parts += [f"<p><small>{e(notes)}</small></p>"]
-    parts += [f"<p><small>{e(versus)}</small></p>"] if versus else []
-    parts += [f"<p class='warning'>{e(excluded)}</p>"] if excluded else []
-    parts += ["<h2>Claims</h2>"]
-    css = {"supported": "supported", "not supported": "not", "equivalent": "equivalent", "inconclusive": "inconclusive",
-           "not tested": "untested"}
-    if tested:
-        parts += [f"<p>{e(claims_intro)}</p>"]
-        parts += ["<table><tr><th>claim</th><th>verdict</th><th>evidence</th></tr>"]
-        parts += [f"<tr><td>{e(c.statement)}</td><td class='{css[c.verdict]}'>{e(c.verdict)}</td>"
-                  f"<td>{e(c.evidence)}</td></tr>" for c in tested]
-        parts += ["</table>"]
-    else:
-        parts += ["<p>No claim can be tested by this experiment.</p>"]
-    if untestable:
-        parts += [f"<p class='untested'>{e(untestable)}</p>"]
-    parts += ["<h2>Plots</h2>"]
-    for title, name, png in figures:
-        data = base64.b64encode(png).decode()
-        parts.append(f"<h3>{e(title)}</h3><img class='plot' alt='{e(title)}' src='data:image/png;base64,{data}'>")
-    parts.append("<h2>Runs</h2>")
-    for r in exp.runs:
-        parts.append(f"<details><summary>{e(r.spec.env_id)} / {e(r.spec.entry.label)} / "
-                     f"seed {r.spec.seed}: {e(r.status)}</summary>"
-                     f"<p>command:</p><pre>{e(' '.join(r.command))}</pre><p>config:</p>"
-                     f"<pre>{e(json.dumps(r.config, indent=2))}</pre></details>")
-    parts.append("</body></html>")
-    atomic_write_bytes(out / "index.html", "".join(parts).encode())
+    runs = [f"<details><summary>{e(r.spec.env_id)} / {e(r.spec.entry.label)} / seed {r.spec.seed}: {e(r.status)}"
+            f"</summary><p>command:</p><pre>{e(' '.join(r.command))}</pre><p>config:</p>"
+            f"<pre>{e(json.dumps(r.config, indent=2))}</pre></details>" for r in exp.runs]
+    atomic_write_bytes(out / "index.html", html_page(
+        f"reflectrl experiment report: {root.name}", intro, table, claims, reps, notes, excluded, figures,
+        figure_notes=figure_notes, remarks=remarks, after=["<h2>Runs</h2>", *runs]))
 
     atomic_write_bytes(out / "runs.csv", runs_csv(scores))
     atomic_write_bytes(out / provenance.FILE, provenance.to_json(provenance.collect(root, spec, reps)))
@@ -429,6 +494,7 @@ def _write_report(root: Path, out: Path, reps: int) -> list[Claim]:
                           "margin_share": MARGIN_SHARE},
             "excluded": [{"env": sp.env_id, "algo": sp.entry.label, "seed": sp.seed, "status": st}
                          for sp, st in exp.excluded],
-            "warnings": [w for w in (few_seeds, excluded) if w]}
+            "warnings": [w for w in (few_seeds, excluded) if w],
+            "identical": {env_id: same for env_id in spec.envs if (same := identical_entries(exp, env_id))}}
     atomic_write_bytes(out / "stats.json", (json.dumps(_strict_json(data), indent=2) + "\n").encode())
     return claims
