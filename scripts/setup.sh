@@ -36,7 +36,7 @@ stamp="$venv/.reflectrl-installed"
 want="$(sha256sum pyproject.toml | cut -c1-16)-$extras"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "setup: installing reflectrl[$extras] and its dependencies (gymnasium with box2d and mujoco, minigrid," \
-       "transformers, ray, stable-baselines3, ...): about 2 minutes on a fresh machine"
+       "transformers, ray, stable-baselines3, ...): 3-4 minutes on a fresh 2-core machine, longer when it is busy"
   "${pip[@]}" install -e ".[$extras]" 2>&1 | "${quiet[@]}" || true
   if [ "$extras" = "all" ] || [[ ",$extras," == *",jax,"* ]]; then
     # gymnax pins gymnasium<1.4 for its renderer only: installed without dependencies (its own are jax, flax,
@@ -49,7 +49,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   fi
   "$venv/bin/python" -c "import reflectrl" # fail here, not later, if the install did not work
   echo "$want" > "$stamp"
-  echo "setup: done ($venv)"
+  echo "setup: done ($venv, ${SECONDS} s)"
 fi
 if [ "$extras" = "all" ]; then
   bash scripts/install_verl.sh "$venv"  # the verl adapter's tests (not an extra: see the script)
