@@ -200,3 +200,41 @@ def test_grid_world_max_episode_steps_reaches_the_env():
     env = make_env("reflectrl/GridWorld-v0", env_kwargs={"size": 5, "max_episode_steps": 500})
     assert env.unwrapped.max_episode_steps == 500
     assert episode_step_limit(env) == 500
+
+
+# issue 57: unknown ids, keywords an env does not take -------------------------------------
+
+
+@pytest.mark.parametrize("env_id, means", [
+    ("NoSuchEnv-v0", None),          # was "did you mean UpNDown-v0, Pong-v0, SpaceInvaders-v0?"
+    ("Corridor-v0", None),           # was "did you mean BabyAI-KeyCorridor-v0, ..."
+    ("CartPol-v1", "CartPole-v1"),
+    ("CartPole-v7", "CartPole-v1"),  # the name is right, the version is not
+    ("LunarLander-v2", "LunarLander-v3"),
+])
+def test_unknown_ids_suggest_only_close_names(env_id, means):
+    with pytest.raises(UserError) as info:
+        make_env(env_id)
+    text = str(info.value)
+    assert f"unknown env id '{env_id}'" in text and "\n" not in text
+    if means is None:
+        assert "did you mean" not in text and f"--env MODULE:{env_id}" in text  # how to use an env of your own
+    else:
+        assert f"did you mean {means}" in text
+
+
+def test_a_navix_knob_on_a_torch_minigrid_id_says_what_it_is():
+    """Issue 57: env.minigrid on the torch backend returned MiniGrid's raw TypeError."""
+    pytest.importorskip("minigrid")
+    with pytest.raises(UserError) as info:
+        config_from_train_argv(["--env", "MiniGrid-Empty-5x5-v0", "--set", "env.minigrid=false"])
+    text = str(info.value)
+    assert text.startswith("--set env.minigrid:") and "navix" in text and "backend=jax" in text
+    assert "unexpected keyword" not in text and "\n" not in text
+
+
+def test_a_keyword_the_env_does_not_take_is_named_with_the_ones_it_takes():
+    with pytest.raises(UserError) as info:
+        make_env("CartPole-v1", env_kwargs={"lenght": 3})
+    assert str(info.value) == ("--set env.lenght: 'CartPole-v1' takes no keyword 'lenght': drop it "
+                               "(it takes: sutton_barto_reward)")

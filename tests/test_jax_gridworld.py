@@ -56,13 +56,32 @@ MAZE = ["--env", "reflectrl:GridWorld-v0", "--set", "backend=jax"]
     ([*MAZE, "env.size=2", "env.layout=maze"], "size must be an integer"),
     ([*MAZE, "env.layout=S.H/.../..G"], "is torch-only"),
     (["--env", "reflectrl:Maze-v9", "--set", "backend=jax"], "built-in env is reflectrl:GridWorld-v0"),
-    (["--env", "reflectrl:GridWorld-v0"], "is a JAX env: add --set backend=jax"),
+    (["--env", "gymnax:CartPole-v1"], "is a JAX env: add --set backend=jax"),
 ])
 def test_refusals_are_one_line(tmp_path, capsys, argv, says):
     out = tmp_path / "run"
     assert main(["train", *argv, "--total-steps", "256", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert says in err and "Traceback" not in err and len(err.splitlines()) == 1
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("given", ["reflectrl/GridWorld-v0", "reflectrl:GridWorld-v0"])
+@pytest.mark.parametrize("backend, recorded", [("gymnasium", "reflectrl/GridWorld-v0"),
+                                               ("jax", "reflectrl:GridWorld-v0")])
+def test_each_backend_takes_both_spellings_of_the_maze_and_records_its_own(given, backend, recorded):
+    """Issue 57: the torch side refused reflectrl:GridWorld-v0 and the JAX side reflectrl/GridWorld-v0."""
+    from reflectrl.cli import config_from_train_argv
+
+    cfg = config_from_train_argv(["--env", given, "--set", f"backend={backend}", "--total-steps", "512"])
+    assert cfg.env_id == recorded
+
+
+def test_compare_refuses_both_spellings_of_the_maze_at_once(cli, tmp_path):
+    out = tmp_path / "exp"
+    code, _, err = cli("compare", "--env", "reflectrl/GridWorld-v0,reflectrl:GridWorld-v0", "--algos", "ppo",
+                       "--total-steps", "512", "--out", out)
+    assert code == 2 and "two of these name one env" in err and len(err.strip().splitlines()) == 1
     assert not out.exists()
 
 

@@ -36,6 +36,11 @@ training envs with no time limit (see `has_time_limit`), whose episodes may neve
 An id whose extra package is missing, or whose entry point fails to import, is a
 `UserError` naming the package and how to install it (MuJoCo v2/v3 ids, which need the
 unmaintained mujoco-py, point to their -v5 id).
+
+An env of your own: Gymnasium's `MODULE:ID` form (`my_envs:Corridor-v0`) imports MODULE, whose
+import runs its gym.register, then makes ID; runs record the whole string, so every later command
+imports MODULE again. `check_new_processes_can_make` refuses, for compare and sweep, an id that
+their runs (new processes) could not make.
 """
 
 from __future__ import annotations
@@ -43,6 +48,12 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import importlib
+import json
+import os
+import re
+import subprocess
+import sys
 import warnings
 from typing import Any
 
@@ -53,6 +64,7 @@ from gymnasium.envs.registration import find_highest_version, get_env_id, load_e
 from reflectrl.envs import atari
 from reflectrl.envs.gridworld import GridWorldEnv, register_gridworld
 from reflectrl.envs.headless import prepare_headless_rendering
+from reflectrl.envs.jax_ids import JAX_ENV_KNOBS, canonical_env_id, is_jax_env
 from reflectrl.envs.normalize import NormalizeObservation, NormalizeReward
 from reflectrl.envs.statekey import StateKey
 from reflectrl.envs.vector import FastSyncVectorEnv
@@ -63,6 +75,7 @@ __all__ = [
     "make_env", "make_vector_env", "GridWorldEnv", "SparseReward", "DelayedReward",
     "parse_reward_wrapper", "is_continuous", "episode_step_limit", "has_time_limit",
     "DEFAULT_ENV", "is_image_space", "is_minigrid", "is_atari_id", "is_pettingzoo_id", "PETTINGZOO_PREFIX",
+    "split_module_id", "registered_id", "check_new_processes_can_make",
 ]
 
 DEFAULT_ENV = "reflectrl/GridWorld-v0"
@@ -96,17 +109,187 @@ def _ensure_registered(env_id: str) -> None:
         atari.register_atari()
 
 
+OWN_ENV_HINT = "an env of your own: --env MODULE:{id}, where importing MODULE runs its gym.register"
+
+
 def _check_env_id(env_id: str) -> None:
     _ensure_registered(env_id)
     if env_id in gym.registry:
         return
     if atari.looks_like_atari(env_id) and not atari.ale_installed():
         raise atari.missing_ale_error(env_id)
-    close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.5)
-    hint = f"; did you mean {', '.join(close)}?" if close else "; see gymnasium.pprint_registry() for the ids"
+    close = _similar_ids(env_id)
+    hint = (f"; did you mean {', '.join(close)}?" if close else
+            f": no registered env has a similar name (gymnasium.pprint_registry() lists them); "
+            f"{OWN_ENV_HINT.format(id=env_id)}")
     if env_id.startswith(("MiniGrid", "BabyAI")):
         hint += " (MiniGrid ids need: pip install 'reflectrl[envs]')"
     raise UserError(f"unknown env id '{env_id}'{hint}")
+
+
+def _similar_ids(env_id: str, among: set[str] | None = None) -> list[str]:
+    """Registered ids (of `among`, default all) whose namespace and name are close to env_id's, each at its
+    newest version. The version is left out of the comparison: every id ends in -vN, which made any two
+    ids look alike (NoSuchEnv-v0 got "UpNDown-v0, Pong-v0, SpaceInvaders-v0")."""
+    def label(ns, name):
+        return (f"{ns}/{name}" if ns else name).lower()
+
+    newest: dict[str, gym.envs.registration.EnvSpec] = {}
+    for spec in gym.registry.values():
+        if among is not None and spec.id not in among:
+            continue
+        key = label(spec.namespace, spec.name)
+        if key not in newest or (spec.version or 0) > (newest[key].version or 0):
+            newest[key] = spec
+    try:
+        ns, name, _ = parse_env_id(env_id)
+    except gym.error.Error:  # not the NAMESPACE/NAME-vN form at all
+        ns, name = None, env_id
+    wanted = label(ns, name)
+    # the name is right and its version (or namespace) is not: that name alone, its own namespace first
+    # (CartPole-v7 -> CartPole-v1; Breakout-v5 -> Breakout-v4, ALE/Breakout-v5)
+    same = sorted((spec for spec in newest.values() if spec.name.lower() == name.lower()),
+                  key=lambda spec: spec.namespace != ns)
+    if same:
+        return [spec.id for spec in same[:3]]
+    close = difflib.get_close_matches(wanted, list(newest), n=3, cutoff=0.75)
+    return [newest[key].id for key in close]
+
+
+# --------------------------------------------------------------------------- MODULE:ID, an env of your own
+
+def split_module_id(env_id: str) -> tuple[str | None, str]:
+    """(MODULE, ID) of Gymnasium's `MODULE:ID` form, split as gym.make splits it: importing MODULE runs
+    its gym.register, then ID is made. (None, env_id) for any other id: the JAX backend's FAMILY:NAME
+    ids and MAPPO's pettingzoo:MODULE share the colon and keep their meaning."""
+    module, sep, name = env_id.partition(":")
+    if not sep or is_jax_env(env_id) or is_pettingzoo_id(env_id):
+        return None, env_id
+    return module, name
+
+
+def _is_missing(err: ModuleNotFoundError, module: str) -> bool:
+    """Whether `module` itself (or a package above it) is what was not found, not a package it imports."""
+    return err.name is not None and (module == err.name or module.startswith(err.name + "."))
+
+
+def import_env_module(module: str, env_id: str) -> set[str]:
+    """Import the MODULE of --env MODULE:ID and return the ids its import registered. It is looked up on
+    the Python path, then in the current folder: the `reflectrl` script does not put that folder on its
+    path, while `python -m reflectrl` (compare's runs) does, and both must find the same module."""
+    before = set(gym.registry)
+    try:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as err:
+            here = os.getcwd()
+            if not _is_missing(err, module) or here in sys.path or "" in sys.path:
+                raise
+            sys.path.append(here)  # last: the current folder shadows no installed package
+            importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        if _is_missing(err, module):
+            raise UserError(f"env '{env_id}': no module '{module}' to import (its import runs the gym.register "
+                            f"of the env): run from the folder that holds {module.replace('.', '/')}.py, add that "
+                            "folder to PYTHONPATH, or install its package (pip install -e DIR)") from None
+        top = (err.name or "").split(".")[0]
+        raise UserError(f"env '{env_id}': module '{module}' needs the package '{top}', which is not installed: "
+                        f"{_INSTALL.get(top, f'pip install {top}')}") from None
+    except Exception as err:  # the module's own code failed: its first line, as for any env that cannot load
+        raise UserError(f"env '{env_id}': importing module '{module}' failed: {type(err).__name__}: "
+                        f"{_first_line(err)}") from None
+    return set(gym.registry) - before
+
+
+def registered_id(env_id: str) -> str:
+    """The id in Gymnasium's registry that --env names, checked (one line for an unknown one): MODULE:ID
+    imports MODULE and gives ID; reflectrl:GridWorld-v0, the JAX spelling, gives reflectrl/GridWorld-v0."""
+    env_id = canonical_env_id(env_id, "torch")
+    module, name = split_module_id(env_id)
+    if module is None:
+        _check_env_id(env_id)
+        return env_id
+    if not module or not name:
+        raise UserError(f"env '{env_id}': give MODULE:ID, e.g. my_envs:Corridor-v0 (importing my_envs registers "
+                        "Corridor-v0)")
+    added = import_env_module(module, env_id)
+    if name not in gym.registry:
+        close = _similar_ids(name, among=added or None)
+        hint = (f"; it registered {', '.join(sorted(added)[:5])}" if added and not close else
+                f"; did you mean {module}:{', '.join(close)}?" if close else
+                "; does it call gym.register when imported?")
+        raise UserError(f"env '{env_id}': importing module '{module}' registered no env '{name}'{hint}")
+    return name
+
+
+# Where the ids a new `reflectrl train` process knows come from without being told: Gymnasium's own,
+# and those of the packages make_env imports itself (MiniGrid, ale-py) and of reflectrl.
+_NEW_PROCESS_SOURCES = ("gymnasium", "minigrid", "ale_py", "reflectrl")
+_NEW_PROCESS_ERRORS: dict[str, str | None] = {}
+"""env id -> the error a new process gives for it (None: it makes it), found once per process."""
+
+
+def _entry_module(spec) -> str:
+    entry = spec.entry_point
+    return entry.split(":")[0] if isinstance(entry, str) else getattr(entry, "__module__", "") or ""
+
+
+def check_new_processes_can_make(env_ids) -> None:
+    """Refuse, before anything starts, an --env that this process can make but the runs of compare and
+    sweep, each a new process, cannot: an id registered only here (a script's gym.register, then compare
+    called from it) or a MODULE:ID whose module a new process cannot import. An id of a known source is
+    taken at once; one whose env lives in __main__ is refused at once; any other is tried in one new
+    process (the runs' interpreter, folder and environment), about a second."""
+    register_gridworld()
+    doubtful = []
+    for env_id in env_ids:
+        if is_jax_env(env_id) or is_pettingzoo_id(env_id) or env_id in _NEW_PROCESS_ERRORS:
+            continue
+        module, name = split_module_id(env_id)
+        spec = gym.registry.get(name)
+        source = _entry_module(spec).split(".")[0] if spec is not None else ""
+        if module is None and source == "__main__":  # its class is the script's: no new process has it
+            _NEW_PROCESS_ERRORS[env_id] = f"unknown env id '{env_id}'"
+        elif module is None and source in _NEW_PROCESS_SOURCES:
+            _NEW_PROCESS_ERRORS[env_id] = None
+        else:
+            doubtful.append(env_id)
+    if doubtful:
+        _NEW_PROCESS_ERRORS.update(_errors_in_a_new_process(doubtful))
+    for env_id in env_ids:
+        why = _NEW_PROCESS_ERRORS.get(env_id)
+        if why is None:
+            continue
+        if split_module_id(env_id)[0] is not None:
+            raise UserError(f"{why} (in a new process: each run of the experiment is one, started in this folder "
+                            "with this environment)")
+        raise UserError(f"--env {env_id} is registered only in this process (a gym.register that ran here, e.g. in "
+                        "your script): each run of the experiment is a new process, which cannot make it; put the "
+                        f"gym.register call in a module and pass --env MODULE:{env_id} (the module importable from "
+                        "this folder, PYTHONPATH or pip install -e)")
+
+
+def _errors_in_a_new_process(env_ids: list[str]) -> dict[str, str | None]:
+    code = ("import json, sys; from reflectrl.envs import probe_env_ids; "
+            "print(json.dumps(probe_env_ids(sys.argv[1:])))")
+    try:
+        done = subprocess.run([sys.executable, "-c", code, *env_ids], capture_output=True, text=True, timeout=300)
+        found = json.loads(done.stdout.strip().splitlines()[-1])  # last: the module may print on import
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return {}  # the check could not run: each run says what is wrong with its env, as before
+    return {env_id: found.get(env_id) for env_id in env_ids if env_id in found}
+
+
+def probe_env_ids(env_ids: list[str]) -> dict[str, str | None]:
+    """(check_new_processes_can_make's new process) each id's one-line error, or None where it is known."""
+    out: dict[str, str | None] = {}
+    for env_id in env_ids:
+        try:
+            registered_id(env_id)
+            out[env_id] = None
+        except UserError as err:
+            out[env_id] = str(err)
+    return out
 
 
 def _first_line(err: BaseException) -> str:
@@ -140,6 +323,32 @@ def _load_error(env_id: str, err: Exception) -> UserError:
     if isinstance(err, (ImportError, gym.error.DependencyNotInstalled)):
         return UserError(f"env '{env_id}' needs an extra package: {text}")
     return UserError(f"cannot load env '{env_id}': {type(err).__name__}: {text}")
+
+
+def _make_error(env_id: str, kwargs: dict[str, Any], err: Exception) -> UserError:
+    """One line for an env whose constructor refused the keywords: a --set env.NAME it does not take is
+    named as such (a JAX env's knob said to be one), anything else is the constructor's first line."""
+    text = _first_line(err)
+    unexpected = re.search(r"unexpected keyword argument '(\w+)'", text)
+    key = unexpected.group(1) if unexpected else None
+    if key in kwargs and key != "render_mode":
+        why = JAX_ENV_KNOBS.get(key) or f"drop it{_keywords_of(env_id)}"
+        return UserError(f"--set env.{key}: '{env_id}' takes no keyword '{key}': {why}")
+    return UserError(f"cannot make env '{env_id}' with {kwargs}: {text}")
+
+
+def _keywords_of(env_id: str) -> str:
+    """", it takes: a, b" for the keywords of an env's constructor, where they can be read ("" otherwise)."""
+    import inspect
+
+    try:
+        creator = gym.registry[env_id].entry_point
+        creator = load_env_creator(creator) if isinstance(creator, str) else creator
+        params = inspect.signature(creator).parameters.values()
+    except Exception:  # a creator that cannot be inspected: the line goes without the list
+        return ""
+    names = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "render_mode"]
+    return f" (it takes: {', '.join(names)})" if names else " (it takes none)"
 
 
 _MUJOCO_SEEN: set[str] = set()
@@ -187,7 +396,7 @@ def _make(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
     except (ImportError, gym.error.DependencyNotInstalled) as err:
         raise _load_error(env_id, err) from None
     except (TypeError, ValueError) as err:
-        raise UserError(f"cannot make env '{env_id}' with {kwargs}: {_first_line(err)}") from None
+        raise _make_error(env_id, kwargs, err) from None
     ns, name, version = parse_env_id(env_id)
     newest = find_highest_version(ns, name)
     if version is not None and newest is not None and newest > version:
@@ -290,7 +499,7 @@ def make_env(
     CNN encoder, instead of being flattened. `learning=False`: the env as evaluated, without
     the transforms that are for learning only (Atari's reward clipping).
     """
-    _check_env_id(env_id)
+    gym_id = registered_id(env_id)  # MODULE:ID imports MODULE: its gym.register runs
     try:
         add_reward_wrapper = parse_reward_wrapper(wrapper)
     except ValueError as err:
@@ -299,11 +508,11 @@ def make_env(
     if render_mode is not None:
         prepare_headless_rendering()
         kwargs["render_mode"] = render_mode
-    is_atari = atari.is_atari_id(env_id)
+    is_atari = atari.is_atari_id(gym_id)
     if is_atari:  # records its true score itself, below its episodic-life and clipping wrappers
-        env = atari.make_atari(_make, env_id, kwargs, learning=learning)
+        env = atari.make_atari(_make, gym_id, kwargs, learning=learning)
     else:
-        env = _make(env_id, kwargs)
+        env = _make(gym_id, kwargs)
 
     space = env.observation_space
     if isinstance(space, gym.spaces.Dict) and "image" in space.spaces:

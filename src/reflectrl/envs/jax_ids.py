@@ -48,7 +48,8 @@ JAX_ENV_KNOBS = {
 
 
 def check_jax_env_id(env_id: str, backend: str) -> None:
-    """A JAX env id needs backend=jax, and backend=jax a JAX env id."""
+    """A JAX env id needs backend=jax, and backend=jax a JAX env id (the grid world in either spelling)."""
+    env_id = canonical_env_id(env_id, backend)
     if is_jax_env(env_id) and backend != "jax":
         raise UserError(f"--env {env_id} is a JAX env: add --set backend=jax ({install_hint(env_id)})")
     if backend == "jax" and not is_jax_env(env_id):

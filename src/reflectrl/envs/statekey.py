@@ -25,7 +25,6 @@ from collections.abc import Callable
 
 import gymnasium as gym
 import numpy as np
-import torch
 
 SIMHASH_BITS = 32
 _SIMHASH_SEED = 20170801  # fixed: the same observation has the same key in every run
@@ -44,6 +43,8 @@ def simhash(obs: np.ndarray, bits: int = SIMHASH_BITS) -> np.ndarray:
     """(B, ...) observations -> (B,) int64 keys: bit j is 1 where (A x)_j > 0 (A: fixed Gaussian)."""
     if not 1 <= bits <= 62:
         raise ValueError(f"simhash bits={bits}: must be in [1, 62] to fit an int64")
+    import torch  # here, not at the top: importing the envs (to check an --env) must not cost torch's 2-5 s
+
     x = np.ascontiguousarray(obs, dtype=np.float32).reshape(len(obs), -1)
     # the product through torch, which keeps to the run's torch_threads: numpy's BLAS would
     # start its own threads beside the envs' (EnvPool's) and be slower by orders of magnitude
