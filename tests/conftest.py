@@ -45,6 +45,32 @@ def sigterm_after_rows(monkeypatch):
     return arm
 
 
+@pytest.fixture
+def ctrl_c_after_rows(monkeypatch):
+    """`arm(n, times=1)`: the next `reflectrl train` in this process gets Ctrl-C (a real SIGINT) `times`
+    times right after it logs its n-th metrics row, as a terminal's Ctrl-C would: once, it stops at the
+    end of that iteration with a checkpoint there; twice, at once. Deterministic, no subprocess."""
+    import signal
+
+    from reflectrl.runs import session
+    from reflectrl.runs.rundir import MetricsLogger
+
+    def arm(n: int, times: int = 1) -> None:
+        log, logged = MetricsLogger.log, []
+
+        def log_then_interrupt(self, row):
+            log(self, row)
+            logged.append(row)
+            if len(logged) == n:
+                # only inside the trainer's block; anywhere else SIGINT would stop pytest
+                assert signal.getsignal(signal.SIGINT) is session._on_sigint
+                for _ in range(times):
+                    signal.raise_signal(signal.SIGINT)
+
+        monkeypatch.setattr(MetricsLogger, "log", log_then_interrupt)
+
+    return arm
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A tiny random causal LM made by `reflectrl llm init-tiny` (no download), shared by the LLM tests."""

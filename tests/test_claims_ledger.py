@@ -189,6 +189,7 @@ def test_claims_command_prints_markdown_json_and_writes_out(tmp_path, capsys):
     (["missing"], "missing does not exist"),
     (["empty"], "no report under"),
     (["r", "--out", "nofolder/ledger.md"], "does not exist; create it first"),
+    (["r", "--out", "/proc/ledger.md"], "--out /proc/ledger.md: /proc is not writable"),  # even as root
     (["r", "--out", "ledger.txt"], "--out ledger.txt: give a .md file"),
     (["r", "--json", "--out", "ledger.md"], "give a .json file"),
     (["bad"], "cannot read"),

@@ -42,6 +42,13 @@ def assert_one_line_error(code, err, *needles):
     (["--wrapper", "delayed:0"], ["delayed:0"]),
     (["--set", "env.size=1000"], ["cannot make env"]),
     (["--total-steps", "abc"], ["invalid int value"]),
+    # knobs in the --algo's brackets (issue 57: the grammar of compare's entries, for every command)
+    (["--algo", "ppo+calibration[nope=1]"], ["unknown --set key 'calibration.nope' for section 'calibration'"]),
+    (["--algo", "ppo+calibration[alpha]"], ["--algo 'ppo+calibration[alpha]': 'alpha' is not key=value"]),
+    (["--algo", "ppo+calibration[alpha=0.1"], ["unbalanced '['"]),
+    (["--algo", "ppo+calibration[mode=nope]"], ["calibration.mode='nope': use one of miscalibration, uncertainty"]),
+    (["--algo", "ppo+calibration[alpha=0.1]", "--set", "calibration.alpha=0.2"],
+     ["--algo ppo+calibration[alpha=0.1] gives calibration.alpha=0.1 and --set calibration.alpha=0.2 another value"]),
 ])
 def test_bad_train_input(cli, tmp_path, argv, needles):
     out = tmp_path / "run"
@@ -56,6 +63,23 @@ def test_bad_train_input(cli, tmp_path, argv, needles):
     assert_one_line_error(code, err, *needles)
     assert not out.exists(), "a rejected run must leave no directory behind"
 
+
+
+@pytest.mark.parametrize("content, needles", [
+    ('{"path": "runs/a", "argv": []}', ["holds an object, not a list", '[{"path": DIR, "argv": [train arguments]}']),
+    ('"runs/a"', ["holds a string, not a list"]),
+    ('[{"path": "runs/a"}]', ["item 1 of", '{"path": DIR, "argv"']),
+    ('[{"path": "runs/a", "argv": []}, {"path": 3, "argv": []}]', ["item 2 of"]),
+    ('[{"path": "runs/a", "argv": ["--seed", 2]}]', ["item 1 of", "as strings"]),
+    ("[not json", ["cannot read"]),
+])
+def test_bad_train_group_file(cli, tmp_path, content, needles):
+    """compare writes train-group's file; one written by hand of another shape is one line, exit 2."""
+    spec = tmp_path / "group.json"
+    spec.write_text(content)
+    code, _, err = cli("train-group", spec)
+    assert_one_line_error(code, err, *needles)
+    assert not (tmp_path / "runs").exists()
 
 def test_out_holding_a_run_is_refused(cli, tmp_path):
     out = tmp_path / "run"
@@ -87,6 +111,54 @@ def test_corrupt_run_dir(cli, tmp_path, damage):
         code, _, err = cli(*argv)
         assert_one_line_error(
             code, err, {"checkpoint": "corrupt", "config": "corrupt", "no_checkpoint": "no checkpoint"}[damage])
+
+
+# what a refusal of each kind imports (issue 57: a bad command line was refused in 3-16 s, --help takes 0.2 s):
+# the config dataclasses and the registry only (config.new_config, signals/specs/); bench/refusal_time.py times them
+REFUSED_WITHOUT_TORCH = [
+    ["train", "--set", "no_such_knob=1"],
+    ["train", "--set", "num_envs=abc"],
+    ["train", "--algo", "ppo+calibration", "--set", "calibration.nope=1"],
+    ["train", "--algo", "ppo+calibration", "--set", "calibration.alpha=-1"],
+    ["train", "--algo", "ppo", "--set", "gear.temperature=4"],
+    ["train", "--algo", "ppo+nosuch"],
+    ["train", "--algo", "ppo+calibration[mode=nope]"],
+    ["train", "--algo", "ppo+calibration[alpha=0.1]", "--set", "calibration.alpha=0.2"],
+    ["train", "--env", "gymnax:CartPole-v1", "--set", "backend=jax", "no_such_knob=1"],
+    ["train", "--env", "gymnax:CartPole-v1", "--set", "backend=jax", "encoder=cnn"],
+    ["train", "--algo", "ppo+gear", "--env", "gymnax:CartPole-v1", "--set", "backend=jax", "gear.history=2"],
+    ["train", "--algo", "dqn", "--env", "gymnax:CartPole-v1", "--set", "backend=jax"],
+    ["compare", "--algos", "ppo,ppo+gear", "--total-steps", "1000", "--set", "no_such_knob=1"],
+    ["compare", "--algos", "ppo,ppo+gear[nope=1]", "--total-steps", "1000"],
+    ["sweep", "--algo", "ppo", "--space", "learning_rate=uniform(0.0001,0.001)", "--trials", "2", "--seeds", "1",
+     "--total-steps", "1000", "--set", "no_such_knob=1"],
+    ["llm", "train", "--model", "m", "--set", "no_such_knob=1"],
+    ["llm", "train", "--algo", "grpo+gear[top_frac=2]", "--model", "m"],
+]
+
+
+@pytest.mark.slow
+def test_refusals_import_no_torch_jax_or_env_package(tmp_path):
+    import subprocess
+    import sys
+
+    script = """
+import json, sys
+from reflectrl.cli import main
+heavy = ("torch", "jax", "gymnasium")
+for n, argv in enumerate(json.loads(sys.argv[1])):
+    env = [] if argv[0] == "llm" else ["--env", "CartPole-v1"] if "--env" not in argv else []
+    code = main([*argv, *env, "--out", sys.argv[2] + f"/out{n}"])
+    print(json.dumps([argv, code, [m for m in heavy if m in sys.modules]]))
+"""
+    done = subprocess.run([sys.executable, "-c", script, json.dumps(REFUSED_WITHOUT_TORCH), str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    results = [json.loads(line) for line in done.stdout.splitlines()]
+    assert len(results) == len(REFUSED_WITHOUT_TORCH), done.stderr
+    for argv, code, imported in results:
+        assert code == 2 and imported == [], (argv, code, imported)
+    assert len([line for line in done.stderr.splitlines() if line.startswith("reflectrl: error: ")]) == len(results)
+    assert not list(tmp_path.iterdir())
 
 
 def test_resume_rejects_other_options(cli, tmp_path):

@@ -30,6 +30,28 @@ def test_parse_algos_entries_and_ablations():
     assert entries[1].overrides == ("ent_coef=0", "num_envs=8")
 
 
+def test_the_closing_line_counts_resumed_runs_apart_from_trained_ones(tmp_path):
+    """Issue 57 item 8: `compare` said "4 trained" when 2 of the 4 had been resumed from checkpoints."""
+    from reflectrl.experiments.spec import ExperimentSpec
+    from reflectrl.experiments.state import ExperimentResult, runs_to_train
+
+    done, interrupted, new, killed = ExperimentSpec(envs=["CartPole-v1"], algos=["ppo"], seeds=4,
+                                                    total_steps=512).runs(tmp_path)
+    done.path.mkdir(parents=True)
+    (done.path / "run.json").write_text(json.dumps({"status": "finished"}))
+    for run in (interrupted, killed):
+        run.path.mkdir(parents=True)
+        (run.path / "config.json").write_text("{}")
+        (run.path / "checkpoint.pt").write_bytes(b"")
+    result = ExperimentResult()
+    todo = runs_to_train([done, interrupted, new, killed], result)
+    assert [state for _, state in todo] == ["resume", "fresh", "resume"]
+    result.finished += [interrupted, new]
+    result.failed.append((killed, "why"))
+    assert result.summary() == ("runs: 2 trained, 1 already finished, 1 failed "
+                                "(1 of the trained resumed from a checkpoint)")
+
+
 @pytest.mark.parametrize("algos, needle", [
     ("ppo,nosuch", "unknown algo 'nosuch'"),
     ("ppo,ppo", "more than once"),
@@ -83,7 +105,7 @@ def test_compare_runs_reports_and_skips_finished(cli, tmp_path):
 
     before = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/*/seed*/checkpoint.pt")}
     code, stdout, _ = cli("compare", "--algos", "ppo,ppo[ent_coef=0]", "--out", out, "--no-progress", *TINY)
-    assert code == 0 and "0 trained, 4 already finished" in stdout
+    assert code == 0 and "runs: 0 trained, 4 already finished, 0 failed\n" in stdout
     assert before == {p: p.stat().st_mtime_ns for p in out.glob("runs/*/*/seed*/checkpoint.pt")}
 
     code, _, err = cli("compare", "--algos", "ppo", "--out", out, "--no-progress", *TINY)
@@ -131,7 +153,7 @@ def test_compare_extends_an_experiment_with_algos_and_seeds(cli, tmp_path):
                             "--seeds", "3")
     assert code == 0, err
     assert "extending" in err and "algo entry ppo[ent_coef=0]" in err and "seeds 3-3" in err
-    assert "4 trained, 2 already finished" in stdout  # ppo seed 3 and the new entry's three seeds
+    assert "runs: 4 trained, 2 already finished, 0 failed\n" in stdout  # ppo seed 3 and the new entry's three seeds
     assert before == {p: p.stat().st_mtime_ns for p in before}
     spec = json.loads((out / "experiment.json").read_text())
     assert spec["algos"] == ["ppo", "ppo[ent_coef=0]"] and spec["seeds"] == 3
@@ -158,7 +180,7 @@ def test_a_second_compare_on_a_running_experiment_stops(cli, tmp_path):
     finally:
         os.close(fd)
     code, stdout, err = cli("compare", "--algos", "ppo", "--out", out, "--no-progress", "--no-report", *TINY)
-    assert code == 0 and "0 trained, 2 already finished" in stdout, err
+    assert code == 0 and "runs: 0 trained, 2 already finished, 0 failed\n" in stdout, err
 
 
 def _seed_steps(path: Path) -> int:
@@ -193,7 +215,8 @@ def test_killed_experiment_resumes_to_identical_weights(cli, tmp_path):
 
     code, stdout, err = cli("compare", *args, "--out", out, "--no-progress", "--no-report")
     assert code == 0, err
-    assert "2 trained" in stdout
+    # both had checkpoints
+    assert "runs: 2 trained, 0 already finished, 0 failed (2 of the trained resumed from a checkpoint)" in stdout
 
     reference = tmp_path / "reference"
     assert cli("train", "--env", "CartPole-v1", "--seed", "2", "--total-steps", "16384", "--out", reference,
@@ -233,7 +256,7 @@ def test_run_killed_before_first_checkpoint_restarts(cli, tmp_path):
     run.mkdir()
     (run / "config.json").write_text("{}")  # debris of a run killed while starting
     code, stdout, err = cli("compare", "--algos", "ppo", "--out", out, "--no-progress", "--no-report", *TINY)
-    assert code == 0 and "1 trained, 1 already finished" in stdout, err
+    assert code == 0 and "runs: 1 trained, 1 already finished, 0 failed\n" in stdout, err
     assert json.loads((run / "run.json").read_text())["params_sha256"] == sha
 
 

@@ -231,6 +231,54 @@ def test_compare_entries_with_per_signal_brackets():
                        sets=["shaping.eta=1"]).validate()
 
 
+# ---------------------------------------------------------------------------- one --algo grammar (issue 57)
+
+def test_knobs_in_algo_brackets_are_read_the_same_by_every_command():
+    """`train --algo 'ppo+calibration[mode=uncertainty]'` was refused ("unknown signal") while compare took it:
+    train, llm train, sweep and knobs now read brackets as compare's entries do (config.split_algo)."""
+    from reflectrl.config import new_config, split_algo
+    from reflectrl.knobs import sections_for_algo
+    from reflectrl.trainers.grpo.config import new_llm_config
+
+    assert split_algo("ppo+calibration[mode=uncertainty]") == ("ppo+calibration", ("calibration.mode=uncertainty",))
+    # an alias's bare keys: its signal's knob unless the trainer or the run has it; a signal's own knob wins
+    assert split_algo("refgrpo[alpha=0;hidden_sizes=32;checkpoint_every=100]") == (
+        "refgrpo", ("calibration.alpha=0", "hidden_sizes=32", "checkpoint_every=100"))
+    assert split_algo("ppo[ent_coef=0]+gear[hidden_sizes=32;num_envs=8]") == (
+        "ppo+gear", ("ent_coef=0", "gear.hidden_sizes=32", "num_envs=8"))
+    assert split_algo("ppo+gear") == ("ppo+gear", ())
+    cfg = new_config(algo="ppo+calibration[mode=uncertainty;alpha=0.02]", overrides=["num_envs=2"])
+    assert cfg.algo == "ppo+calibration" and cfg.knobs.num_envs == 2
+    assert (cfg.sections["calibration"].mode, cfg.sections["calibration"].alpha) == ("uncertainty", 0.02)
+    # the same value in brackets and in --set is no conflict; another value is (one line, test_cli_errors.py)
+    assert new_config(algo="ppo+gear[top_frac=0.5]", overrides=["gear.top_frac=0.5"]).sections["gear"].top_frac == 0.5
+    llm = new_llm_config(algo="grpo+gear[top_frac=0.5]", model="m", sets=["group_size=4"])
+    assert llm.algo == "grpo+gear" and llm.sections["gear"].top_frac == 0.5 and llm.grpo.group_size == 4
+    assert new_llm_config(algo="refgrpo[alpha=0]", model="m").sections["calibration"].alpha == 0
+    with pytest.raises(UserError, match="another value of the same knob"):
+        new_llm_config(algo="grpo+gear[top_frac=0.5]", model="m", sets=["gear.top_frac=0.25"])
+    assert sections_for_algo("ppo+calibration[mode=uncertainty]") == ["run", "ppo", "env", "calibration"]
+    assert sections_for_algo("llm:grpo+gear[top_frac=0.5]") == ["grpo", "gear"]
+
+
+def test_a_run_with_knobs_in_its_algo_records_them_and_resumes(cli, tmp_path, sigterm_after_rows):
+    import json
+
+    out = tmp_path / "run"
+    argv = ["train", "--algo", "ppo+calibration[mode=uncertainty;alpha=0.02]", "--env", "CartPole-v1",
+            "--total-steps", "256", "--out", out, "--no-progress", "--set", "num_envs=2", "num_steps=32",
+            "num_minibatches=2", "update_epochs=1"]
+    sigterm_after_rows(2)
+    assert cli(*argv)[0] == 143  # stopped mid-run, with a checkpoint
+    config = json.loads((out / "config.json").read_text())
+    assert config["algo"] == "ppo+calibration"  # the run records the algo and, in its sections, the knobs
+    assert (config["sections"]["calibration"]["mode"], config["sections"]["calibration"]["alpha"]) == (
+        "uncertainty", 0.02)
+    code, stdout, err = cli("train", "--resume", out, "--no-progress")
+    assert code == 0, err
+    assert "finished ppo+calibration on CartPole-v1: 256 steps" in stdout
+
+
 # ---------------------------------------------------------------------------- a new signal is one registration
 
 def test_a_new_signal_needs_only_its_registration(tmp_path, monkeypatch):

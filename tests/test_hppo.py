@@ -226,6 +226,22 @@ def test_eval_agent_keeps_and_renews_its_sub_goal():
         assert agent.need_goal == bool(agent.goal[0] == cells[0])
 
 
+
+def test_eval_agent_takes_a_numpy_observation():
+    """From Python, with what the env returns: one observation (numpy or a list) gives an int, the action
+    the tensor path gives; the tensor path is unchanged."""
+    from reflectrl.trainers.hppo.trainer import HierarchicalAgent
+
+    trainer = _trainer()
+    actions = []
+    for obs in (torch.zeros(1, trainer.obs_dim), np.zeros(trainer.obs_dim, np.float32), [0.0] * trainer.obs_dim):
+        agent = HierarchicalAgent(trainer.low.policy, trainer.high.policy, trainer.goals, horizon=3)
+        agent.observe({"agent_cell": np.array([0, 0])}, reset=True)
+        with torch.no_grad():
+            actions.append(agent.deterministic_action(obs))
+    assert isinstance(actions[0], torch.Tensor) and type(actions[1]) is int
+    assert actions[1] == actions[2] == int(actions[0][0])
+
 def test_both_levels_learn():
     trainer = _trainer()
     low, high = trainer.low.flat.detach().clone(), trainer.high.flat.detach().clone()

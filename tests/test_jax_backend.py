@@ -98,6 +98,35 @@ def test_chunks_divide_the_run_where_they_can():
     assert chunk_length(1, 1) == 1
 
 
+def test_the_returns_of_the_last_episodes_are_taken_in_the_program():
+    """Issue 57 item 8: the end-of-run summary meant "the last 20 episodes" on torch and "the last 92
+    iterations' episodes" (a mean of iteration means) on JAX. The program now hands out each iteration's
+    last episodes' returns, in the order they ended, as the torch trainers keep them."""
+    from reflectrl.jaxrl.ppo import last_ended
+
+    rng = np.random.default_rng(0)
+    for count, p in ((20, 0.1), (20, 0.01), (5, 0.5)):
+        done = rng.random((16, 3)) < p  # (T, N)
+        returns = rng.normal(size=(16, 3)).astype(np.float32)
+        ended = [float(r) for r, d in zip(returns.reshape(-1), done.reshape(-1), strict=True) if d][-count:]
+        got = np.asarray(last_ended(jax.numpy.asarray(done), jax.numpy.asarray(returns), count))
+        assert got.shape == (count,) and np.isnan(got[:count - len(ended)]).all()
+        np.testing.assert_array_equal(got[count - len(ended):], np.asarray(ended, np.float32))
+
+
+@pytest.mark.slow
+def test_the_end_of_run_summary_means_the_last_20_episodes(tmp_path, capsys):
+    from reflectrl.runs.progress import RECENT_EPISODES
+
+    out = tmp_path / "run"
+    assert main(["train", "--env", "gymnax:CartPole-v1", "--total-steps", "1024", "--out", str(out), "--no-progress",
+                 "--set", *TINY]) == 0
+    rows = read_metrics(out)
+    assert sum(r["episodes"] for r in rows if r.get("episodes")) > RECENT_EPISODES  # a random policy: ~20 steps each
+    assert f"mean return of the last {RECENT_EPISODES} episodes " in capsys.readouterr().out
+    assert len(RunDir.open(out).load_checkpoint()["recent_returns"]) == RECENT_EPISODES  # episodes, not iterations
+
+
 @pytest.fixture(scope="module")
 def group_and_single():
     """Seeds 1 and 2 as one program, and seed 2 alone; trained in process (no run directories)."""
@@ -171,6 +200,31 @@ def test_run_directories_and_kill_9_resume_give_the_same_parameters(tmp_path):
     assert result["episodes"] == 3 and len(result["returns"]) == 3
     assert result["params_sha256"] == b["params_sha256"]
 
+
+@pytest.mark.slow
+@pytest.mark.parametrize("times", [1, 2])
+def test_ctrl_c_stops_as_on_torch(tmp_path, capsys, ctrl_c_after_rows, monkeypatch, times):
+    """As the torch trainers: Ctrl-C once stops where the chunk of iterations ends, checkpointed there; twice,
+    at once, and run.json records the step of the checkpoint it resumes from. Either way run.json and the
+    checkpoint agree, and the resumed run ends with the parameters of one never stopped."""
+    # 16 iterations of 32 steps, checkpoints (and chunks) every 2 iterations
+    base = ["train", "--env", "gymnax:CartPole-v1", "--total-steps", "512", "--no-progress",
+            "--set", *TINY, "checkpoint_every=64"]
+    assert main([*base, "--out", str(tmp_path / "whole")]) == 0
+    out = tmp_path / "run"
+    ctrl_c_after_rows(5, times)  # step 160, in the chunk of iterations 5-6
+    assert main([*base, "--out", str(out)]) == 130
+    monkeypatch.undo()
+    err = capsys.readouterr().err
+    status = json.loads((out / "run.json").read_text())
+    resumes = 192 if times == 1 else 128  # the chunk's end, checkpointed; else the last checkpoint
+    assert status["status"] == "interrupted" and status["global_step"] == resumes
+    assert RunDir(out).load_checkpoint()["global_step"] == resumes
+    # the second Ctrl-C comes while the chunk's rows are logged, before the group counts the chunk as done
+    assert f"interrupted at step {resumes}, checkpointed there; continue with: reflectrl train --resume" in err
+    assert main(["train", "--resume", str(out), "--no-progress"]) == 0
+    a, b = (json.loads((d / "run.json").read_text()) for d in (tmp_path / "whole", out))
+    assert a["params_sha256"] == b["params_sha256"]
 
 @pytest.mark.slow
 def test_compare_trains_an_entrys_seeds_as_one_program(tmp_path):

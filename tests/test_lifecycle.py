@@ -84,7 +84,8 @@ def test_sigterm_checkpoints_marks_interrupted_and_resumes_identically(cli, tmp_
     _, err = proc.communicate(timeout=60)
     err = err.decode()
     assert proc.returncode == 143, err
-    assert "terminated; continue with: reflectrl train --resume" in err and "Traceback" not in err
+    assert "reflectrl: terminated at step " in err and ", checkpointed there; continue with: reflectrl train --resume" \
+        in err and "Traceback" not in err
     status = json.loads((out / "run.json").read_text())
     assert status["status"] == "interrupted"
     # the checkpoint was written at the iteration where SIGTERM arrived, not only at step 0
@@ -93,6 +94,59 @@ def test_sigterm_checkpoints_marks_interrupted_and_resumes_identically(cli, tmp_
     saved = torch.load(out / "checkpoint.pt", weights_only=False)["global_step"]
     assert 0 < saved < 40_000
     assert status["global_step"] == saved
+    code, _, err = cli("train", "--resume", out)
+    assert code == 0, err
+    assert json.loads((out / "run.json").read_text())["params_sha256"] == reference
+
+
+def _checkpoint_step(out) -> int:
+    import torch
+
+    return torch.load(out / "checkpoint.pt", weights_only=False)["global_step"]
+
+
+# 16 iterations of 64 env steps, a checkpoint every 4
+CTRL_C_RUN = [*CARTPOLE, "--total-steps", 1024, "--set", "checkpoint_every=256"]
+
+
+def test_ctrl_c_stops_at_the_iteration_end_with_a_checkpoint_there(cli, tmp_path, monkeypatch, ctrl_c_after_rows):
+    """Ctrl-C once: the run stops where the iteration ends, checkpointed there, so run.json, the checkpoint and
+    eval agree and nothing is trained twice; the resumed run ends with the weights of one never stopped."""
+    assert cli("train", *CTRL_C_RUN, "--out", tmp_path / "ref")[0] == 0
+    reference = json.loads((tmp_path / "ref" / "run.json").read_text())["params_sha256"]
+
+    out = tmp_path / "run"
+    ctrl_c_after_rows(5)  # step 320: between two cadence checkpoints (256, 512)
+    code, _, err = cli("train", *CTRL_C_RUN, "--out", out)
+    monkeypatch.undo()
+    assert code == 130, err
+    assert "stopping at the end of this iteration" in err and "Traceback" not in err
+    assert "reflectrl: interrupted at step 320, checkpointed there; continue with: reflectrl train --resume" in err
+    status = json.loads((out / "run.json").read_text())
+    assert status["status"] == "interrupted" and status["global_step"] == _checkpoint_step(out) == 320
+    code, stdout, _ = cli("eval", out, "--episodes", 1, "--json")
+    assert code == 0 and json.loads(stdout)["global_step"] == 320
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back after training
+    code, _, err = cli("train", "--resume", out)
+    assert code == 0, err
+    assert json.loads((out / "run.json").read_text())["params_sha256"] == reference
+
+
+def test_ctrl_c_twice_stops_at_once_and_says_where_it_resumes(cli, tmp_path, monkeypatch, ctrl_c_after_rows):
+    """Ctrl-C twice stops at once, between checkpoints: run.json records the step of the checkpoint it resumes
+    from (what eval reads), and the closing line says how many steps are trained again."""
+    assert cli("train", *CTRL_C_RUN, "--out", tmp_path / "ref")[0] == 0
+    reference = json.loads((tmp_path / "ref" / "run.json").read_text())["params_sha256"]
+
+    out = tmp_path / "run"
+    ctrl_c_after_rows(7, times=2)  # step 448; the last checkpoint is 256's
+    code, _, err = cli("train", *CTRL_C_RUN, "--out", out)
+    monkeypatch.undo()
+    assert code == 130, err
+    assert ("reflectrl: interrupted at step 448; it resumes from its last checkpoint, step 256 (the 192 env steps "
+            "after it are trained again); continue with: reflectrl train --resume") in err
+    status = json.loads((out / "run.json").read_text())
+    assert status["status"] == "interrupted" and status["global_step"] == _checkpoint_step(out) == 256
     code, _, err = cli("train", "--resume", out)
     assert code == 0, err
     assert json.loads((out / "run.json").read_text())["params_sha256"] == reference
@@ -178,9 +232,25 @@ def test_eval_caps_episodes_of_an_env_without_time_limit(cli, tmp_path):
     # an untrained greedy policy on CliffWalking walks into a wall forever: each episode is cut
     assert result["capped_episodes"] == 2 and result["mean_length"] == 300
     code, out_text, _ = cli("eval", out, "--episodes", 1, "--deterministic", "--max-steps", 50)
-    assert code == 0 and "cut by a time limit (1 at eval's 50-step cap)" in out_text
+    assert code == 0 and "1 of 1 episode(s) stopped at eval's 50-step cap (--max-steps)" in out_text
     code, out_text, _ = cli("eval", out, "--episodes", 1, "--deterministic", "--json")
     assert json.loads(out_text)["max_steps"] == 10_000  # no time limit: the default cap
+
+
+def test_eval_tells_the_envs_own_time_limit_from_its_cap(cli, tmp_path):
+    """Issue 57 item 8: eval on Pendulum-v1 (every episode ends at its time limit: that is its episode)
+    said "3 of 3 episode(s) cut by a time limit: their return is the partial sum", as if something were
+    wrong. The env's own limit is said as information; only eval's cap makes a partial return."""
+    out = tmp_path / "run"
+    assert cli("train", "--env", "Pendulum-v1", *FAST, "--total-steps", 128, "--out", out)[0] == 0
+    code, text, err = cli("eval", out, "--episodes", 2)
+    assert code == 0, err
+    assert "; 2 of 2 episode(s) ran to the env's time limit; params_sha256" in text and "partial" not in text
+    code, text, err = cli("eval", out, "--episodes", 2, "--max-steps", 50)
+    assert code == 0, err
+    assert ("; 2 of 2 episode(s) stopped at eval's 50-step cap (--max-steps): their return is a partial sum; "
+            "params_sha256") in text and "time limit" not in text
+    assert json.loads(cli("eval", out, "--episodes", 2, "--json")[1])["truncated_episodes"] == 2  # as before
 
 
 def test_eval_uses_the_env_time_limit_as_cap(cli, tmp_path):
@@ -297,21 +367,47 @@ def test_hub_name_fails_fast_when_offline(monkeypatch, tmp_path):
 
 # ---------------------------------------------------------------------------- 16, 17: runs going wrong
 
+def _iterations(monitor, count, start_up=5.0, seconds=0.1, steps=512):
+    """`count` iterations of `steps` each: the first takes `start_up` seconds, the others `seconds`."""
+    for k in range(1, count + 1):
+        monitor.after_iteration({"global_step": k * steps}, done=k * steps, done_this_session=k * steps,
+                                seconds=start_up + (k - 1) * seconds)
+
+
 def test_monitor_estimates_time_and_warns_past_a_day(capsys):
     from reflectrl.runs.health import RunMonitor
 
     monitor = RunMonitor(total=10**12, unit="env steps")  # 5,120 steps/s: about 6 years
     with pytest.warns(UserWarning, match="would take about .* years"):
-        monitor.after_iteration({"global_step": 512}, done=512, done_this_session=512, seconds=0.1)
+        _iterations(monitor, 4)
     assert "to go for" in capsys.readouterr().err
-    hour = RunMonitor(total=512 + 3600 * 5120, unit="env steps")
+    hour = RunMonitor(total=4 * 512 + 3600 * 5120, unit="env steps")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        hour.after_iteration({"global_step": 512}, done=512, done_this_session=512, seconds=0.1)
+        _iterations(hour, 4)
     assert "about 60 min to go" in capsys.readouterr().err
     quick = RunMonitor(total=10_000, unit="env steps")  # under a minute: no line, the progress bar says it
-    quick.after_iteration({"global_step": 512}, done=512, done_this_session=512, seconds=0.1)
+    _iterations(quick, 4)
     assert capsys.readouterr().err == ""
+
+
+def test_the_time_estimate_leaves_out_the_first_iterations_start_up(capsys):
+    """Issue 57 item 8: "about 3 min to go for 29 steps" for a 34 s run, the first step's model loading and
+    step-0 evaluation taken for its speed. The estimate comes from the iterations after the first."""
+    from reflectrl.runs.health import RunMonitor
+
+    short = RunMonitor(total=30, unit="steps")  # 6 s of start-up, then 1 s a step: 29 s more
+    _iterations(short, 30, start_up=6.0, seconds=1.0, steps=1)
+    assert capsys.readouterr().err == ""  # under a minute to go: no line
+    long = RunMonitor(total=304, unit="steps")
+    _iterations(long, 3, start_up=6.0, seconds=1.0, steps=1)
+    assert capsys.readouterr().err == ""  # 2 iterations after the start-up: not measured yet
+    long.after_iteration({"step": 4}, done=4, done_this_session=4, seconds=9.0)
+    err = capsys.readouterr().err
+    assert "about 5 min to go for 300 steps at 1 steps/s (measured after the first iteration" in err
+    slow = RunMonitor(total=100, unit="steps")  # a long iteration is measured after its 10 s, not 3 of them
+    _iterations(slow, 2, start_up=30.0, seconds=20.0, steps=1)
+    assert "about 33 min to go for 98 steps" in capsys.readouterr().err
 
 
 def test_monitor_warns_on_entropy_collapse_and_loss_explosion():

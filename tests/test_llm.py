@@ -452,6 +452,42 @@ def test_grpo_raises_arith_accuracy_of_the_tiny_sft_model(tiny_model_dir, tmp_pa
     assert after > before + 0.05, (before, after)
 
 
+def readme_llm_command(name: str) -> list[str]:
+    """The README's `reflectrl llm NAME ...` example line, split as the shell splits it (after `llm`)."""
+    import shlex
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    (line,) = [x for x in text.splitlines() if x.startswith(f"reflectrl llm {name} ")]
+    return shlex.split(line, comments=True)[2:]
+
+
+@pytest.mark.slow
+def test_the_readme_sft_example_teaches_the_tiny_model(cli, tmp_path):
+    """The README's language-model example (issue 57): its init-tiny and SFT commands, run as written
+    but into tmp_path, lift the held-out greedy accuracy well above the untrained model's."""
+    def with_paths(argv: list[str], **paths) -> list[str]:
+        argv = list(argv)
+        for flag, path in paths.items():
+            argv[argv.index(f"--{flag}") + 1] = str(path)
+        return argv
+
+    tiny, sft_out = tmp_path / "tiny", tmp_path / "tiny-arith"
+    assert cli("llm", *with_paths(readme_llm_command("init-tiny"), out=tiny))[0] == 0
+    sft_argv = with_paths(readme_llm_command("sft"), model=tiny, out=sft_out)
+    assert cli("llm", *sft_argv, "--no-progress")[0] == 0
+    task = sft_argv[sft_argv.index("--task") + 1]
+
+    def accuracy(model) -> float:
+        code, out, err = cli("llm", "eval", "--model", model, "--task", task, "--problems", "64", "--json")
+        assert code == 0, err
+        return json.loads(out)["accuracy"]
+
+    untrained, taught = accuracy(tiny), accuracy(sft_out)
+    print(f"{task}: greedy accuracy {untrained:.3f} untrained, {taught:.3f} after the README's SFT")
+    assert taught >= untrained + 0.2, (untrained, taught)
+
+
 def test_gear_with_no_real_winner_steps_keeps_its_head():
     batch, _, _ = _synthetic_token_batch()
     batch.mask[:] = False

@@ -452,3 +452,82 @@ def test_verdict_composes_with_gear(reflect_model_dirs):
     rows = [trainer.train_step() for _ in range(2)]
     assert {"weights_mean", "verdict_bonus", "verdict_agreement", "reflection_accuracy"} <= set(rows[-1])
     assert all(math.isfinite(r["loss"]) for r in rows)
+
+
+# ---------------------------------------------------------------------------- a run with nothing to act on
+
+
+SMALL = {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 4}  # an untrained model writes to the limit
+
+
+def _silence_warnings(trainer, steps):
+    """The warnings `steps` iterations of the trainer's loop give."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(steps):
+            trainer.run_iteration()
+    return [str(w.message) for w in caught]
+
+
+@pytest.mark.parametrize("algo, knobs, expected", [
+    ("grpo+verdict", {}, "reflection_format_rate 0), so signal 'verdict' has nothing to reward: the model has not "
+                        "learnt the format. SFT it on the task first: reflectrl llm sft --model {model} --task "
+                        "'arith[reflect=verdict]' --steps 300"),
+    ("grpo", {"pseudo_reward": "verdict"}, "so pseudo_reward=verdict is 0 on every episode and nothing is learnt"),
+])
+def test_a_model_that_never_states_the_format_is_named_once_after_the_first_steps(tiny_model_dir, algo, knobs,
+                                                                                  expected):
+    # the untrained model never writes "19 | solved": the signal (or pseudo-reward) cannot act, and the run says so
+    from reflectrl.trainers.grpo.trainer import SILENT_STEPS
+
+    trainer = _trainer(tiny_model_dir, algo, "arith", steps=20, **SMALL, **knobs)
+    assert _silence_warnings(trainer, SILENT_STEPS - 1) == []  # a few steps first: one batch proves nothing
+    (message,) = _silence_warnings(trainer, 2)  # then one warning, not one per step
+    assert f"for {SILENT_STEPS} steps no sampled answer stated its reflection" in message
+    assert expected.format(model=tiny_model_dir) in message
+
+
+def test_a_model_that_solves_nothing_is_named(tiny_model_dir):
+    from reflectrl.trainers.grpo.trainer import SILENT_STEPS
+
+    trainer = _trainer(tiny_model_dir, "grpo", "arith", steps=SILENT_STEPS, **SMALL)
+    (message,) = _silence_warnings(trainer, SILENT_STEPS)
+    assert "every sampled episode's reward was 0 on task 'arith', so the task gives GRPO nothing to learn" in message
+    assert f"reflectrl llm sft --model {tiny_model_dir} --task 'arith'" in message
+
+
+def test_a_short_run_is_named_at_its_end(tiny_model_dir):
+    trainer = _trainer(tiny_model_dir, "grpo+verdict", "arith", steps=2, **SMALL)
+    (message,) = _silence_warnings(trainer, 2)
+    assert "for 2 steps no sampled answer stated its reflection" in message
+
+
+@pytest.mark.slow
+def test_a_model_taught_the_format_gets_no_warning(reflect_model_dirs):
+    from reflectrl.trainers.grpo.trainer import SILENT_STEPS
+
+    trainer = _trainer(reflect_model_dirs["arith"], "grpo+verdict", "arith[max_operand=9;reflect=both]",
+                       steps=SILENT_STEPS)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rows = [trainer.run_iteration() for _ in range(SILENT_STEPS)]
+    assert min(r["reflection_format_rate"] for r in rows) > 0 and max(r["reward"] for r in rows) > 0
+    assert not trainer.silence_warned and not [w for w in caught if f"for {SILENT_STEPS} steps" in str(w.message)]
+
+
+@pytest.mark.slow
+def test_the_warning_is_one_line_on_stderr_and_kept_in_run_json(tiny_model_dir, tmp_path):
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "reflectrl", "llm", "train", "--algo", "grpo+verdict", "--task",
+                           "arith", "--model", str(tiny_model_dir), "--steps", "6", "--out", str(run),
+                           "--no-progress", "--set", "prompts_per_step=2", "group_size=2", "max_new_tokens=4",
+                           "eval_every=0"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("reflectrl: warning:")]
+    assert len(lines) == 1 and "reflection_format_rate 0" in lines[0], done.stderr
+    (kept,) = json.loads((run / "run.json").read_text())["warnings"]
+    assert lines[0] == f"reflectrl: warning: {kept}"

@@ -135,11 +135,73 @@ def test_eval_video(cli, tmp_path):
     assert video.read_bytes()[4:8] == b"ftyp"  # an MP4 container
 
 
-def test_progress_bar_shows_steps_rate_return(cli, tmp_path):
+def test_progress_bar_shows_steps_rate_return(cli, tmp_path, monkeypatch):
+    from reflectrl.runs.progress import PROGRESS_SECONDS_VARIABLE
+
+    monkeypatch.setenv(PROGRESS_SECONDS_VARIABLE, "0")  # stderr is no terminal here: a line at every update
     out = tmp_path / "run"
     code, _, err = cli("train", "--env", "CartPole-v1", "--total-steps", 512, "--out", out, *SMALL)
     assert code == 0
-    assert "512/512" in err and "step/s" in err and "return=" in err
+    assert "512/512 env steps (100%)" in err and "env steps/s" in err and "return=" in err
+
+
+def _fake_clock(times):
+    return lambda: times[0]
+
+
+def test_progress_without_a_terminal_is_a_plain_line_every_n_seconds():
+    """Issue 57 item 10: without a TTY, a bar's refreshes flooded the captured stderr (hundreds of
+    carriage-return fragments). Now: one plain line every N seconds, its speed measured after the first
+    update (the start-up), and none at all for a run shorter than N."""
+    import io
+
+    from reflectrl.runs.progress import ProgressLines, progress_bar
+
+    assert isinstance(progress_bar(100, "steps", stream=io.StringIO()), ProgressLines)
+    stream, now = io.StringIO(), [0.0]
+    bar = ProgressLines(1000, "env steps", every=30, stream=stream, clock=_fake_clock(now))
+    now[0] = 20.0
+    bar.update(10)  # the first iteration: 20 s of start-up
+    for _ in range(89):  # then 10 steps a second
+        now[0] += 1.0
+        bar.update(10)
+        bar.set_postfix_str(f"return={bar.n}")
+    lines = stream.getvalue().splitlines()
+    assert "\r" not in stream.getvalue() and len(lines) == 2  # 30 s and 60 s after the start-up's end
+    assert lines[0] == "reflectrl: 310/1,000 env steps (31%) in 50s, 10 env steps/s, about 69s to go; return=300"
+    assert lines[1] == "reflectrl: 610/1,000 env steps (61%) in 80s, 10 env steps/s, about 39s to go; return=600"
+    quiet = io.StringIO()
+    short = ProgressLines(1000, "env steps", every=30, stream=quiet, clock=_fake_clock(now))
+    for _ in range(20):
+        now[0] += 1.0
+        short.update(50)
+    short.close()
+    assert quiet.getvalue() == ""
+
+
+def test_progress_on_a_terminal_is_the_bar_with_its_speed_after_the_start_up(monkeypatch):
+    import io
+
+    from reflectrl.runs.progress import TerminalBar, progress_bar
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    stream, now = Terminal(), [0.0]
+    bar = progress_bar(1000, "env steps", stream=stream, mininterval=0)
+    assert isinstance(bar, TerminalBar)
+    bar.bar._time = _fake_clock(now)
+    bar.bar.start_t = bar.bar.last_print_t = 0.0
+    now[0] = 20.0
+    bar.update(10)  # 20 s of start-up
+    for _ in range(3):  # then 10 steps a second
+        now[0] += 1.0
+        bar.update(10)
+    bar.set_postfix_str("return=1")
+    assert bar.bar.format_dict["rate"] == pytest.approx(10.0)  # the start-up's 0.5 steps/s forgotten
+    bar.close()
+    assert "\r" in stream.getvalue() and "40.0/1.00k" in stream.getvalue()
 
 
 def test_a_running_run_whose_process_is_gone_reads_as_stopped(tmp_path):
@@ -154,3 +216,60 @@ def test_a_running_run_whose_process_is_gone_reads_as_stopped(tmp_path):
     assert live_status(run.path) == "stopped"
     run.set_status("interrupted")
     assert live_status(run.path) == "interrupted"
+
+
+def _strict(text: str):
+    """json.loads that refuses what is not JSON: the bare Infinity / NaN Python's json writes by default."""
+    def refuse(word):
+        raise ValueError(f"not JSON: {word}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_run_files_are_strict_json_and_load_back(cli, tmp_path):
+    """calibration.max_ratio defaults to inf: config.json holds it as the string "Infinity" (every JSON
+    reader takes the files), the run resumes and evaluates with the float inf, and a file from before, with
+    the bare word, still loads."""
+    from reflectrl.config import RunConfig
+    from reflectrl.runs.files import read_logged_rows, run_config
+
+    out = tmp_path / "run"
+    code, _, err = cli("train", "--algo", "ppo+calibration", "--env", "CartPole-v1", "--total-steps", 256,
+                       "--out", out, "--no-progress", *SMALL)
+    assert code == 0, err
+    for name in ("config.json", "run.json"):
+        _strict((out / name).read_text())
+    for line in (out / "metrics.jsonl").read_text().splitlines():
+        _strict(line)
+    config = _strict((out / "config.json").read_text())
+    assert config["sections"]["calibration"]["max_ratio"] == "Infinity"
+    for loaded in (RunConfig.from_dict(RunDir(out).config()), RunConfig.from_dict(run_config(out))):
+        assert loaded.sections["calibration"].max_ratio == float("inf")
+    assert read_logged_rows(out)
+
+    # a run written before: bare Infinity in config.json, NaN in a metric row
+    (out / "config.json").write_text((out / "config.json").read_text().replace('"Infinity"', "Infinity"))
+    rows = (out / "metrics.jsonl").read_text().splitlines()
+    (out / "metrics.jsonl").write_text("\n".join([rows[0].replace("}", ', "old": NaN}'), *rows[1:]]) + "\n")
+    assert RunConfig.from_dict(RunDir(out).config()).sections["calibration"].max_ratio == float("inf")
+    assert read_logged_rows(out)[0]["old"] != read_logged_rows(out)[0]["old"]  # NaN
+    code, stdout, err = cli("eval", out, "--episodes", 1, "--json")
+    assert code == 0, err
+    _strict(stdout)
+
+
+def test_strict_json_round_trips_non_finite_floats():
+    import math
+
+    import numpy as np
+
+    from reflectrl.runs import jsonfile
+
+    value = {"a": float("inf"), "b": [-math.inf, 1.5, np.float32("nan")], "c": "text", "d": np.float64(2.0),
+             "e": torch.tensor(float("-inf"))}
+    text = jsonfile.dumps(value)
+    assert _strict(text) == {"a": "Infinity", "b": ["-Infinity", 1.5, "NaN"], "c": "text", "d": 2.0,
+                             "e": "-Infinity"}
+    back = jsonfile.loads(text)
+    assert back["a"] == math.inf and back["b"][0] == -math.inf and math.isnan(back["b"][2])
+    assert back["e"] == -math.inf and back["c"] == "text"

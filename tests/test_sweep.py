@@ -98,7 +98,10 @@ def sweep_argv(out, *extra):
     (["--space", "ent_coef=uniform(0,0.1)", "--trials", "0"], "--trials 0: must be >= 1"),
     (["--space", "ent_coef=uniform(0,0.1)", "--rerun-seeds", "-1"], "--rerun-seeds -1"),
     (["--space", "ent_coef=uniform(0,0.1)", "--env", "CartPole-v1,Acrobot-v1"], "one env"),
-    (["--space", "ent_coef=uniform(0,0.1)", "--algo", "ppo[ent_coef=0]"], "without brackets"),
+    # an --algo's knobs in brackets are fixed knobs, as --set's (issue 57: one grammar for --algo everywhere)
+    (["--space", "ent_coef=uniform(0,0.1)", "--algo", "ppo[ent_coef=0]"], "ent_coef is both in --set and in the"),
+    (["--space", "ent_coef=uniform(0,0.1)", "--algo", "ppo[num_envs=4]"], "--algo ppo[num_envs=4] gives num_envs=4 "
+                                                                          "and --set num_envs=2 another value"),
 ])
 def test_bad_sweeps_stop_before_anything_is_written(cli, tmp_path, extra, needle):
     out = tmp_path / "sweep"
@@ -232,7 +235,8 @@ def test_tiny_sweep_writes_its_outputs_and_resumes_without_retraining(cli, tmp_p
 
     code, stdout, err = cli(*argv)
     assert code == 0, err
-    assert "sweep: 0 trial(s) run now, 2 in the study" in stdout and "runs: 0 trained, 1 already finished" in stdout
+    assert "sweep: 0 trial(s) run now, 2 in the study" in stdout
+    assert "runs: 0 trained, 1 already finished" in stdout
     assert [p.stat().st_mtime_ns for p in trial_metrics] == stamps and read_trials(out) == rows
 
 

@@ -149,6 +149,16 @@ def test_out_of_a_finished_run_says_how_to_read_it(cli, cartpole_run):
     _one_line_error(code, err, f"reflectrl eval {cartpole_run}")
 
 
+@pytest.mark.parametrize("argv", [["eval", "RUN", "--episodes", "1", "--video", "/proc/v.mp4"],
+                                  ["plot", "state-map", "RUN", "--out", "/proc/maps"]])
+def test_an_output_in_proc_is_refused_before_the_work(cli, cartpole_run, argv):
+    """os.access says yes to root even in /proc, where no file can be made: the check before the work
+    tries to make one (outputs.check_writable), so the refusal is its line, exit 2, not a failed write after."""
+    code, _, err = cli(*[str(cartpole_run) if a == "RUN" else a for a in argv])
+    _one_line_error(code, err, "/proc is not writable")
+    assert code == 2
+
+
 # ---------------------------------------------------------------------------- 2. refused IMPALA runs
 
 IMPALA = ["train", "--algo", "impala", "--env", "CartPole-v1", "--total-steps", "800", "--no-progress",
@@ -434,7 +444,7 @@ def test_eval_says_when_episodes_were_cut_by_a_time_limit(cli, tmp_path):
                "--set", "env.size=12", "env.max_episode_steps=15", "num_envs=2", "num_steps=128")[0] == 0
     code, text, err = cli("eval", out, "--episodes", "2")
     assert code == 0, err
-    assert "cut by a time limit: their return is the partial sum" in text
+    assert "episode(s) ran to the env's time limit" in text  # information: the env's own episode length
     code, text, _ = cli("eval", out, "--episodes", "2", "--json")
     assert json.loads(text)["truncated_episodes"] >= 1
 

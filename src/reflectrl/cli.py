@@ -27,7 +27,8 @@ from reflectrl.report import BOOTSTRAP_REPS
 
 ENV_HELP = ("env id: a Gymnasium id (CartPole-v1, HalfCheetah-v5, LunarLander-v3), a MiniGrid id "
             "(MiniGrid-DoorKey-8x8-v0), an Atari id (ALE/Breakout-v5), pettingzoo:MODULE for --algo mappo "
-            "(pettingzoo:mpe2.simple_spread_v3), or reflectrl/GridWorld-v0, the built-in maze")
+            "(pettingzoo:mpe2.simple_spread_v3), MODULE:ID for an env of your own (importing MODULE runs its "
+            "gym.register), or reflectrl/GridWorld-v0, the built-in maze")
 BACKEND_HELP = "where the runs go: local subprocesses (default local), or ray: one Ray task per run"
 RUN_DIR_HELP = "a run directory (the --out of 'reflectrl train')"
 WRAPPER_HELP = "reward wrapper: sparse, delayed:K or velocity-cost[:V] (a cost channel), or several joined by commas"
@@ -55,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = sub.add_parser("train", help="train one run (or continue one with --resume)")
     train.add_argument("--algo", default=None, help=LazyHelp(
-        "TRAINER[+SIGNAL...]", lambda: f"TRAINER[+SIGNAL...]: {', '.join(algo_names('control'))} (default {d.algo})"))
+        "TRAINER[+SIGNAL...]", lambda: f"TRAINER[+SIGNAL...]: {', '.join(algo_names('control'))} (default {d.algo}); "
+        "knobs may follow a part in brackets, as in compare's entries: ppo+calibration[mode=uncertainty;alpha=0.02]"))
     train.add_argument("--env", default=None, help=ENV_HELP + f" (default {d.env_id})")
     train.add_argument("--seed", type=int, default=None, help=f"random seed (default {d.seed})")
     train.add_argument("--total-steps", type=int, default=None,
@@ -97,7 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sw = sub.add_parser("sweep", help="tune an algo's knobs with Optuna, then re-run the best on fresh seeds")
     sw.add_argument("--env", required=True, help="the env id to tune on (one)")
-    sw.add_argument("--algo", required=True, help="TRAINER[+SIGNAL...], e.g. ppo, refgrpo, ppo+shaping")
+    sw.add_argument("--algo", required=True, help="TRAINER[+SIGNAL...], e.g. ppo, refgrpo, ppo+shaping, "
+                    "ppo+shaping[mode=potential] (knobs in brackets are fixed, as --set's)")
     sw.add_argument("--space", action="append", nargs="+", metavar="KEY=DIST",
                     help="a tuned knob (a --set key): KEY=uniform(a,b) | loguniform(a,b) | int(a,b) | choice(x,y,...)")
     sw.add_argument("--space-file", default=None, metavar="F", help="more KEY=DIST lines (# comments)")
@@ -187,25 +190,30 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args):
-    """The resolved, validated RunConfig of `reflectrl train` arguments (no --resume)."""
-    from reflectrl.trainers.resolve import new_run_config
+    """The resolved, validated RunConfig of `reflectrl train` arguments (no --resume): what needs no env
+    is checked before torch, JAX or an env package is imported (config.new_config), then the env is probed."""
+    from reflectrl.config import new_config
 
     overrides = _flatten(args.set)
     if getattr(args, "ray_address", None) is not None:
         _check_ray_address(args.algo)
         overrides = [*overrides, f"ray_address={args.ray_address}"]
-    return new_run_config(algo=args.algo, env_id=args.env, seed=args.seed, total_steps=args.total_steps,
-                          wrapper=args.wrapper, overrides=overrides)
+    cfg = new_config(algo=args.algo, env_id=args.env, seed=args.seed, total_steps=args.total_steps,
+                     wrapper=args.wrapper, overrides=overrides)
+    from reflectrl.trainers.resolve import resolve_config
+
+    return resolve_config(cfg)
 
 
 def _check_ray_address(algo: str | None) -> None:
     import dataclasses
 
+    from reflectrl.config import split_algo
     from reflectrl.registry import DEFAULT_TRAINER, TRAINERS, parse_algo
 
     hosts = [t.name for t in TRAINERS.values() if t.family == "control" and t.config
              and "ray_address" in {f.name for f in dataclasses.fields(t.config_class())}]
-    if algo is None or parse_algo(algo, "control").trainer not in hosts:
+    if algo is None or parse_algo(split_algo(algo)[0], "control").trainer not in hosts:
         raise UserError(f"--ray-address places an --algo {' or '.join(hosts)} run's actors on a Ray cluster; --algo "
                         f"{algo or DEFAULT_TRAINER['control']} runs in this process (to spread whole runs over Ray: "
                         "reflectrl compare --backend ray --ray-address ...)")
@@ -227,29 +235,50 @@ def make_trainer(cfg, run):
         from reflectrl.jaxrl.trainer import JaxTrainer
 
         return JaxTrainer(cfg, run)
+    from reflectrl.torch_setup import optimizers_without_dynamo
+
+    optimizers_without_dynamo()  # 2.5 s of start-up that only a compiler needs (torch_setup.py)
     return trainer_class(trainer_name(cfg))(cfg, run)
 
 
 def _train_group(args) -> int:
-    import json
-
+    items = _group_items(args.runs)  # before JAX's import: a malformed file is refused at once
     from reflectrl.jaxrl.trainer import train_group
 
-    try:
-        items = json.loads(open(args.runs).read())
-    except (OSError, ValueError) as err:
-        raise UserError(f"train-group: cannot read {args.runs}: {err}") from None
     runs = [(item["path"], None if item["argv"][:1] == ["--resume"] else config_from_train_argv(item["argv"]),
              item["argv"]) for item in items]
     return train_group(runs, progress=not args.no_progress)
 
 
-def _train_new(args) -> int:
-    from reflectrl.runs.session import train_new_run
+GROUP_FILE_SHAPE = '[{"path": DIR, "argv": [train arguments]}, ...]'
 
+
+def _group_items(path: str) -> list[dict]:
+    """The runs a train-group file lists (what experiments/local.py writes), or one line saying
+    what is wrong with its shape."""
+    try:
+        with open(path) as f:
+            items = json.load(f)
+    except (OSError, ValueError) as err:
+        raise UserError(f"train-group: cannot read {path}: {err}") from None
+    if not isinstance(items, list):
+        kind = {dict: "an object", str: "a string", bool: "true or false", type(None): "null"}.get(type(items),
+                                                                                                "a number")
+        raise UserError(f"train-group: {path} holds {kind}, not a list; it must be {GROUP_FILE_SHAPE}")
+    for n, item in enumerate(items, 1):
+        if not (isinstance(item, dict) and isinstance(item.get("path"), str) and isinstance(item.get("argv"), list)
+                and all(isinstance(a, str) for a in item["argv"])):
+            raise UserError(f"train-group: item {n} of {path} is not {{\"path\": DIR, \"argv\": [train arguments "
+                            f"as strings]}} (the file must be a list {GROUP_FILE_SHAPE})")
+    return items
+
+
+def _train_new(args) -> int:
     if args.out is None:
         raise UserError("train needs --out DIR (a new run directory), or --resume DIR to continue a run")
     cfg = config_from_args(args)  # every check that needs no run directory happens before we make one
+    from reflectrl.runs.session import train_new_run  # (after the checks: it imports torch)
+
     return train_new_run(args.out, cfg.to_dict(), lambda run: make_trainer(cfg, run), _finish,
                          progress=not args.no_progress, resume_command="reflectrl train")
 
@@ -272,9 +301,8 @@ def _train_resume(args) -> int:
 
 
 def _finish(trainer, run) -> None:
-    import numpy as np
-
     from reflectrl.registry import finish_signals
+    from reflectrl.runs.progress import recent_return_text
     from reflectrl.trainers.policies import params_sha256
 
     if hasattr(trainer, "group"):  # backend=jax
@@ -284,13 +312,8 @@ def _finish(trainer, run) -> None:
         return
     run.set_status("finished", global_step=trainer.global_step, params_sha256=params_sha256(trainer.policy_module))
     finish_signals(trainer.cfg.algo, "control", run.path)
-    if trainer.recent_returns:
-        outcome = (f"mean return of the last {len(trainer.recent_returns)} episodes "
-                   f"{_num(float(np.mean(trainer.recent_returns)))}")
-    else:
-        outcome = "no episode ended in training (the budget was shorter than an episode, or the env has no time limit)"
-    print(f"finished {trainer.cfg.algo} on {trainer.cfg.env_id}: {trainer.global_step} steps, {outcome}; "
-          f"run: {run.path}")
+    print(f"finished {trainer.cfg.algo} on {trainer.cfg.env_id}: {trainer.global_step} steps, "
+          f"{recent_return_text(trainer.recent_returns)}; run: {run.path}")
 
 
 def _eval(args) -> int:
@@ -299,16 +322,20 @@ def _eval(args) -> int:
     result = evaluate(args.run_dir, episodes=args.episodes, deterministic=args.deterministic,
                       seed=args.seed, video=args.video, max_steps=args.max_steps)
     if args.json:
-        print(json.dumps(result))
+        from reflectrl.runs.jsonfile import dumps
+
+        print(dumps(result))  # strict JSON, as the run's files
     else:
-        cut = result["truncated_episodes"]
-        capped = (f"; {cut} of {result['episodes']} episode(s) cut by a time limit"
-                  + (f" ({result['capped_episodes']} at eval's {result['max_steps']:,}-step cap)"
-                     if result["capped_episodes"] else "")
-                  + ": their return is the partial sum" if cut else "")
+        # An episode that reaches the env's own time limit has ended as the env defines it (every Pendulum
+        # episode, a CartPole-v1 success): information. One that eval's cap stopped short has a partial return.
+        n, capped = result["episodes"], result["capped_episodes"]
+        at_limit = result["truncated_episodes"] - capped
+        notes = ((f"; {at_limit} of {n} episode(s) ran to the env's time limit" if at_limit else "")
+                 + (f"; {capped} of {n} episode(s) stopped at eval's {result['max_steps']:,}-step cap "
+                    "(--max-steps): their return is a partial sum" if capped else ""))
         print(f"{result['env_id']} @ {result['global_step']} steps: mean return {_num(result['mean_return'])} "
-              f"+- {result['std_return']:.3g} over {result['episodes']} episodes "
-              f"({'deterministic' if args.deterministic else 'stochastic'}){capped}; "
+              f"+- {result['std_return']:.3g} over {n} episodes "
+              f"({'deterministic' if args.deterministic else 'stochastic'}){notes}; "
               f"params_sha256 {result['params_sha256'][:16]}" + (f"; video: {args.video}" if args.video else ""))
     return 0
 
@@ -321,7 +348,6 @@ def _num(x: float) -> str:
 def _compare(args) -> int:
     from pathlib import Path
 
-    from reflectrl.experiments.runner import run_experiment
     from reflectrl.experiments.spec import ExperimentSpec
 
     envs, algos, seeds, total_steps, sets = args.env, args.algos, args.seeds, args.total_steps, _flatten(args.set)
@@ -341,10 +367,13 @@ def _compare(args) -> int:
     spec = ExperimentSpec(envs=[e.strip() for e in envs.split(",") if e.strip()],
                           algos=[e.label for e in _parse_algos(algos)], seeds=5 if seeds is None else seeds,
                           total_steps=total_steps, wrapper=args.wrapper, sets=sets, first_seed=args.first_seed)
+    spec.validate()  # before the runner's imports (torch): a bad entry or --set is refused at once
+    from reflectrl.experiments.runner import run_experiment
+
     root = Path(args.out)
     result = run_experiment(root, spec, backend=args.backend, workers=args.workers,
                             ray_address=args.ray_address, progress=not args.no_progress)
-    print(f"runs: {len(result.finished)} trained, {len(result.skipped)} already finished, {len(result.failed)} failed")
+    print(result.summary())
     for run, why in result.failed:
         print(f"  failed: {run.path} ({why}); see {run.path.with_suffix('.log')}", file=sys.stderr)
     if not args.no_report:
@@ -356,12 +385,7 @@ def _sweep(args) -> int:
     from pathlib import Path
 
     from reflectrl import sweep as sw
-    from reflectrl.experiments.runner import run_experiment
 
-    try:
-        import optuna  # noqa: F401
-    except ImportError:
-        raise UserError("reflectrl sweep needs Optuna: pip install 'reflectrl[sweep]'") from None
     if args.trials < 1:
         raise UserError(f"--trials {args.trials}: must be >= 1")
     if args.rerun_seeds < 0:
@@ -374,9 +398,14 @@ def _sweep(args) -> int:
         except ImportError:
             raise UserError("--backend ray needs Ray: pip install 'reflectrl[ray]'") from None
     knobs = sw.parse_space(_flatten(args.space), args.space_file)
-    spec = sw.SweepSpec(env=args.env, algo=args.algo.strip(), space=[k.text for k in knobs], seeds=args.seeds,
-                        total_steps=args.total_steps, objective=args.objective, wrapper=args.wrapper,
-                        sets=_flatten(args.set))
+    algo, sets = sw.fixed_knobs(args.algo.strip(), _flatten(args.set))  # knobs in --algo's brackets: fixed ones
+    spec = sw.SweepSpec(env=args.env, algo=algo, space=[k.text for k in knobs], seeds=args.seeds,
+                        total_steps=args.total_steps, objective=args.objective, wrapper=args.wrapper, sets=sets)
+    spec.check()  # what needs no env, before Optuna's import and the envs'
+    try:
+        import optuna  # noqa: F401
+    except ImportError:
+        raise UserError("reflectrl sweep needs Optuna: pip install 'reflectrl[sweep]'") from None
     spec.validate()
     if args.vmap_trials < 1:
         raise UserError(f"--vmap-trials {args.vmap_trials}: must be >= 1 (1: one trial at a time)")
@@ -406,9 +435,11 @@ def _sweep(args) -> int:
     print(f"re-running the best knobs{' beside the tuned ppo of ' + str(baseline) if baseline else ''} "
           f"on fresh seeds {rerun.first_seed}-{rerun.seed_numbers[-1]} in {out} "
           f"(seeds 1-{spec.seeds} were the search's)")
+    from reflectrl.experiments.runner import run_experiment
+
     runs = run_experiment(out, rerun, backend=args.backend, workers=args.workers, ray_address=args.ray_address,
                           progress=not args.no_progress)
-    print(f"runs: {len(runs.finished)} trained, {len(runs.skipped)} already finished, {len(runs.failed)} failed")
+    print(runs.summary())
     for run, why in runs.failed:
         print(f"  failed: {run.path} ({why}); see {run.path.with_suffix('.log')}", file=sys.stderr)
     _print_report(out, reps=BOOTSTRAP_REPS)
@@ -454,6 +485,7 @@ def _report(args) -> int:
 
         path, claims = write_merged(args.exp_dir, args.out, reps=args.reps)
         print(f"merged report of {len(args.exp_dir)} parts: {path}")
+        print(f"report: {path.with_name('index.html')}")
         print(claims_text(claims))
         return 0
     if len(args.exp_dir) > 1:
@@ -488,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.formatwarning = _one_line_warnings
     try:
         args = build_parser().parse_args(argv)
-        if args.command in ("train", "eval", "llm"):
+        if args.command == "eval":  # (train and llm patch it as they build a trainer, after their checks)
             from reflectrl.torch_setup import optimizers_without_dynamo
 
             optimizers_without_dynamo()  # 2.5 s of start-up that only a compiler needs (torch_setup.py)

@@ -7,12 +7,22 @@ and its signals' sections. No trainer is named here: each is read from the regis
 `--set` keys: a bare name sets a knob of the run's trainer or a run knob (`num_envs=8`,
 `checkpoint_every=10000`); `env.NAME=VALUE` passes a keyword to the env's constructor;
 `TRAINER.NAME=VALUE` a knob of the run's trainer; `SECTION.NAME=VALUE` a knob of a signal's section.
+The same knobs may follow a part of the --algo in brackets, `ppo+calibration[mode=uncertainty]`
+(split_algo: one grammar for every command).
+
+A command line is read by `new_config`, which checks all that needs no env (check_config) from the
+config dataclasses and the registry alone, importing no torch, JAX or env package: a bad one is refused
+in about the time of `--help`. trainers/resolve.py then probes the env and checks the rest.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import math
+import re
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -195,6 +205,12 @@ def trainer_knobs(cfg: RunConfig):
 def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
     """Apply `--set key=value` strings to a config, in order (routing: overrides.py). Bare
     names go to the run's trainer's knobs, then to the run knobs."""
+    _apply(cfg, overrides)
+    return cfg
+
+
+def _apply(cfg: RunConfig, overrides: list[str]) -> list[tuple[Any, str]]:
+    """apply_overrides, saying what each item set (overrides.apply)."""
     types = section_types()
     sections = {name: (lambda name=name: cfg.sections.setdefault(name, types[name]())) for name in types}
     own = trainer_knobs(cfg)
@@ -207,9 +223,113 @@ def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
 
     prefixed = {name: (own if name == trainer else refuse(name))
                 for name, spec in TRAINERS.items() if spec.family == "control"}
-    overrides_mod.apply(overrides, bare=[(trainer.upper(), own, None), ("run", cfg, RUN_KNOBS)],
-                        prefixed={"env": cfg.env, **prefixed, **sections})
+    return overrides_mod.apply(overrides, bare=[(trainer.upper(), own, None), ("run", cfg, RUN_KNOBS)],
+                               prefixed={"env": cfg.env, **prefixed, **sections})
+
+
+# ------------------------------------------------------------------ an --algo's knobs in brackets
+
+def split_top_level(text: str, sep: str = ",", what: str = "--algos") -> list[str]:
+    """Split on `sep` where it is not inside brackets."""
+    parts, depth, current = [], 0, []
+    for ch in text:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                raise UserError(f"{what} '{text}': unbalanced ']'")
+        if ch == sep and depth == 0:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(ch)
+    if depth:
+        raise UserError(f"{what} '{text}': unbalanced '['")
+    parts.append("".join(current))
+    return [p.strip() for p in parts]
+
+
+def algo_knob(section: str | None, item: str, signal_first: bool, trainer: str,
+              run_knobs: tuple[str, ...] = RUN_KNOBS) -> str:
+    """A bare key in an --algo's brackets as a --set item: a knob of `section` (a signal) or a knob of
+    the trainer or the run (`run_knobs`). In a signal's own brackets (`signal_first`) its knob wins."""
+    key = item.split("=", 1)[0].strip()
+    if "." in key or section is None:
+        return item.strip()
+    own = {f.name for f in dataclasses.fields(signal_spec(section).config)}
+    general = key in {f.name for f in dataclasses.fields(TRAINERS[trainer].config_class())} or key in run_knobs
+    if (signal_first and key in own) or not general:
+        return f"{section}.{item.strip()}"
+    return item.strip()
+
+
+def split_algo(text: str, family: str = "control", run_knobs: tuple[str, ...] = RUN_KNOBS,
+               what: str = "--algo") -> tuple[str, tuple[str, ...]]:
+    """An --algo with knobs in brackets, TRAINER[key=v;...]+SIGNAL[key=v;...]... (or ALIAS[...]): the algo
+    without them, and the --set items they stand for, in order. `ppo+calibration[mode=uncertainty]` ->
+    ("ppo+calibration", ("calibration.mode=uncertainty",)). In a signal's brackets a bare key is its knob
+    where it has one, else a knob of the trainer or the run; in the trainer's, a knob of the trainer or
+    the run, else (an alias's) of its one signal: `refgrpo[alpha=0]` is calibration.alpha. One grammar
+    for every command that takes an algo: train, llm train, compare's entries, sweep, knobs."""
+    if "[" not in text and "]" not in text:
+        return text, ()
+    names, brackets = [], []
+    for part in split_top_level(text, "+", what):
+        m = re.fullmatch(r"([A-Za-z0-9_-]+)(?:\[(.*)\])?", part)
+        if not m:
+            raise UserError(f"{what} '{text}' is not ALGO[key=value;...] or TRAINER[...]+SIGNAL[...]... "
+                            "(e.g. ppo+calibration[mode=uncertainty])")
+        items = [kv.strip() for kv in (m.group(2) or "").split(";") if kv.strip()]
+        bad = next((kv for kv in items if "=" not in kv), None)
+        if bad is not None:
+            raise UserError(f"{what} '{text}': '{bad}' is not key=value")
+        names.append(m.group(1))
+        brackets.append(items)
+    algo = "+".join(names)
+    parsed = parse_algo(algo, family)  # unknown names, signals a trainer cannot run: one line
+    first = parse_algo(names[0], family)  # an alias's bare keys go to its one signal
+    section = first.signals[0] if len(first.signals) == 1 and len(names) == 1 else None
+    knobs = [algo_knob(section, kv, False, parsed.trainer, run_knobs) for kv in brackets[0]]
+    for name, items in zip(names[1:], brackets[1:]):
+        knobs += [algo_knob(name, kv, True, parsed.trainer, run_knobs) for kv in items]
+    return algo, tuple(knobs)
+
+
+# ------------------------------------------------------------------ a new run's config, before its env
+
+def new_config(*, algo: str | None = None, env_id: str | None = None, seed: int | None = None,
+               total_steps: int | None = None, wrapper: str | None = None,
+               overrides: list[str] | None = None) -> RunConfig:
+    """A new run's config from what a command line gave (None: RunConfig's default), checked as far as it
+    can be without its env (check_config). The --algo's bracket knobs apply first, then --set; a knob
+    given both ways with different values is refused. Imports no torch, JAX or env package, so a bad
+    command line is refused in about the time of `--help` (bench/refusal_time.py); the env is probed,
+    and the rest checked, by trainers/resolve.py's resolve_config."""
+    text = algo or RunConfig.algo
+    algo, from_algo = split_algo(text)
+    given = dict(env_id=env_id, seed=seed, total_steps=total_steps, wrapper=wrapper)
+    cfg = RunConfig(algo=algo, **{k: v for k, v in given.items() if v is not None})
+    overrides_mod.apply_after_algo(lambda items: _apply(cfg, items), list(from_algo), list(overrides or []), text)
+    check_config(cfg)
     return cfg
+
+
+def check_config(cfg: RunConfig) -> None:
+    """Every check of a config that needs no env: the seed, the budget, the run knobs, the signals'
+    sections (their 'auto' knobs resolved for the trainer), and what backend=jax refuses (its
+    TrainerSpec.jax_check). The trainer's knobs are checked once resolved for the env."""
+    algo = parse_algo(cfg.algo, "control")
+    check_seed(cfg.seed)
+    check_budget(cfg.total_steps, "--total-steps", "env steps")
+    _validate_run_knobs(cfg)
+    validate_sections(cfg.algo, algo, cfg.sections)
+    if cfg.backend == "jax":
+        spec = TRAINERS[algo.trainer]
+        if not spec.jax:
+            raise UserError(f"backend=jax trains --algo {' or '.join(t.name for t in TRAINERS.values() if t.jax)} "
+                            f"and its signals; {spec.name} is torch-only (use backend=gymnasium for it)")
+        spec.load("jax_check")(cfg)
 
 
 def env_settings(cfg: RunConfig) -> EnvSettings:
@@ -267,13 +387,62 @@ def _validate_run_knobs(cfg: RunConfig) -> None:
         raise UserError(f"backend='{cfg.backend}': use one of {', '.join(BACKENDS)}")
 
 
+# ------------------------------------------------------------------ a signal's knobs, checked once
+
+# A run's config check validates each signal's knob section, then its trainer builds the signals
+# from those very sections; a signal built by hand is validated when it is built. So that a
+# section is validated once either way, a validate() that passed is remembered (by the section's
+# id, with the values it passed on: a section changed since is validated again).
+_PASSED: dict[int, tuple] = {}
+
+
+def _values(config) -> tuple:
+    return copy.deepcopy(tuple(getattr(config, f.name) for f in dataclasses.fields(config)))
+
+
+def remember_valid(config) -> None:
+    """Record that `config`, as it is now, is valid (forgotten when it is garbage: ids are reused)."""
+    key = id(config)
+    if key not in _PASSED:
+        try:
+            weakref.finalize(config, _PASSED.pop, key, None)
+        except TypeError:  # no weak references to it (__slots__): not remembered, validated each time
+            return
+    _PASSED[key] = _values(config)
+
+
+def passed(config) -> bool:
+    """Whether `config`, as it is now, passed its validate()."""
+    return _PASSED.get(id(config)) == _values(config)
+
+
+def checked_once(cls: type) -> type:
+    """Class decorator of a signal's knob dataclass: a validate() that passes is remembered, and
+    `validate_once` does not run it again on the same values."""
+    check = cls.validate
+
+    @functools.wraps(check)
+    def validate(self, *args, **kwargs):
+        check(self, *args, **kwargs)
+        remember_valid(self)
+
+    cls.validate = validate
+    return cls
+
+
+def validate_once(config) -> None:
+    """`config.validate()`, unless this config passed it already with the values it has now."""
+    if not passed(config):
+        config.validate()
+
+
 def validate_sections(text: str, algo, sections: dict, run=None) -> None:
     """The knob sections of an algo's signals: none for a signal it does not run, each valid,
     and each asking only for what the trainer provides."""
     check_sections(algo, sections, text)
     for name in algo.signals:
         section = sections.setdefault(name, signal_spec(name).config())  # kept: its resolved knobs are saved
-        section.validate()
+        validate_once(section)  # (checked as the command line was read, unchanged since: not again)
         signal_spec(name).check(section, algo.trainer, text, run=run)
 
 

@@ -121,11 +121,14 @@ def sections() -> dict[str, dict]:
 
 
 def sections_for_algo(algo: str) -> list[str]:
-    """The knob sections an --algo reads: any TRAINER[+SIGNAL...] or alias (`llm:` for llm train)."""
+    """The knob sections an --algo reads: any TRAINER[+SIGNAL...] or alias (`llm:` for llm train), knobs in
+    brackets allowed (config.split_algo)."""
+    from reflectrl.config import split_algo
     from reflectrl.registry import parse_algo
 
     llm = algo.startswith("llm:")
-    parsed = parse_algo(algo.removeprefix("llm:"), "llm" if llm else "control")
+    family = "llm" if llm else "control"
+    parsed = parse_algo(split_algo(algo.removeprefix("llm:"), family)[0], family)
     if llm:
         return [parsed.trainer, *parsed.signals]
     return ["run", parsed.trainer, "env", *parsed.signals]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
+import tempfile
 from pathlib import Path
 
 from reflectrl.errors import UserError
@@ -53,10 +54,22 @@ def check_writable(path: str | os.PathLike, flag: str, *, directory: bool = Fals
         raise UserError(f"{flag} {path}: {existing} is a file, not a folder; choose another path")
     if not directory and existing != target:
         raise UserError(f"{flag} {path}: the folder {target} does not exist; create it first or choose another path")
-    if not os.access(existing, os.W_OK | os.X_OK):
+    if not os.access(existing, os.W_OK | os.X_OK) or not _can_create_in(existing):
         why = "is read-only" if _read_only(existing) else "is not writable"
         raise UserError(f"{flag} {path}: {existing} {why}; choose a writable location")
     return path
+
+
+def _can_create_in(folder: Path) -> bool:
+    """Whether a file can be made in `folder`, tried: root passes os.access everywhere, even in /proc
+    or /sys, where the write then fails after the work."""
+    try:
+        fd, name = tempfile.mkstemp(dir=folder, prefix=".reflectrl-probe-")
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(name)
+    return True
 
 
 def _read_only(path: Path) -> bool:

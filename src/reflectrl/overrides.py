@@ -5,7 +5,9 @@
   given a default value instead of an annotation, as that value's type);
 - `apply(items, bare=..., prefixed=...)` routes each item: a bare key to the first table
   of `bare` that has it, `PREFIX.NAME` to the table registered under PREFIX (a dataclass,
-  or a dict that takes any name);
+  or a dict that takes any name), and says what each set;
+- `apply_after_algo(...)`: an --algo's bracket knobs (`ppo+calibration[alpha=0.1]`, read by
+  config.split_algo), then --set; a knob given both ways with different values is refused;
 - a dataclass may rename a knob by listing `RENAMED = {"old": "new"}` as a class attribute:
   the old name keeps working, with a deprecation warning, in `--set` and in saved configs.
 """
@@ -117,8 +119,9 @@ def field_name(obj_or_cls, name: str, warn: bool = True) -> str:
     return name
 
 
-def set_field(obj: Any, key: str, name: str, raw: str, where: str) -> None:
-    """Set dataclass field `name` of `obj` from text, one line naming what is wrong otherwise."""
+def set_field(obj: Any, key: str, name: str, raw: str, where: str) -> str:
+    """Set dataclass field `name` of `obj` from text, one line naming what is wrong otherwise; returns
+    the field's (current) name."""
     name = field_name(obj, name)
     hints = typing.get_type_hints(type(obj))
     names = [f.name for f in dataclasses.fields(obj)]
@@ -130,14 +133,16 @@ def set_field(obj: Any, key: str, name: str, raw: str, where: str) -> None:
         setattr(obj, name, parse_value(key, raw, hints[name]))
     except ValueError as err:
         raise UserError(f"--set {key}={raw}: expected {err}") from None
+    return name
 
 
 def apply(items: list[str], *, bare: list[tuple[str, Any, tuple[str, ...] | None]],
-          prefixed: dict[str, Any | Callable[[], Any]], example: str = "num_envs=8") -> None:
-    """Route `KEY=VALUE` items, in order.
+          prefixed: dict[str, Any | Callable[[], Any]], example: str = "num_envs=8") -> list[tuple[Any, str]]:
+    """Route `KEY=VALUE` items, in order; returns what each set: (its dataclass or dict, the field or key).
 
     bare: (what, dataclass, names or None for all its fields), searched in order for a bare key;
     prefixed: PREFIX -> a dataclass, a dict (free-form values), or a callable making the dataclass."""
+    touched = []
     for item in items:
         key, raw = split(item, example)
         if "." in key:
@@ -149,13 +154,14 @@ def apply(items: list[str], *, bare: list[tuple[str, Any, tuple[str, ...] | None
                 target = target()
             if isinstance(target, dict):
                 target[name] = parse_free(raw)
+                touched.append((target, name))
             else:
-                set_field(target, key, name, raw, f"section '{prefix}'")
+                touched.append((target, set_field(target, key, name, raw, f"section '{prefix}'")))
             continue
         for what, obj, names in bare:
             fields = [f.name for f in dataclasses.fields(obj)] if names is None else list(names)
             if field_name(obj, key, warn=False) in fields:
-                set_field(obj, key, key, raw, what)
+                touched.append((obj, set_field(obj, key, key, raw, what)))
                 break
         else:
             known = [n for _, obj, names in bare for n in ([f.name for f in dataclasses.fields(obj)]
@@ -166,6 +172,25 @@ def apply(items: list[str], *, bare: list[tuple[str, Any, tuple[str, ...] | None
                                                               if names is None else names)
                                for what, obj, names in bare)
             raise UserError(f"unknown --set key '{key}'{hint}; {tables} (all knobs: 'reflectrl knobs')")
+    return touched
+
+
+def apply_after_algo(apply_items: Callable[[list[str]], list[tuple[Any, str]]], from_algo: list[str],
+                     sets: list[str], algo: str) -> None:
+    """Apply the knobs an --algo gives in brackets (`ppo+calibration[alpha=0.1]`), then --set's. A knob
+    both give with different values is refused: which one was meant is not clear (the same value twice
+    is no conflict). `apply_items(items)` applies items and returns what each set (as `apply` does)."""
+    by_algo = {(id(obj), name): (item, _value(obj, name)) for (obj, name), item in zip(apply_items(from_algo),
+                                                                                       from_algo)}
+    for (obj, name), item in zip(apply_items(sets), sets):
+        earlier = by_algo.get((id(obj), name))
+        if earlier is not None and _value(obj, name) != earlier[1]:
+            raise UserError(f"--algo {algo} gives {earlier[0]} and --set {item} another value of the same knob; "
+                            "give it in one place")
+
+
+def _value(obj: Any, name: str) -> Any:
+    return obj.get(name) if isinstance(obj, dict) else getattr(obj, name)
 
 
 def from_dict(cls, values: dict, what: str = "config"):

@@ -3,16 +3,19 @@
 signals, the CLI's help, `compare`'s entries, `reflectrl knobs`, the README's table) reads
 it; nothing else keeps a list of them.
 
-A signal registers itself at the bottom of its own module with `register_signal(SignalSpec(...))`;
-every module of the `reflectrl.signals` package is imported on the first look-up, so a new
-signal is one new file there (or, outside this package, a module named by an entry point in
-the group `reflectrl.signals`). Trainers are listed in `TRAINERS` below: a new trainer is its
-package plus one entry.
+A signal registers itself in its spec module, reflectrl/signals/specs/NAME.py (its knobs and
+`register_signal(SignalSpec(...))`, importing no torch, so that checking a command line needs
+none), beside its Signal in reflectrl/signals/NAME.py; every module of `reflectrl.signals.specs`
+is imported on the first look-up, so a new signal is those two files (or, outside this package,
+a module named by an entry point in the group `reflectrl.signals`). Trainers are listed in
+`TRAINERS` below: a new trainer is its package plus one entry.
 
 `--algo` is TRAINER[+SIGNAL...]: `ppo`, `ppo+gear`, `ppo+calibration+gear`, `grpo+gear`.
 Signals apply in the order written (see signals/base.py for how their outputs combine).
 The names the project started with stay as aliases: `refgrpo` = `ppo+calibration` (under
 `llm train`: `grpo+calibration`), `sdrs` = `ppo+shaping`, `gear` = `ppo+gear` (`grpo+gear`).
+Any part may carry knobs in brackets, `ppo+calibration[mode=uncertainty]`: config.split_algo reads
+them, for every command that takes an algo.
 """
 
 from __future__ import annotations
@@ -61,7 +64,8 @@ def wants_text(wants) -> str:
 class SignalSpec:
     name: str                          # its name in --algo (ppo+NAME) and its --set section (NAME.KNOB)
     config: type                       # the knob dataclass: every default lives there
-    factory: Callable                  # factory(config) -> Signal
+    factory: Callable | str            # factory(config) -> Signal, or "module:attribute" naming it (imported
+                                       # when a run builds the signal: checking its knobs imports no torch)
     step_kinds: tuple[str, ...]        # the step kinds it can work on, in order of preference
     summary: str                       # one line: what it does
     wants: frozenset | Callable = frozenset()  # what it needs from the trainer (WANTS), or config -> that set
@@ -75,6 +79,10 @@ class SignalSpec:
     refusals: dict = field(default_factory=dict)  # {step kind it cannot work on: why} (said when refused)
     task_options: dict = field(default_factory=dict)  # what it needs of an LLM task, e.g. {"reflect": "verdict"}
     resolve: Callable | None = None    # resolve(config, provides): set its 'auto' knobs to what the trainer gives
+
+    def __post_init__(self):
+        if isinstance(self.factory, str):
+            object.__setattr__(self, "factory", _imported(self.factory))
 
     def __hash__(self):
         return hash(self.name)
@@ -99,6 +107,17 @@ class SignalSpec:
             self.run_check(config, run)
 
 
+def _imported(target: str) -> Callable:
+    """A function named as "module:attribute", imported on its first call."""
+    module, _, attr = target.partition(":")
+
+    def call(*args, **kwargs):
+        return getattr(importlib.import_module(module), attr)(*args, **kwargs)
+
+    call.target = target  # what it stands for (two registrations of one signal name the same target)
+    return call
+
+
 @dataclass(frozen=True)
 class TrainerSpec:
     """A trainer: what it gives signals, and where its parts are. The parts are named as
@@ -112,6 +131,8 @@ class TrainerSpec:
     load_policy   load_policy(cfg, state) -> a policy with act(obs, generator) and deterministic_action(obs)
                   that `reflectrl eval` steps ("" where eval does not take its runs: `no_eval` says why)
     jax           resolve(cfg) -> cfg of the trainer's JAX version (--set backend=jax; reflectrl/jaxrl)
+    jax_check     check(cfg): what its JAX version refuses that needs no env (a torch-only knob), made as the
+                  command line is read, before torch, JAX or an env package is imported
     """
 
     name: str
@@ -127,6 +148,7 @@ class TrainerSpec:
     multiagent: bool = False           # trains multi-agent (PettingZoo) envs
     runs_signals: bool = True          # False: --algo takes the trainer alone (no +SIGNAL yet)
     jax: str = ""                      # backend=jax: the resolve of its compiled version ("": torch only)
+    jax_check: str = ""                # backend=jax: its refusals that need no env
 
     def load(self, part: str):
         """One of its parts (config, resolve, entry, load_policy), imported."""
@@ -183,7 +205,7 @@ def register_signal(spec: SignalSpec) -> SignalSpec:
     if bad:
         raise ValueError(f"signal '{spec.name}' declares unknown step kinds or wants: {bad}")
     old = _SIGNALS.get(spec.name)
-    if old is not None and old.factory is not spec.factory:
+    if old is not None and getattr(old.factory, "target", old.factory) != getattr(spec.factory, "target", spec.factory):
         raise ValueError(f"two signals are named '{spec.name}'")
     _SIGNALS[spec.name] = spec
     _parse_cached.cache_clear()
@@ -195,10 +217,11 @@ def _load() -> None:
     if _loaded:
         return
     _loaded = True
-    # found by name, as an entry point is: the signals sit above the registry and import it
-    package = importlib.import_module("reflectrl.signals")
+    # found by name, as an entry point is: the signals sit above the registry and import it. Their
+    # specs (knobs and registration) import no torch: their Signals are imported when a run builds them
+    package = importlib.import_module("reflectrl.signals.specs")
     for info in pkgutil.iter_modules(package.__path__):
-        if info.name not in ("base", "fit", "compose", "cost_critic", "world_model") and not info.name.startswith("_"):
+        if not info.name.startswith("_"):
             importlib.import_module(f"{package.__name__}.{info.name}")
     try:
         from importlib.metadata import entry_points
@@ -376,7 +399,8 @@ for _spec in (
                 frozenset({"features", "feature_grad", "next_obs", "state_keys", "value_stream", "costs", "policy"}),
                 "PPO on Gymnasium envs (CleanRL's details)", entry=_T + "ppo.trainer:PPOTrainer",
                 config=_T + "ppo.config:PPOConfig", resolve=_T + "ppo.resolve:resolve",
-                load_policy=_T + "ppo.resolve:load_policy", jax="reflectrl.jaxrl.resolve:resolve"),
+                load_policy=_T + "ppo.resolve:load_policy", jax="reflectrl.jaxrl.resolve:resolve",
+                jax_check="reflectrl.jaxrl.resolve:check"),
     TrainerSpec("dqn", "control", ("transition",), frozenset({"features", "next_obs"}),
                 "DQN on Gymnasium envs with discrete actions (CleanRL's dqn.py / dqn_atari.py)",
                 entry=_T + "replay.dqn:DQNTrainer", config=_T + "replay.config:DQNConfig",

@@ -50,8 +50,8 @@ from pathlib import Path
 
 import numpy as np
 
+from reflectrl.config import new_config, split_algo
 from reflectrl.errors import UserError
-from reflectrl.experiments.runner import validate_runs
 from reflectrl.experiments.spec import ExperimentSpec, parse_algos
 from reflectrl.registry import DEFAULT_TRAINER, parse_algo, signals
 from reflectrl.runs.jsonfile import read_json_object
@@ -207,7 +207,15 @@ class SweepSpec:
 
     def validate(self) -> None:
         """Every check that needs no directory: the algo, the env, --set, and each knob at the
-        ends of its range (each choice), one line naming the --space item that fails."""
+        ends of its range (each choice), one line naming the --space item that fails; what needs
+        no env first (check), then each run resolved for its env."""
+        self._validate(with_env=True)
+
+    def check(self) -> None:
+        """The checks of validate() that need no env: no torch, JAX or env package is imported."""
+        self._validate(with_env=False)
+
+    def _validate(self, with_env: bool) -> None:
         if "," in self.env:
             raise UserError(f"--env {self.env}: a sweep tunes on one env; run one sweep per env")
         if "[" in self.algo or len(parse_algos(self.algo)) != 1:
@@ -217,11 +225,11 @@ class SweepSpec:
         fixed = {item.partition("=")[0].strip() for item in self.sets}
         both = [k.key for k in knobs if k.key in fixed]
         if both:
-            raise UserError(f"{', '.join(both)} is both in --set and in the search space; keep it in one")
+            raise UserError(f"{', '.join(both)} is both in --set and in the search space; keep it in one (knobs in "
+                            "the --algo's brackets are fixed, as --set's)")
         base = ExperimentSpec(envs=[self.env], algos=[self.algo], seeds=self.seeds, total_steps=self.total_steps,
                               wrapper=self.wrapper, sets=list(self.sets))
         base.validate()
-        validate_runs(base, Path("."))
         runs_signals = parse_algo(self.algo).signals
         for knob in knobs:
             section = knob.key.partition(".")[0]
@@ -229,14 +237,34 @@ class SweepSpec:
                 raise UserError(f"--space {knob.text}: --algo {self.algo} does not run the '{section}' signal; "
                                 f"tune {section}.* knobs on an algo that does (e.g. ppo+{section})")
         first = {k.key: k.extremes()[0] for k in knobs}
-        for knob in knobs:
-            for value in knob.extremes():
-                trial = self.experiment({**first, knob.key: value})
-                try:
-                    trial.validate()
-                    validate_runs(trial, Path("."))
-                except UserError as err:
-                    raise UserError(f"--space {knob.text}: {err}") from None
+        trials = [(knob, self.experiment({**first, knob.key: value})) for knob in knobs for value in knob.extremes()]
+        # what needs no env first, for every trial (no torch imported yet: a bad knob is refused at once) ...
+        for knob, trial in trials:
+            try:
+                trial.validate()
+            except UserError as err:
+                raise UserError(f"--space {knob.text}: {err}") from None
+        if not with_env:
+            return
+        from reflectrl.experiments.runner import validate_runs
+
+        validate_runs(base, Path("."))  # ... then each run resolved for its env
+        for knob, trial in trials:
+            try:
+                validate_runs(trial, Path("."))
+            except UserError as err:
+                raise UserError(f"--space {knob.text}: {err}") from None
+
+
+def fixed_knobs(algo: str, sets: list[str]) -> tuple[str, list[str]]:
+    """A sweep's --algo and --set as its algo and fixed knobs: the knobs in the --algo's brackets are fixed
+    knobs, as --set's, and come first (config.split_algo); one given both ways with different values is
+    refused, as `train` refuses it."""
+    bare, from_algo = split_algo(algo)
+    if from_algo:
+        routed = ExperimentSpec(envs=["-"], algos=[bare], seeds=1, total_steps=1, sets=sets).runs(Path("."))[0]
+        new_config(algo=algo, overrides=list(routed.overrides))
+    return bare, [*from_algo, *sets]
 
 
 def load_or_create_sweep(root: Path, sweep: SweepSpec) -> bool:
@@ -445,6 +473,8 @@ def _start_trial(study, trial, root: Path, sweep: SweepSpec, done: int, budget: 
     """(spec, its directory, its runs, the trial's line head); runs None, after telling Optuna the trial
     failed, where its knobs make a run that cannot start (the head then the whole line)."""
     import optuna
+
+    from reflectrl.experiments.runner import validate_runs
 
     knobs = sweep.knobs()
     params = {k.key: k.suggest(trial) for k in knobs}

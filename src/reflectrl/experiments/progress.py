@@ -12,14 +12,14 @@ from reflectrl.experiments.state import ExperimentResult
 
 class Progress:
     def __init__(self, spec: ExperimentSpec, runs: list[RunSpec], result: ExperimentResult, enabled: bool):
-        from tqdm import tqdm
+        from reflectrl.runs.progress import progress_bar
 
         self.total_runs = len(runs)
         self.cap = spec.total_steps  # runs end on a whole batch, a little past it
         self.result = result
         self.steps: dict[Path, int] = {r.path: (spec.total_steps if r in result.skipped else 0) for r in runs}
-        self.bar = tqdm(total=spec.total_steps * len(runs), initial=sum(self.steps.values()), unit="step",
-                        unit_scale=True, disable=not enabled, dynamic_ncols=True, smoothing=0.05, mininterval=1.0)
+        self.bar = progress_bar(spec.total_steps * len(runs), "env steps", initial=sum(self.steps.values()),
+                                enabled=enabled, smoothing=0.05, mininterval=1.0)
         self.set_running(0)
 
     def set_step(self, path: Path, step: int) -> None:

@@ -43,6 +43,9 @@ def validate_runs(spec: ExperimentSpec, root: Path) -> list[RunSpec]:
         if key not in seen:
             seen.add(key)
             run.config()
+    from reflectrl.envs import check_new_processes_can_make
+
+    check_new_processes_can_make(spec.envs)  # each run is a new process: an id registered only here is refused now
     return runs
 
 

@@ -6,7 +6,8 @@ optional overrides in brackets, which is how ablations are written: `refgrpo[alp
 separates overrides). Brackets after a signal hold that signal's knobs (a bare key is its
 knob when it has one, else a PPO or run knob); brackets after the trainer or an alias hold
 PPO or run knobs, or knobs of the alias's one signal (`alpha` -> `calibration.alpha` for
-refgrpo). The entry's label (its text) names it in every table and plot.
+refgrpo). That is the grammar of every --algo (config.split_algo). The entry's label (its text)
+names it in every table and plot.
 
 `--set KEY=VALUE` applies to every run; `--set ALGO.KEY=VALUE` (ALGO an algo in the list,
 e.g. `refgrpo.alpha=0.1`, `ppo.ent_coef=0`) applies to that algo's entries only, and
@@ -24,9 +25,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from reflectrl.config import RUN_KNOBS
+from reflectrl.config import algo_knob, split_algo, split_top_level
 from reflectrl.errors import UserError
-from reflectrl.registry import DEFAULT_TRAINER, TRAINERS, aliases, parse_algo, signal_spec, signals
+from reflectrl.registry import aliases, parse_algo, signals
 from reflectrl.runs.jsonfile import read_json_object
 
 
@@ -58,10 +59,17 @@ class RunSpec:
 
     def config(self):
         """The resolved, validated RunConfig of this run (built directly, no command line)."""
-        from reflectrl.trainers.resolve import new_run_config
+        from reflectrl.trainers.resolve import resolve_config
 
-        return new_run_config(algo=self.entry.algo, env_id=self.env_id, seed=self.seed,
-                              total_steps=self.total_steps, wrapper=self.wrapper, overrides=list(self.overrides))
+        return resolve_config(self.given_config())
+
+    def given_config(self):
+        """Its config checked as far as it can be without its env (config.new_config: no torch, JAX or env
+        package imported)."""
+        from reflectrl.config import new_config
+
+        return new_config(algo=self.entry.algo, env_id=self.env_id, seed=self.seed, total_steps=self.total_steps,
+                          wrapper=self.wrapper, overrides=list(self.overrides))
 
     @property
     def argv(self) -> tuple[str, ...]:
@@ -75,83 +83,20 @@ class RunSpec:
         return tuple(argv)
 
 
-def _trainer_knobs(trainer: str) -> set[str]:
-    """The bare knob names of a trainer: its config's fields."""
-    return {f.name for f in dataclasses.fields(TRAINERS[trainer].config_class())}
-
-
-def _knob_of(section: str | None, item: str, signal_first: bool, trainer: str = DEFAULT_TRAINER["control"]) -> str:
-    """A bare key in brackets: a knob of `section` (a signal) or a knob of the trainer / the run."""
-    key = item.split("=", 1)[0].strip()
-    if "." in key or section is None:
-        return item.strip()
-    own = {f.name for f in dataclasses.fields(signal_spec(section).config)}
-    general = key in _trainer_knobs(trainer) or key in RUN_KNOBS
-    if (signal_first and key in own) or not general:
-        return f"{section}.{item.strip()}"
-    return item.strip()
-
-
-def _split_top_level(text: str, sep: str = ",", what: str = "--algos") -> list[str]:
-    """Split on `sep` where it is not inside brackets."""
-    parts, depth, current = [], 0, []
-    for ch in text:
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-            if depth < 0:
-                raise UserError(f"{what} '{text}': unbalanced ']'")
-        if ch == sep and depth == 0:
-            parts.append("".join(current))
-            current = []
-        else:
-            current.append(ch)
-    if depth:
-        raise UserError(f"{what} '{text}': unbalanced '['")
-    parts.append("".join(current))
-    return [p.strip() for p in parts]
-
-
-def _bracket_items(item: str, part: str, inner: str | None) -> list[str]:
-    out = []
-    for kv in (inner or "").split(";"):
-        kv = kv.strip()
-        if not kv:
-            continue
-        if "=" not in kv:
-            raise UserError(f"--algos entry '{item}': '{kv}' is not key=value")
-        out.append(kv)
-    return out
-
-
 def parse_entry(item: str) -> AlgoEntry:
-    """One --algos entry: `refgrpo[alpha=0]`, `ppo+calibration[alpha=0.01]+gear[temperature=4]`."""
-    names, overrides = [], []
-    parts = _split_top_level(item, "+", "--algos entry")
-    for i, part in enumerate(parts):
-        m = re.fullmatch(r"([A-Za-z0-9_-]+)(?:\[(.*)\])?", part)
-        if not m:
-            raise UserError(f"--algos entry '{item}' is not ALGO[key=value;...] or TRAINER[...]+SIGNAL[...]...")
-        names.append(m.group(1))
-        items = _bracket_items(item, part, m.group(2))
-        if i == 0:
-            if m.group(1) not in aliases("control"):
-                raise UserError(f"unknown algo '{m.group(1)}' in --algos entry '{item}'; an entry starts with one "
-                                f"of: {', '.join(aliases('control'))}")
-            algo = parse_algo(m.group(1))  # an alias's bare keys go to its one signal
-            section = algo.signals[0] if len(algo.signals) == 1 and len(parts) == 1 else None
-            trainer = algo.trainer
-            overrides += [_knob_of(section, kv, signal_first=False, trainer=trainer) for kv in items]
-        else:
-            overrides += [_knob_of(m.group(1), kv, signal_first=True, trainer=trainer) for kv in items]
-    algo = "+".join(names)
+    """One --algos entry: `refgrpo[alpha=0]`, `ppo+calibration[alpha=0.01]+gear[temperature=4]` (the
+    grammar of every --algo: config.split_algo)."""
+    first = re.match(r"\s*([A-Za-z0-9_-]*)", item).group(1)
+    if first not in aliases("control"):
+        raise UserError(f"unknown algo '{first}' in --algos entry '{item}'; an entry starts with one "
+                        f"of: {', '.join(aliases('control'))}")
+    algo, overrides = split_algo(item, what="--algos entry")
     parse_algo(algo)  # unknown names, signals a trainer cannot run: one line, before anything starts
-    return AlgoEntry(label=item, algo=algo, overrides=tuple(overrides))
+    return AlgoEntry(label=item, algo=algo.replace(" ", ""), overrides=overrides)
 
 
 def parse_algos(text: str) -> list[AlgoEntry]:
-    entries = [parse_entry(item) for item in _split_top_level(text) if item]
+    entries = [parse_entry(item) for item in split_top_level(text) if item]
     if not entries:
         raise UserError("--algos is empty; give e.g. --algos ppo,refgrpo")
     labels = [e.label for e in entries]
@@ -209,6 +154,9 @@ class ExperimentSpec:
         dupes = sorted({e for e in self.envs if self.envs.count(e) > 1})
         if dupes:
             raise UserError(f"--env lists {', '.join(dupes)} more than once")
+        if len({_slug(e) for e in self.envs}) != len(self.envs):  # reflectrl/GridWorld-v0, reflectrl:GridWorld-v0
+            raise UserError(f"--env {','.join(self.envs)}: two of these name one env (their runs would share a "
+                            "directory); keep one")
         if self.seeds < 1:
             raise UserError(f"--seeds {self.seeds}: must be >= 1")
         if self.first_seed < 1:
@@ -228,6 +176,11 @@ class ExperimentSpec:
         slugs = [(_slug(e.label)) for e in entries]
         if len(set(slugs)) != len(slugs):
             raise UserError("--algos has entries whose names differ only in punctuation; rename one")
+        checked = set()
+        for run in self.runs(Path(".")):  # each entry's knobs, before any env (or torch, or JAX) is imported
+            if run.entry.label not in checked:
+                checked.add(run.entry.label)
+                run.given_config()
 
     def runs(self, root: Path) -> list[RunSpec]:
         out = []
@@ -243,7 +196,7 @@ class ExperimentSpec:
                     elif target[0] == "algo" and target[1] in (entry.algo, entry.canonical):
                         algo = parse_algo(target[1])
                         section = algo.signals[0] if len(algo.signals) == 1 else None
-                        sets.append(_knob_of(section, target[2], signal_first=False))
+                        sets.append(algo_knob(section, target[2], False, algo.trainer))
                 sets += list(entry.overrides)  # the entry's own overrides win
                 for seed in self.seed_numbers:
                     path = root / "runs" / _slug(env_id) / _slug(entry.label) / f"seed{seed}"

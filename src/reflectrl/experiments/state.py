@@ -23,10 +23,20 @@ from reflectrl.runs.rundir import make_dir
 
 @dataclass
 class ExperimentResult:
-    finished: list[RunSpec] = field(default_factory=list)
-    skipped: list[RunSpec] = field(default_factory=list)
+    finished: list[RunSpec] = field(default_factory=list)  # trained to their end by this call
+    skipped: list[RunSpec] = field(default_factory=list)   # finished before it
     failed: list[tuple[RunSpec, str]] = field(default_factory=list)
     added: list[str] = field(default_factory=list)  # what this call added to an existing experiment
+    resumed: list[RunSpec] = field(default_factory=list)  # the runs this call continued from a checkpoint
+
+    def summary(self) -> str:
+        """The line a `compare` ends with: how many runs it trained (from the start or on from an interrupted
+        run's checkpoint), how many had finished before, how many failed; then, when any were, how many of
+        the trained were resumed. The first part keeps its old form, which users' scripts read."""
+        resumed = sum(1 for run in self.finished if run in self.resumed)
+        line = (f"runs: {len(self.finished)} trained, {len(self.skipped)} already finished, "
+                f"{len(self.failed)} failed")
+        return line + (f" ({resumed} of the trained resumed from a checkpoint)" if resumed else "")
 
 
 def run_state(run: RunSpec) -> str:
@@ -50,6 +60,8 @@ def runs_to_train(runs: list[RunSpec], result: ExperimentResult) -> list[tuple[R
             continue
         if state == "fresh" and run.path.exists():
             shutil.rmtree(run.path)
+        if state == "resume":
+            result.resumed.append(run)
         todo.append((run, state))
     return todo
 

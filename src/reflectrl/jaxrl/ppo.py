@@ -36,8 +36,12 @@ from reflectrl.jaxrl import nets
 from reflectrl.jaxrl.envs import vector_step
 from reflectrl.jaxrl.gae import gae
 from reflectrl.jaxrl.signals.base import Batch, Context, Output, SeedKnobs
+from reflectrl.runs.progress import RECENT_EPISODES
 
 WINDOW = 10  # iterations in the visitation-entropy window (trainers/exploration_metrics.py)
+# A row's returns of the last episodes that ended in its iteration (oldest first, NaN where fewer ended): not a
+# logged metric, but what the end-of-run summary's "mean return of the last N episodes" is made of, as on torch
+ENDED_RETURNS = "ended_returns"
 # PPO's knobs that may differ between the seeds of one program (a sweep's trials, `sweep --vmap-trials`):
 # read from each seed's state["hyper"] (traced) where they differ, from PPOConfig (constants) where they do not.
 # A signal's own (as "SIGNAL.KNOB"): its class's vector_knobs, read through Signal.seed_cfg.
@@ -525,6 +529,7 @@ def iteration(setup: Setup, state: dict, it=None):
                                      jnp.nan),
         "episodic_length": jnp.where(episodes > 0, (traj["episode_length"] * done).sum() / jnp.maximum(episodes, 1),
                                      jnp.nan),
+        ENDED_RETURNS: last_ended(done, traj["episode_return"], RECENT_EPISODES),
         **metrics, **explore, **sig_metrics,
     }
     new_ever = state["achieved_ever"]
@@ -539,6 +544,15 @@ def iteration(setup: Setup, state: dict, it=None):
     state = {**state, "signals": states, "iteration": state["iteration"] + 1,
              "global_step": step_before + setup.T * setup.N, "achieved_ever": new_ever}
     return state, row
+
+
+def last_ended(done: jax.Array, returns: jax.Array, count: int) -> jax.Array:
+    """The returns of the last `count` episodes that ended in a rollout ((T, N) arrays), oldest first; NaN
+    where fewer ended."""
+    done, returns = done.reshape(-1), returns.reshape(-1)  # time-major: a later step comes later
+    order = jnp.where(done, jnp.arange(done.size), -1)
+    latest, at = jax.lax.top_k(order, min(count, done.size))  # the latest first
+    return jnp.where(latest >= 0, returns[at], jnp.nan)[::-1]
 
 
 def make_program(setup: Setup, chunk: int, total: int | None = None):

@@ -25,8 +25,9 @@ import numpy as np
 
 from reflectrl.config import RunConfig, trainer_knobs
 from reflectrl.errors import NonFiniteError, UserError
+from reflectrl.runs.progress import RECENT_EPISODES, progress_bar, recent_return_text
 from reflectrl.runs.rundir import MetricsLogger, RunDir
-from reflectrl.runs.session import Terminated, stop_requested
+from reflectrl.runs.session import stop_requested, stopped
 
 CHECKPOINT_FORMAT = "reflectrl-jax-ppo-1"
 CHUNK_STEPS = 32_768  # env steps per seed per call of the program (at most; at least one iteration)
@@ -173,7 +174,7 @@ class JaxGroup:
         hyper = {k: jnp.asarray([knob_value(c, k) for c in cfgs], jnp.float32) for k in varying}
         self.states = ppo.make_init(self.setup)(jnp.stack([ppo.seed_key(c.seed) for c in cfgs]), hyper)
         self.iteration = 0
-        self.recent = [deque(maxlen=100) for _ in cfgs]
+        self.recent = [deque(maxlen=RECENT_EPISODES) for _ in cfgs]  # the returns of each seed's last episodes
         self.failed: dict[int, str] = {}
         self.loggers: list[MetricsLogger | None] = [None] * len(cfgs)
         self._program = None
@@ -222,7 +223,7 @@ class JaxGroup:
             restored["hyper"] = self.states["hyper"]  # the runs' knobs, from their configs
         self.states = restored
         self.iteration = int(states[0]["iteration"])
-        self.recent = [deque(s.get("recent_returns", []), maxlen=100) for s in states]
+        self.recent = [deque(s.get("recent_returns", []), maxlen=RECENT_EPISODES) for s in states]
 
     def params_sha256(self, i: int) -> str:
         """A hash of seed i's policy parameters, in path order (trainers/policies.params_sha256's role)."""
@@ -307,15 +308,12 @@ class JaxGroup:
         self.loggers = [None] * len(self.cfgs)
 
     def train(self, progress: bool = True, on_failed=None) -> None:
-        from tqdm import tqdm
-
         fresh = self.iteration == 0
         self.open_loggers()
         if fresh:
             self.save_checkpoints()  # a good checkpoint before the first update
         total = self.num_iterations * self.batch_size
-        bar = tqdm(total=total, initial=self.global_step, unit="step", unit_scale=True, disable=not progress,
-                   dynamic_ncols=True, mininterval=0.5)
+        bar = progress_bar(total, "env steps", initial=self.global_step, enabled=progress, smoothing=0.3)
         program = self.program()
         try:
             while self.iteration < self.num_iterations:
@@ -323,6 +321,7 @@ class JaxGroup:
                 start = time.perf_counter()
                 states, rows = program(self.states, self.iteration)
                 rows = {k: np.swapaxes(np.asarray(v), 0, 1) for k, v in rows.items()}  # (S, chunk)
+                ended = rows.pop(self._ppo.ENDED_RETURNS)  # (S, chunk, RECENT_EPISODES): not a metric
                 self._jax.block_until_ready(states)
                 seconds = time.perf_counter() - start
                 if self.iteration == 0 or self.compile_seconds == 0.0:
@@ -333,7 +332,7 @@ class JaxGroup:
                 for i, seed_rows in enumerate(host_rows):
                     if i in self.failed:
                         continue
-                    for row in seed_rows:
+                    for j, row in enumerate(seed_rows):
                         loss = row.get("loss")
                         if loss is None:
                             self.failed[i] = str(NonFiniteError("loss", row["global_step"]))
@@ -342,19 +341,20 @@ class JaxGroup:
                             break
                         if self.loggers[i] is not None:
                             self.loggers[i].log(row)
-                        if row["episodic_return"] is not None and row["episodes"]:
-                            self.recent[i].append(row["episodic_return"])
+                        self.recent[i].extend(float(r) for r in ended[i, j] if np.isfinite(r))
                 self.iteration += count
                 self.record_snapshots(before // self.batch_size)
                 bar.update(self.global_step - before)
                 done = self.iteration >= self.num_iterations
-                if done or self.global_step // self.cfg.checkpoint_every > before // self.cfg.checkpoint_every:
+                saved = done or self.global_step // self.cfg.checkpoint_every > before // self.cfg.checkpoint_every
+                if saved:
                     self.save_checkpoints()
                 if len(self.failed) == len(self.cfgs):
                     break
                 if stop_requested() and not done:
-                    self.save_checkpoints()
-                    raise Terminated
+                    if not saved:
+                        self.save_checkpoints()  # between chunks the state is whole: nothing is lost
+                    raise stopped()
         finally:
             bar.close()
             self.close()
@@ -362,6 +362,8 @@ class JaxGroup:
 
 class JaxTrainer:
     """One run of backend=jax behind the interface `reflectrl train` drives (runs/session.py)."""
+
+    unit = "env steps"  # what global_step counts (the closing line of an interrupted run)
 
     def __init__(self, cfg: RunConfig, run: RunDir | None):
         self.cfg, self.run = cfg, run
@@ -400,11 +402,8 @@ def finish_run(group: JaxGroup, i: int, run: RunDir) -> None:
     cfg = group.cfgs[i]
     run.set_status("finished", global_step=group.global_step, params_sha256=group.params_sha256(i))
     finish_signals(cfg.algo, "control", run.path)
-    recent = list(group.recent[i])
-    outcome = (f"mean return of the last {len(recent)} iterations' episodes {np.mean(recent):.4g}"
-               if recent else "no episode ended in training")
     print(f"finished {cfg.algo} on {cfg.env_id} (backend=jax, seed {cfg.seed}): {group.global_step} steps, "
-          f"{outcome}; run: {run.path}")
+          f"{recent_return_text(group.recent[i])}; run: {run.path}")
 
 
 def settle_checkpoints(runs: list[RunDir], states: list[dict | None]) -> list[dict]:
@@ -422,7 +421,7 @@ def settle_checkpoints(runs: list[RunDir], states: list[dict | None]) -> list[di
     for run, state, next_state in zip(runs, states, staged, strict=True):
         behind = state is None or state.get("iteration") != latest
         if behind and next_state is not None and next_state.get("iteration") == latest:
-            run.commit_checkpoint()
+            run.commit_checkpoint(next_state["global_step"])
             state = next_state
         else:
             run.discard_staged_checkpoint()
@@ -475,7 +474,7 @@ def train_group(items: list[tuple[str, RunConfig | None, list[str]]], progress: 
             for n, part in enumerate(parts):
                 try:
                     if n and stop_requested():
-                        raise Terminated
+                        raise stopped()
                     failed |= _train_one_group([cfgs[i] for i in part], [runs[i] for i in part],
                                                [states[i] for i in part] if states else [], progress)
                 except BaseException as err:
@@ -507,7 +506,9 @@ def _train_one_group(cfgs: list[RunConfig], runs: list[RunDir], states: list[dic
     except KeyboardInterrupt:
         for i, run in enumerate(runs):
             if group is None or i not in group.failed:
-                step = group.global_step if group is not None else (states[i]["global_step"] if states else 0)
+                # the step it resumes from: its checkpoint's (written where a graceful stop stopped)
+                step = run.checkpoint_step if run.checkpoint_step is not None else (
+                    states[i]["global_step"] if states else 0)
                 run.set_status("interrupted", global_step=step)
         raise
     except Exception as err:  # a crash says so in every run's status; each resumes from its checkpoint

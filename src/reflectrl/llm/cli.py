@@ -13,7 +13,6 @@ imported only when a command runs.
 from __future__ import annotations
 
 import argparse
-import json
 
 from reflectrl.errors import UserError
 
@@ -74,7 +73,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                                          "grpo+calibration (turn calibration bonus), grpo+verdict (stated "
                                          "verdict bonus), grpo+confidence (scored stated confidence)")
     train.add_argument("--algo", default=None, help=LazyHelp(
-        "TRAINER[+SIGNAL...]", lambda: f"TRAINER[+SIGNAL...]: {', '.join(algo_names('llm'))} (default {d.algo}). "
+        "TRAINER[+SIGNAL...]", lambda: f"TRAINER[+SIGNAL...]: {', '.join(algo_names('llm'))} (default {d.algo}); "
+        "knobs may follow a part in brackets: grpo+gear[top_frac=0.5]. "
         "The papers' methods: grpo+verdict (RefGRPO's verbal verdict), grpo+divergence (GEAR's segments), "
         "grpo+confidence (RLCR); the seeds' forms: refgrpo = grpo+calibration (seed 000's calibration bonus, "
         "not the RefGRPO paper's method), gear = grpo+gear (seed 003's value head)"))
@@ -175,6 +175,9 @@ def _sft(args) -> int:
 
     device = args.device or LLMRunConfig.device  # the same default as llm train's
     check_device(device)
+    from reflectrl.torch_setup import optimizers_without_dynamo
+
+    optimizers_without_dynamo()  # 2.5 s of start-up that only a compiler needs (torch_setup.py)
     args.device = str(resolve_device(device, "fp32")[0])
     result = sft(model, tokenizer, task, steps=args.steps, out=args.out, progress=not args.no_progress,
                  **_given(batch_size=args.batch_size, learning_rate=args.lr, seed=args.seed,
@@ -186,13 +189,10 @@ def _sft(args) -> int:
 
 def _config(args):
     from reflectrl.llm.tasks import make_task
-    from reflectrl.trainers.grpo.config import LLMRunConfig, apply_llm_overrides, validate_llm
+    from reflectrl.trainers.grpo.config import new_llm_config
 
-    given = dict(algo=args.algo, task=args.task, model=args.model, steps=args.steps, seed=args.seed,
-                 device=args.device)
-    cfg = LLMRunConfig(**{k: v for k, v in given.items() if v is not None})
-    apply_llm_overrides(cfg, [item for group in (args.set or []) for item in group])
-    validate_llm(cfg)
+    cfg = new_llm_config(algo=args.algo, task=args.task, model=args.model, steps=args.steps, seed=args.seed,
+                         device=args.device, sets=[item for group in (args.set or []) for item in group])
     make_task(cfg.task)  # a bad task spec fails here, before a run directory exists
     return cfg
 
@@ -200,17 +200,20 @@ def _config(args):
 def _trainer(cfg, model, tokenizer, run):
     """The LLM trainer --algo names (the registry's), built for a resolved config."""
     from reflectrl.registry import parse_algo, trainer_class
+    from reflectrl.torch_setup import optimizers_without_dynamo
+
+    optimizers_without_dynamo()  # 2.5 s of start-up that only a compiler needs (torch_setup.py)
 
     return trainer_class(parse_algo(cfg.algo, "llm").trainer)(cfg, model, tokenizer, run)
 
 
 def _train_new(args) -> int:
-    from reflectrl.llm.model import load_model
-    from reflectrl.runs.session import train_new_run
-
     if args.out is None:
         raise UserError("llm train needs --out DIR (a new run directory), or --resume DIR to continue a run")
     cfg = _config(args)
+    from reflectrl.llm.model import load_model  # (after the checks: these import torch)
+    from reflectrl.runs.session import train_new_run
+
     model, tokenizer = load_model(cfg.model)
     return train_new_run(args.out, cfg.to_dict(), lambda run: _trainer(cfg, model, tokenizer, run), _finish,
                          progress=not args.no_progress, resume_command="reflectrl llm train")
@@ -245,7 +248,9 @@ def _finish(trainer, run) -> None:
         from reflectrl.runs.rundir import atomic_write_bytes
 
         metrics = calibration_metrics(*trainer.last_eval)
-        atomic_write_bytes(run.path / "calibration.json", (json.dumps(metrics, indent=1) + "\n").encode())
+        from reflectrl.runs.jsonfile import dumps
+
+        atomic_write_bytes(run.path / "calibration.json", (dumps(metrics, indent=1) + "\n").encode())
         plot_reliability(*trainer.last_eval, run.path / "reliability.png",
                          title=f"{trainer.cfg.algo} on {trainer.cfg.task}")
     from reflectrl.trainers.policies import params_sha256
@@ -295,7 +300,9 @@ def _eval(args) -> int:
                             "(or verdict, both) to the task")
         result["reliability_png"] = str(plot_reliability(correct, finals, args.reliability, title=args.task))
     if args.json:
-        print(json.dumps(result))
+        from reflectrl.runs.jsonfile import dumps
+
+        print(dumps(result))  # strict JSON: a NaN metric as "NaN"
     else:
         how = "greedy" if args.temperature == 0 else f"sampled (temperature {args.temperature:g})"
         print(f"{args.task}: {how} accuracy {result['accuracy']:.3f}, mean reward {result['reward']:.3f} "

@@ -16,7 +16,6 @@ trained from scratch.
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import time
@@ -26,6 +25,7 @@ import torch
 
 from reflectrl.errors import NonFiniteError, UserError
 from reflectrl.llm.tasks.base import Task, reference_hint, turn_pieces, turn_text
+from reflectrl.runs.jsonfile import dumps
 from reflectrl.runs.rundir import atomic_dir
 
 
@@ -57,7 +57,7 @@ def sft(model, tokenizer, task: Task, *, steps: int, out: str | Path, batch_size
         learning_rate: float = 1e-3, seed: int = 0, progress: bool = True, reference_share: float = 0.0,
         reference: str = "solution", device: str = "cpu") -> dict:
     """Train on freshly sampled demonstrations for `steps` batches; write the model to `out`."""
-    from tqdm import tqdm
+    from reflectrl.runs.progress import progress_bar
 
     out = Path(out)
     if out.exists() and any(out.iterdir()):
@@ -76,8 +76,8 @@ def sft(model, tokenizer, task: Task, *, steps: int, out: str | Path, batch_size
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 - s / steps)
     model.train()
     log, start = [], time.perf_counter()
-    bar = tqdm(range(steps), unit="step", disable=not progress, dynamic_ncols=True)
-    for step in bar:
+    bar = progress_bar(steps, "steps", enabled=progress)
+    for step in range(steps):
         examples = []
         for _ in range(batch_size):
             problem = task.sample(rng)
@@ -103,9 +103,10 @@ def sft(model, tokenizer, task: Task, *, steps: int, out: str | Path, batch_size
         schedule.step()
         log.append({"step": step + 1, "loss": loss.item()})
         bar.set_postfix_str(f"loss={loss.item():.3f}", refresh=False)
+        bar.update(1)
     bar.close()
     with atomic_dir(out) as tmp:  # a crash leaves no half-written model at `out`
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        (tmp / "sft_log.jsonl").write_text("".join(json.dumps(row) + "\n" for row in log))
+        (tmp / "sft_log.jsonl").write_text("".join(dumps(row) + "\n" for row in log))  # strict: a NaN loss as "NaN"
     return {"steps": steps, "final_loss": log[-1]["loss"], "seconds": time.perf_counter() - start}

@@ -625,6 +625,7 @@ def run(dirs: list[str], out: str | None = None, as_json: bool = False) -> str:
     """`reflectrl claims`: the ledger's text (Markdown, or JSON with as_json); with `out`, also
     written there atomically (the folder must exist)."""
     from reflectrl.outputs import check_writable
+    from reflectrl.runs.jsonfile import dumps
     from reflectrl.runs.rundir import atomic_write_bytes
 
     target = check_writable(out, "--out") if out else None
@@ -632,7 +633,7 @@ def run(dirs: list[str], out: str | None = None, as_json: bool = False) -> str:
         raise UserError(f"--out {out}: give a {'.json' if as_json else '.md'} file")
     ledger = build_ledger([Path(d) for d in dirs], command_line(dirs, out, as_json))
     if as_json:
-        text = json.dumps(ledger.to_dict(), indent=2, ensure_ascii=False) + "\n"
+        text = dumps(ledger.to_dict(), indent=2, ensure_ascii=False) + "\n"
     else:
         text = to_markdown(ledger, dirs, target.parent if target is not None else None)
     if target is not None:

@@ -1,5 +1,13 @@
 """Run directories: resolved config, metrics.jsonl, TensorBoard events, atomic checkpoints."""
 
-from reflectrl.runs.rundir import MetricsLogger, RunDir, atomic_write_bytes
-
 __all__ = ["RunDir", "MetricsLogger", "atomic_write_bytes"]
+
+
+def __getattr__(name: str):
+    # from rundir.py, which imports torch, on first use: reading a run's JSON files (jsonfile.py, files.py),
+    # as checking a command line does, imports none
+    if name in __all__:
+        from reflectrl.runs import rundir
+
+        return getattr(rundir, name)
+    raise AttributeError(f"module 'reflectrl.runs' has no attribute '{name}'")

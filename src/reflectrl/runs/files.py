@@ -12,12 +12,13 @@ import json
 import os
 from pathlib import Path
 
+from reflectrl.runs.jsonfile import loads
 from reflectrl.runs.rundir import CHECKPOINT, CONFIG, METRICS, STAGED_CHECKPOINT, STATUS
 
 
 def _read_json(path: Path) -> dict | None:
     try:
-        data = json.loads(path.read_text())
+        data = loads(path.read_text())
     except (OSError, ValueError):  # missing, unreadable, not UTF-8 or not JSON
         return None
     return data if isinstance(data, dict) else None
@@ -102,7 +103,7 @@ def read_logged_rows(path: str | os.PathLike) -> list[dict]:
     rows = []
     for line in text.splitlines():
         try:
-            row = json.loads(line)
+            row = loads(line)
         except json.JSONDecodeError:
             break
         if not isinstance(row, dict):

@@ -19,6 +19,10 @@ EXPLOSION_FACTOR = 1e3     # a loss this many times its early level (at least 1)
 REFERENCE_ITERATIONS = 5   # the early level is the median of the first iterations
 LONG_RUN_SECONDS = 86_400  # warn when the estimated time exceeds a day
 QUIET_BELOW_SECONDS = 60   # shorter runs get no estimate line (their progress bar shows it)
+# The time estimate skips the first iteration (start-up: imports, JIT compilation, a step-0 evaluation) and
+# measures the speed over the iterations after it: this many, or this many seconds, whichever comes first.
+ESTIMATE_ITERATIONS = 3
+ESTIMATE_SECONDS = 10.0
 PSEUDO_COLLAPSE_RATE = 0.95  # pseudo_reward=verdict: "solved" on at least this share of answers ...
 PSEUDO_WINDOW = 5            # ... for this many steps in a row is a collapse
 
@@ -47,29 +51,43 @@ class RunMonitor:
         self.discrete_entropy = discrete_entropy
         self.stream = stream
         self.estimated = False
+        self.warm: tuple[int, float, int] | None = None  # (units, seconds, iterations) when the start-up ended
         self.early: dict[str, list[float]] = {}
         self.warned: set[str] = set()
 
     def after_iteration(self, row: dict, done: int, done_this_session: int, seconds: float) -> None:
         """`done`: units done in all; `done_this_session` and `seconds`: since this process started."""
-        if not self.estimated and done_this_session > 0 and seconds > 0:
-            self.estimated = True
-            rate = done_this_session / seconds
-            left = max(self.total - done, 0) / rate
-            shown = f"{rate:,.0f}" if rate >= 100 else f"{rate:.3g}"
-            if left >= QUIET_BELOW_SECONDS:
-                print(f"reflectrl: about {format_duration(left)} to go for {self.total - done:,} {self.unit} "
-                      f"at {shown} {self.unit}/s (estimated from the first iteration)",
-                      file=self.stream or sys.stderr)
-            if left > LONG_RUN_SECONDS:
-                warnings.warn(f"this run would take about {format_duration(left)} at the current speed; "
-                              f"lower the budget ({self.total:,} {self.unit}) unless that is intended")
+        if not self.estimated and done_this_session > 0:
+            self._estimate(done, done_this_session, seconds)
         self._check_entropy(row)
         self._check_pseudo_reward(row)
         for key in LOSSES:
             value = row.get(key)
             if isinstance(value, (int, float)) and math.isfinite(value):
                 self._check_loss(key, float(value), row)
+
+    def _estimate(self, done: int, done_this_session: int, seconds: float) -> None:
+        """Once: the time to go (a line, for a run of a minute or more) and a warning past a day."""
+        if self.warm is None:
+            self.warm = (done_this_session, seconds, 0)  # the first iteration: start-up, not speed
+            return
+        units, since, iterations = self.warm
+        iterations += 1
+        self.warm = (units, since, iterations)
+        elapsed = seconds - since
+        if elapsed <= 0 or (iterations < ESTIMATE_ITERATIONS and elapsed < ESTIMATE_SECONDS):
+            return
+        self.estimated = True
+        rate = (done_this_session - units) / elapsed
+        left = max(self.total - done, 0) / rate if rate > 0 else math.inf
+        shown = f"{rate:,.0f}" if rate >= 100 else f"{rate:.3g}"
+        if left >= QUIET_BELOW_SECONDS:
+            print(f"reflectrl: about {format_duration(left)} to go for {self.total - done:,} {self.unit} "
+                  f"at {shown} {self.unit}/s (measured after the first iteration, which includes the start-up)",
+                  file=self.stream or sys.stderr)
+        if left > LONG_RUN_SECONDS:
+            warnings.warn(f"this run would take about {format_duration(left)} at the current speed; "
+                          f"lower the budget ({self.total:,} {self.unit}) unless that is intended")
 
     def _check_entropy(self, row: dict) -> None:
         entropy = row.get("entropy")

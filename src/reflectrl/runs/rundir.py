@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from reflectrl.errors import UserError
+from reflectrl.runs import jsonfile
 from reflectrl.runs.jsonfile import read_json_object
 
 CONFIG = "config.json"
@@ -53,8 +54,8 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     except BaseException as err:
         with contextlib.suppress(OSError):  # where the write failed, so may this (a read-only disk)
             tmp.unlink(missing_ok=True)
-        if isinstance(err, OSError) and err.filename is None:
-            err.filename = str(path)  # a failed write() names no file: the one-line error must
+        if isinstance(err, OSError) and (err.filename is None or str(err.filename) == str(tmp)):
+            err.filename = str(path)  # the one-line error names the file the user asked for, not our temporary
         raise
 
 
@@ -111,6 +112,10 @@ def _write_checkpoint(path: Path, state: dict) -> None:
 class RunDir:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
+        # the global_step of the checkpoint this process last wrote or loaded (None: neither yet): where an
+        # interrupted run resumes from, what run.json then records (runs/session.py)
+        self.checkpoint_step: int | None = None
+        self._staged_step: int | None = None
 
     @property
     def checkpoint_path(self) -> Path:
@@ -222,7 +227,7 @@ class RunDir:
         return read_json_object(self.path / name, "the run directory cannot be used (train it again)")
 
     def write_json(self, name: str, data: dict) -> None:
-        text = json.dumps(data, indent=2, default=_json_default) + "\n"
+        text = jsonfile.dumps(data, indent=2, default=_json_default) + "\n"  # strict: inf as "Infinity"
         atomic_write_bytes(self.path / name, text.encode())
 
     def config(self) -> dict:
@@ -236,10 +241,18 @@ class RunDir:
         data.update(status=status, updated=time.strftime("%Y-%m-%dT%H:%M:%S%z"), **extra)
         self.write_json(STATUS, data)
 
+    def add_warning(self, text: str) -> None:
+        """Keep a warning the run gave in run.json's `warnings` (once), for whoever reads the run later."""
+        data = self.status()
+        if text not in data.setdefault("warnings", []):
+            data["warnings"].append(text)
+            self.write_json(STATUS, data)
+
     # -- checkpoints
 
     def save_checkpoint(self, state: dict) -> None:
         _write_checkpoint(self.checkpoint_path, state)
+        self.checkpoint_step = state.get("global_step")
 
     def has_checkpoint(self) -> bool:
         return self.checkpoint_path.is_file()
@@ -251,9 +264,12 @@ class RunDir:
 
     def stage_checkpoint(self, state: dict) -> None:
         _write_checkpoint(self.path / STAGED_CHECKPOINT, state)
+        self._staged_step = state.get("global_step")
 
-    def commit_checkpoint(self) -> None:
+    def commit_checkpoint(self, step: int | None = None) -> None:
+        """Put the staged checkpoint in place; `step`: its global_step, where another process staged it."""
         os.replace(self.path / STAGED_CHECKPOINT, self.checkpoint_path)
+        self.checkpoint_step = step if step is not None else self._staged_step
 
     def staged_checkpoint(self) -> dict | None:
         """The staged checkpoint, None where there is none or it cannot be read."""
@@ -280,6 +296,7 @@ class RunDir:
                             "delete the run directory and train again") from None
         if not isinstance(state, dict) or "global_step" not in state:
             raise UserError(f"checkpoint {self.checkpoint_path} is not a reflectrl checkpoint")
+        self.checkpoint_step = state["global_step"]
         return state
 
 
@@ -312,7 +329,7 @@ class MetricsLogger:
         atomic_write_bytes(self.path, "".join(kept).encode())
 
     def log(self, row: dict) -> None:
-        self.file.write(json.dumps(row, default=_json_default) + "\n")
+        self.file.write(jsonfile.dumps(row, default=_json_default) + "\n")
         self.file.flush()
         step = row["global_step"]
         for key, value in row.items():
@@ -328,5 +345,5 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
     rows = []
     with open(Path(path) / METRICS) as f:
         for line in f:
-            rows.append(json.loads(line))
+            rows.append(jsonfile.loads(line))
     return rows

@@ -2,10 +2,14 @@
 the trainer so that a blow-up, Ctrl-C, SIGTERM or a full disk leaves the run directory in a
 state that says so.
 
-SIGTERM (`kill`, a scheduler, `compare` stopping its runs) asks the trainer to stop at the
-end of its current iteration, where its state is whole: it writes a checkpoint there (cheap
-next to an iteration) and the run is marked `interrupted`. A second SIGTERM, or Ctrl-C,
-stops at once; the run then resumes from its last cadence checkpoint.
+Ctrl-C (SIGINT) and SIGTERM (`kill`, a scheduler, `compare` stopping its runs) ask the trainer
+to stop at the end of its current iteration, where its state is whole: it writes a checkpoint
+there (cheap next to an iteration) and the run is marked `interrupted` at that step, so that
+run.json, the checkpoint and `eval` agree and nothing is trained twice. The same signal a
+second time stops at once; the run then resumes from its last checkpoint, and run.json and the
+closing line say which step that is and how many steps are trained again. (A Ctrl-C at a
+terminal reaches `compare`'s runs too, and `compare` then sends them SIGTERM: a different
+signal, so they still stop at their iteration's end.)
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from reflectrl.runs.files import has_checkpoint
 from reflectrl.runs.rundir import RunDir
 
 _stop = threading.Event()
+_asked_by: list[int] = []  # the signals that asked to stop, in order
 
 
 class Terminated(KeyboardInterrupt):
@@ -31,29 +36,55 @@ class Terminated(KeyboardInterrupt):
 
 
 def stop_requested() -> bool:
-    """True once SIGTERM has asked the running trainer to stop; trainers check it between
-    iterations, write a checkpoint and raise `Terminated`."""
+    """True once SIGTERM or Ctrl-C has asked the running trainer to stop; trainers check it between
+    iterations, write a checkpoint and raise `stopped()`."""
     return _stop.is_set()
 
 
-def _on_sigterm(signum, frame):
-    if _stop.is_set():  # asked twice: stop now
-        raise Terminated
+def stopped() -> KeyboardInterrupt:
+    """What a trainer raises where it stopped as asked, its checkpoint written: KeyboardInterrupt after
+    Ctrl-C (exit 130), `Terminated` after SIGTERM or any other request to stop (exit 143)."""
+    return KeyboardInterrupt() if _asked_by[:1] == [signal.SIGINT] else Terminated()
+
+
+def _ask_to_stop(signum: int) -> None:
+    if signum in _asked_by:  # asked twice: stop now
+        raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+    if signum == signal.SIGINT and not _asked_by:
+        print("\nreflectrl: stopping at the end of this iteration, with a checkpoint there (Ctrl-C again to stop "
+              "at once, from the last checkpoint)", file=sys.stderr)
+    _asked_by.append(signum)
     _stop.set()
+
+
+def _on_sigterm(signum, frame):
+    _ask_to_stop(signal.SIGTERM)
+
+
+def _on_sigint(signum, frame):
+    _ask_to_stop(signal.SIGINT)
 
 
 @contextlib.contextmanager
 def sigterm_stops_training():
-    """Within the block, SIGTERM sets the stop flag instead of killing the process."""
+    """Within the block, SIGTERM and Ctrl-C set the stop flag instead of stopping the process at once
+    (Ctrl-C only where it would raise KeyboardInterrupt: not where the shell made it ignored)."""
     in_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main else None
+    previous_int = signal.getsignal(signal.SIGINT) if in_main else None
+    if previous_int is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _on_sigint)
     _stop.clear()
+    _asked_by.clear()
     try:
         yield
     finally:
         _stop.clear()
+        _asked_by.clear()
         if in_main:
             signal.signal(signal.SIGTERM, previous)
+            if previous_int is signal.default_int_handler:
+                signal.signal(signal.SIGINT, previous_int)
 
 
 def open_to_resume(path: str, given: list[tuple[str, object]], kind: str = "control") -> RunDir | None:
@@ -87,14 +118,8 @@ def train_guarded(trainer, run: RunDir, progress: bool, resume_command: str) -> 
         run.set_status("failed", reason=str(err))
         print(f"reflectrl: error: {err}", file=sys.stderr)
         return EXIT_FAILED
-    except Terminated:
-        run.set_status("interrupted", global_step=_progress_of(trainer), reason="SIGTERM")
-        print(f"reflectrl: terminated; continue with: {resume}", file=sys.stderr)
-        return EXIT_TERMINATED
-    except KeyboardInterrupt:
-        run.set_status("interrupted", global_step=_progress_of(trainer))
-        print(f"\nreflectrl: interrupted; continue with: {resume}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as stop:  # Terminated too
+        return _interrupted(trainer, run, resume, terminated=isinstance(stop, Terminated))
     except OSError as err:
         if not _disk_error(err):
             raise
@@ -113,6 +138,23 @@ def train_guarded(trainer, run: RunDir, progress: bool, resume_command: str) -> 
 
 def _progress_of(trainer) -> int:
     return int(getattr(trainer, "global_step", getattr(trainer, "step", 0)))
+
+
+def _interrupted(trainer, run: RunDir, resume: str, terminated: bool) -> int:
+    """Mark the run interrupted at the step it resumes from (its checkpoint's, which `eval` reads too),
+    and say so: where it stopped, and, when it stopped between checkpoints, how much is trained again."""
+    reached = _progress_of(trainer)
+    resumes = run.checkpoint_step if run.checkpoint_step is not None else reached
+    run.set_status("interrupted", global_step=resumes, **({"reason": "SIGTERM"} if terminated else {}))
+    word = "reflectrl: terminated" if terminated else "\nreflectrl: interrupted"
+    if reached <= resumes:
+        where = f"at step {resumes:,}, checkpointed there"
+    else:
+        unit = getattr(trainer, "unit", "steps")
+        where = (f"at step {reached:,}; it resumes from its last checkpoint, step {resumes:,} "
+                 f"(the {reached - resumes:,} {unit} after it are trained again)")
+    print(f"{word} {where}; continue with: {resume}", file=sys.stderr)
+    return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
 
 
 # ---------------------------------------------------------------------------- the flows of `train` and `llm train`

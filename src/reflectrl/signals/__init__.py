@@ -2,12 +2,28 @@
 
 A signal sees tensors and returns tensors; it never imports a trainer. See base.py for the
 protocol and the points at which a trainer calls it, compose.py for several at once, and
-reflectrl/registry.py for how a signal declares itself.
+reflectrl/registry.py and specs/ for how a signal declares itself.
 """
 
-from reflectrl.signals.base import Batch, RewardStream, Signal, SignalContext, SignalOutput
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from reflectrl.signals.base import Signal
 
 __all__ = ["Batch", "RewardStream", "Signal", "SignalContext", "SignalOutput", "build_signals", "make_signal"]
+_PROTOCOL = ("Batch", "RewardStream", "Signal", "SignalContext", "SignalOutput")
+
+
+def __getattr__(name: str):
+    # the protocol's classes from base.py, which imports torch: imported on first use, so that reading the
+    # signals' knobs (specs/) to check a command line imports none
+    if name in _PROTOCOL:
+        from reflectrl.signals import base
+
+        return getattr(base, name)
+    raise AttributeError(f"module 'reflectrl.signals' has no attribute '{name}'")
 
 
 def build_signals(signal_names, sections: dict) -> list[Signal]:

@@ -39,16 +39,18 @@ weights, bit-identical to the plain trainer's.
 from __future__ import annotations
 
 import contextlib
-import copy
-import dataclasses
-import functools
 import hashlib
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
+from reflectrl.config import (  # noqa: F401 (a signal's knobs checked once: in config.py, still importable here)
+    checked_once,
+    passed,
+    remember_valid,
+    validate_once,
+)
 from reflectrl.runs.state_samples import snapshot_iterations
 
 
@@ -189,9 +191,6 @@ def merge_terms(into: dict, terms: dict) -> dict:
     return into
 
 
-SCHEDULES = ("constant", "step", "linear")
-
-
 def scheduled(coef: float, schedule: str, until: float, step: int, total: int) -> float:
     """A coefficient over training: `constant`; `step`: coef before the fraction `until` of the
     `total` steps, 0 from it on; `linear`: from coef at step 0 down to 0 at `until`."""
@@ -201,55 +200,6 @@ def scheduled(coef: float, schedule: str, until: float, step: int, total: int) -
     if schedule == "step":
         return coef if progress < until else 0.0
     return coef * max(0.0, 1.0 - progress / until) if until > 0 else 0.0
-
-
-# ------------------------------------------------------------------ a signal's knobs, checked once
-
-# A run's config check validates each signal's knob section, then its trainer builds the signals
-# from those very sections; a signal built by hand is validated when it is built. So that a
-# section is validated once either way, a validate() that passed is remembered (by the section's
-# id, with the values it passed on: a section changed since is validated again).
-_PASSED: dict[int, tuple] = {}
-
-
-def _values(config) -> tuple:
-    return copy.deepcopy(tuple(getattr(config, f.name) for f in dataclasses.fields(config)))
-
-
-def remember_valid(config) -> None:
-    """Record that `config`, as it is now, is valid (forgotten when it is garbage: ids are reused)."""
-    key = id(config)
-    if key not in _PASSED:
-        try:
-            weakref.finalize(config, _PASSED.pop, key, None)
-        except TypeError:  # no weak references to it (__slots__): not remembered, validated each time
-            return
-    _PASSED[key] = _values(config)
-
-
-def passed(config) -> bool:
-    """Whether `config`, as it is now, passed its validate()."""
-    return _PASSED.get(id(config)) == _values(config)
-
-
-def checked_once(cls: type) -> type:
-    """Class decorator of a signal's knob dataclass: a validate() that passes is remembered, and
-    `validate_once` does not run it again on the same values."""
-    check = cls.validate
-
-    @functools.wraps(check)
-    def validate(self, *args, **kwargs):
-        check(self, *args, **kwargs)
-        remember_valid(self)
-
-    cls.validate = validate
-    return cls
-
-
-def validate_once(config) -> None:
-    """`config.validate()`, unless this config passed it already with the values it has now."""
-    if not passed(config):
-        config.validate()
 
 
 class Signal:

@@ -27,37 +27,10 @@ Running `grpo+verdict` switches the task's `reflect=verdict` on (tasks/reflect.p
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import torch
 
-from reflectrl.errors import UserError
-from reflectrl.registry import SignalSpec, register_signal
-from reflectrl.signals.base import SCHEDULES, Batch, Signal, checked_once, scheduled
-
-
-@checked_once
-@dataclass
-class VerdictConfig:
-    coef: float = 0.1
-    """c: the bonus for a verdict that agrees with the outcome (0: the run is plain GRPO bit for bit)"""
-    schedule: str = "step"
-    """constant, step (c, then 0 from `until` on) or linear (c down to 0 at `until`)"""
-    until: float = 0.667
-    """the schedule's breakpoint, as a fraction of the run's steps"""
-
-    def validate(self) -> None:
-        check_schedule("verdict", self.coef, self.schedule, self.until)
-
-
-def check_schedule(name: str, coef: float, schedule: str, until: float) -> None:
-    if not math.isfinite(coef) or coef < 0:
-        raise UserError(f"{name}.coef={coef}: must be a finite number >= 0")
-    if schedule not in SCHEDULES:
-        raise UserError(f"{name}.schedule='{schedule}': use one of {', '.join(SCHEDULES)}")
-    if not 0 <= until <= 1:
-        raise UserError(f"{name}.until={until}: must be a fraction of the run in [0, 1]")
+from reflectrl.signals.base import Batch, Signal, scheduled
+from reflectrl.signals.specs.verdict import SPEC, VerdictConfig
 
 
 def verdict_terms(episode: list[list], outcome: float, coef: float) -> tuple[list[float], int]:
@@ -100,12 +73,3 @@ class VerdictBonus(Signal):
 
     def metrics(self) -> dict:
         return dict(self._metrics)
-
-
-SPEC = register_signal(SignalSpec(
-    name="verdict", config=VerdictConfig, factory=VerdictBonus, step_kinds=("turn",),
-    summary="the RefGRPO paper's verbal verdict: c * 1[stated 'solved'/'not solved' == outcome] joins the reward",
-    neutral="coef=0", task_options={"reflect": "verdict"},
-    refusals={k: "it rewards a stated verdict, which only a language-model task's output has"
-              for k in ("env_step", "transition")},
-))

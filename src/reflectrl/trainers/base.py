@@ -3,7 +3,7 @@ shares (EnvStepTrainer), the checkpoint helpers, and `apply_signals`.
 
 The train-loop skeleton every trainer runs: metrics log and TensorBoard, progress bar,
 checkpoint cadence (and a checkpoint before the first update), the run's health warnings
-and time estimate, and the stop at an iteration boundary that SIGTERM asks for.
+and time estimate, and the stop at an iteration boundary that SIGTERM or Ctrl-C asks for.
 
 A trainer plugs in by providing (see PPOTrainer and GRPOTrainer):
 
@@ -38,12 +38,12 @@ import torch
 from reflectrl.envs import snapshot
 from reflectrl.runs.health import RunMonitor
 from reflectrl.runs.rundir import MetricsLogger
-from reflectrl.runs.session import Terminated, stop_requested
+from reflectrl.runs.session import stop_requested, stopped
 from reflectrl.trainers.exploration_metrics import RolloutKeys
 
 
 def train_loop(trainer, progress: bool = True) -> None:
-    from tqdm import tqdm
+    from reflectrl.runs.progress import progress_bar
 
     run = trainer.run
     started = trainer.units_done() > 0
@@ -60,8 +60,7 @@ def train_loop(trainer, progress: bool = True) -> None:
         trainer.prepare()  # e.g. start actor processes: not part of the first iteration's speed, and a
         # refusal there comes before the progress bar
     total = trainer.total_units()
-    bar = tqdm(total=total, initial=trainer.units_done(), unit=trainer.unit.split()[-1].rstrip("s") or "step",
-               unit_scale=True, disable=not progress, dynamic_ncols=True, smoothing=0.1, mininterval=0.5)
+    bar = progress_bar(total, trainer.unit, initial=trainer.units_done(), enabled=progress)
     monitor = RunMonitor(total, trainer.unit, discrete_entropy=getattr(trainer, "discrete_entropy", True))
     session_start, session_first = time.perf_counter(), trainer.units_done()
     try:
@@ -83,7 +82,7 @@ def train_loop(trainer, progress: bool = True) -> None:
             if stop_requested() and not trainer.finished():
                 if run is not None and not saved:
                     trainer.save_checkpoint()  # between iterations the state is whole: nothing is lost
-                raise Terminated
+                raise stopped()
     finally:
         bar.close()
         if trainer.logger is not None:

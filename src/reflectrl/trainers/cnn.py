@@ -38,7 +38,7 @@ from reflectrl.nets import (  # noqa: F401  (re-exported)
     run_trunk,
     small_cnn,
 )
-from reflectrl.trainers.policies import ActorCritic
+from reflectrl.trainers.policies import ActorCritic, takes_numpy
 
 
 class CNNActorCritic(ActorCritic):
@@ -99,6 +99,11 @@ class CNNActorCritic(ActorCritic):
         out = super().evaluate(h, action, with_features)
         return (*out, h) if with_trunk else out
 
+    @property
+    def obs_ndim(self) -> int:
+        return len(self.obs_shape)
+
+    @takes_numpy
     def deterministic_action(self, obs: torch.Tensor) -> torch.Tensor:
         return super().deterministic_action(self.encode(obs))
 

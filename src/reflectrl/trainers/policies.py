@@ -46,8 +46,33 @@ def _forward(net: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
     return F.linear(_hidden(net, x), last.weight, last.bias)
 
 
+def takes_numpy(method):
+    """A policy's `deterministic_action` called from Python with what an env returns: a numpy array or
+    a list, one observation or a batch of them. A tensor goes through unchanged (eval and the trainers
+    pass batches); anything else is read as float32 (as eval reads observations), run without
+    gradients, and the action comes back in numpy: one observation's alone (an int for a discrete
+    action space), a batch's as an array. The policy's `obs_ndim` (the rank of one observation) tells
+    one from a batch."""
+
+    @functools.wraps(method)
+    def wrapper(self, obs, *args, **kwargs):
+        if isinstance(obs, torch.Tensor):
+            return method(self, obs, *args, **kwargs)
+        x = torch.as_tensor(np.asarray(obs, dtype=np.float32))
+        one = x.ndim == self.obs_ndim
+        with torch.no_grad():
+            action = method(self, x.unsqueeze(0) if one else x, *args, **kwargs).numpy()
+        if not one:
+            return action
+        return action[0].item() if action[0].ndim == 0 else action[0]
+
+    return wrapper
+
+
 class ActorCritic(nn.Module):
     """Policy and value networks for a flat observation vector."""
+
+    obs_ndim = 1  # the rank of one observation (takes_numpy)
 
     def __init__(self, obs_dim: int, action_dim: int, continuous: bool, hidden_sizes=(64, 64)):
         super().__init__()
@@ -111,6 +136,7 @@ class ActorCritic(nn.Module):
             return logprob, entropy, value, hidden
         return logprob, entropy, value
 
+    @takes_numpy
     def deterministic_action(self, obs: torch.Tensor) -> torch.Tensor:
         out = _forward(self.actor, obs)
         return out if self.continuous else out.argmax(-1)

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 import gymnasium as gym
 
-from reflectrl.config import RunConfig, add_algo_section, apply_overrides, trainer_name, validate
+from reflectrl.config import RunConfig, add_algo_section, check_config, new_config, trainer_name, validate
 from reflectrl.envs import is_atari_id, is_continuous, is_image_space, is_minigrid, is_pettingzoo_id, make_env
 from reflectrl.envs.cost import has_cost_channel
 from reflectrl.envs.envpool_backend import check_backend
-from reflectrl.envs.jax_ids import check_jax_env_id
+from reflectrl.envs.jax_ids import canonical_env_id, check_jax_env_id
 from reflectrl.errors import UserError
 from reflectrl.registry import TRAINERS, parse_algo, signal_spec
 
@@ -20,24 +20,23 @@ from reflectrl.registry import TRAINERS, parse_algo, signal_spec
 def new_run_config(*, algo: str | None = None, env_id: str | None = None, seed: int | None = None,
                    total_steps: int | None = None, wrapper: str | None = None,
                    overrides: list[str] | None = None) -> RunConfig:
-    """The resolved, validated config of a new run; None means "not given": RunConfig's default."""
-    given = dict(algo=algo, env_id=env_id, seed=seed, total_steps=total_steps, wrapper=wrapper)
-    cfg = RunConfig(**{k: v for k, v in given.items() if v is not None})
-    apply_overrides(cfg, overrides or [])
-    return resolve_config(cfg)
+    """The resolved, validated config of a new run; None means "not given": RunConfig's default. The
+    --algo may carry knobs in brackets (config.split_algo)."""
+    return resolve_config(new_config(algo=algo, env_id=env_id, seed=seed, total_steps=total_steps, wrapper=wrapper,
+                                     overrides=overrides))
 
 
 def resolve_config(cfg: RunConfig) -> RunConfig:
-    """The trainer's resolve (per-env defaults, its refusals), then the signals' sections and every check."""
+    """What needs no env checked first (config.check_config), then the trainer's resolve (per-env
+    defaults, its refusals), then the signals' sections and every check."""
+    check_config(cfg)
     spec = TRAINERS[trainer_name(cfg)]
+    cfg.env_id = canonical_env_id(cfg.env_id, cfg.backend)  # the grid world in either spelling, its backend's recorded
     if is_pettingzoo_id(cfg.env_id) and not spec.multiagent:
         hosts = [t.name for t in TRAINERS.values() if t.multiagent]
         raise UserError(f"--env {cfg.env_id} is a multi-agent (PettingZoo) env; --algo {cfg.algo} trains "
                         f"single-agent Gymnasium envs: use --algo {' or '.join(hosts)}")
     if cfg.backend == "jax":
-        if not spec.jax:
-            raise UserError(f"backend=jax trains --algo {' or '.join(t.name for t in TRAINERS.values() if t.jax)} "
-                            f"and its signals; {spec.name} is torch-only (use backend=gymnasium for it)")
         cfg = spec.load("jax")(cfg)
     else:
         check_jax_env_id(cfg.env_id, cfg.backend)

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import optax
 
 from reflectrl.errors import UserError
+from reflectrl.jaxrl.resolve import check_signal_knobs
 
 
 def encode_actions(actions: jax.Array, ctx) -> jax.Array:
@@ -122,13 +123,6 @@ def schedule_factor(cfg, batch, ctx):
     return jnp.power(jnp.float32(EXPONENTIAL_END), progress).astype(jnp.float32)
 
 
-def torch_only(knob: str, why: str = "") -> UserError:
-    """The one-line refusal of a knob the JAX backend does not run."""
-    reason = f" ({why})" if why else ""
-    return UserError(f"{knob} is torch-only on backend=jax{reason}; use backend=gymnasium for it, "
-                     "or leave the knob at its default")
-
-
 from reflectrl.jaxrl.signals.calibration import Calibration  # noqa: E402
 from reflectrl.jaxrl.signals.count import Count  # noqa: E402
 from reflectrl.jaxrl.signals.gear import Gear  # noqa: E402
@@ -144,7 +138,9 @@ def make_signal(name: str, cfg):
         raise UserError(f"signal '{name}' has no JAX implementation; backend=jax runs {', '.join(JAX_SIGNALS)}; "
                         "use backend=gymnasium for it")
     cls = JAX_SIGNALS[name]
-    return cls(cls.config() if cfg is None else cfg)
+    cfg = cls.config() if cfg is None else cfg
+    check_signal_knobs(name, cfg)
+    return cls(cfg)
 
 
 __all__ = ["JAX_SIGNALS", "Calibration", "Count", "Gear", "Rnd", "Shaping", "encode_actions", "fit_rows",

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from reflectrl.jaxrl.nets import adam, head, torch_default_mlp
-from reflectrl.jaxrl.signals import encode_actions, fit_rows, schedule_factor, std, torch_only
+from reflectrl.jaxrl.signals import encode_actions, fit_rows, schedule_factor, std
 from reflectrl.jaxrl.signals.base import Batch, Output, Signal, mean_abs_ratio
 from reflectrl.signals.calibration import CalibrationConfig
 
@@ -105,9 +105,6 @@ class Calibration(Signal):
 
     def __init__(self, cfg: CalibrationConfig):
         super().__init__(cfg)
-        if cfg.shared_trunk:
-            raise torch_only("calibration.shared_trunk",
-                             "its auxiliary loss trains the actor's trunk inside the torch PPO update")
         self.wants_features = cfg.inputs != "obs_action"
 
     def width(self, ctx) -> int:

@@ -34,7 +34,7 @@ import numpy as np
 from reflectrl.errors import UserError
 from reflectrl.jaxrl.gae import discounted
 from reflectrl.jaxrl.nets import adam, head, polyak, torch_default_mlp
-from reflectrl.jaxrl.signals import fit_rows, masked_mean, std, torch_only
+from reflectrl.jaxrl.signals import fit_rows, masked_mean, std
 from reflectrl.jaxrl.signals.base import Batch, Output, Signal
 from reflectrl.signals.gear import GEARConfig
 
@@ -136,10 +136,6 @@ class Gear(Signal):
 
     def __init__(self, cfg: GEARConfig):
         super().__init__(cfg)
-        if cfg.history > 0:
-            raise torch_only(f"gear.history={cfg.history}", "the past winners' rows are a growing list")
-        if cfg.rank_groups:
-            raise torch_only("gear.rank_groups", "it ranks GRPO's groups; a PPO batch has none")
         self.wants_features = cfg.inputs != "obs"
         self.scheduled = cfg.warmup_steps > 0 or cfg.temperature_steps > 0
 

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 
 from reflectrl.jaxrl.gae import gae
 from reflectrl.jaxrl.nets import adam, head, polyak, torch_default_mlp
-from reflectrl.jaxrl.signals import encode_actions, fit_rows, masked_mean, std, torch_only, var
+from reflectrl.jaxrl.signals import encode_actions, fit_rows, masked_mean, std, var
 from reflectrl.jaxrl.signals.base import Batch, Signal
 from reflectrl.signals.shaping import ShapingConfig
 
@@ -63,18 +63,6 @@ class Shaping(Signal):
     name = "shaping"
     config = ShapingConfig
     vector_knobs = ("eta",)
-
-    def __init__(self, cfg: ShapingConfig):
-        super().__init__(cfg)
-        refusals = [(cfg.mode in ("bootstrap", "advice"), f"shaping.mode={cfg.mode}"),
-                    (bool(cfg.prior), "shaping.prior"),
-                    (cfg.safety_beta > 0, "shaping.safety_beta"),
-                    (cfg.imagined_fraction > 0, "shaping.imagined_fraction"),
-                    (cfg.encoder == "cnn", "shaping.encoder=cnn"),
-                    (cfg.labels == "team", "shaping.labels=team")]
-        for refused, knob in refusals:
-            if refused:
-                raise torch_only(knob)
 
     def forward(self, params, obs, actions, next_obs, terminations, eta):
         """F on flat rows; `eta`: this seed's (seed_cfg(batch).eta: it may differ between a program's seeds)."""

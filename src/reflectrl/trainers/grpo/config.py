@@ -16,7 +16,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reflectrl import overrides
-from reflectrl.config import check_budget, check_saved_config, check_seed, sections_from_dict, validate_sections
+from reflectrl.config import (
+    check_budget,
+    check_saved_config,
+    check_seed,
+    sections_from_dict,
+    split_algo,
+    validate_sections,
+)
 from reflectrl.errors import UserError
 from reflectrl.llm.tasks.reflect import require_reflect
 from reflectrl.registry import aliases, parse_algo, section_types, signal_spec
@@ -139,10 +146,30 @@ PRECISIONS = ("auto", "fp32", "bf16")
 
 def apply_llm_overrides(cfg: LLMRunConfig, items: list[str]) -> LLMRunConfig:
     """Apply `--set key=value` strings: bare GRPO and run knobs, SECTION.KNOB for a signal."""
+    _apply(cfg, items)
+    return cfg
+
+
+def _apply(cfg: LLMRunConfig, items: list[str]) -> list[tuple[Any, str]]:
+    """apply_llm_overrides, saying what each item set (overrides.apply)."""
     types = section_types()
     sections = {name: (lambda name=name: cfg.sections.setdefault(name, types[name]())) for name in types}
-    overrides.apply(items, bare=[("GRPO", cfg.grpo, None), ("run", cfg, RUN_KNOBS)], prefixed=sections,
-                    example="group_size=8")
+    return overrides.apply(items, bare=[("GRPO", cfg.grpo, None), ("run", cfg, RUN_KNOBS)], prefixed=sections,
+                           example="group_size=8")
+
+
+def new_llm_config(*, algo: str | None = None, task: str | None = None, model: str | None = None,
+                   steps: int | None = None, seed: int | None = None, device: str | None = None,
+                   sets: list[str] | None = None) -> LLMRunConfig:
+    """An `llm train` run's config from its command line (None: the default), validated. The --algo may
+    carry knobs in brackets (`grpo+gear[top_frac=0.5]`, read as config.split_algo reads them): they apply
+    first, then --set; a knob given both ways with different values is refused."""
+    text = algo or LLMRunConfig.algo
+    algo, from_algo = split_algo(text, "llm", RUN_KNOBS)
+    given = dict(task=task, model=model, steps=steps, seed=seed, device=device)
+    cfg = LLMRunConfig(algo=algo, **{k: v for k, v in given.items() if v is not None})
+    overrides.apply_after_algo(lambda items: _apply(cfg, items), list(from_algo), list(sets or []), text)
+    validate_llm(cfg)
     return cfg
 
 
@@ -192,12 +219,13 @@ def validate_llm(cfg: LLMRunConfig) -> None:
         raise UserError(f"top_p={g.top_p}: must be in (0, 1]")
     if not 0 < g.gamma <= 1 or g.gae_lambda > 1:
         raise UserError(f"gamma={g.gamma}, gae_lambda={g.gae_lambda}: need 0 < gamma <= 1 and 0 <= gae_lambda <= 1")
-    for name, allowed in (("loss_type", loss_types()), ("scale_rewards", SCALE_REWARDS)):
-        if getattr(g, name) not in allowed:
-            raise UserError(f"{name}='{getattr(g, name)}': use one of {', '.join(allowed)}")
+    if g.scale_rewards not in SCALE_REWARDS:
+        raise UserError(f"scale_rewards='{g.scale_rewards}': use one of {', '.join(SCALE_REWARDS)}")
     if g.pseudo_reward not in PSEUDO_REWARDS:
         raise UserError(f"pseudo_reward='{g.pseudo_reward}': use one of {', '.join(PSEUDO_REWARDS)}")
     validate_sections(cfg.algo, algo, cfg.sections, run=cfg)
+    if g.loss_type not in loss_types():  # last: the registered losses' module imports torch
+        raise UserError(f"loss_type='{g.loss_type}': use one of {', '.join(loss_types())}")
     for name in algo.signals:
         cfg.sections.setdefault(name, signal_spec(name).config())
     # what the signals (and a pseudo-reward) need the task to state: switched on in its spec

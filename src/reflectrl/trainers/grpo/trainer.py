@@ -27,6 +27,7 @@ import contextlib
 import copy
 import random
 import time
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,7 +41,7 @@ from reflectrl.llm.model import hidden_size
 from reflectrl.llm.tasks import make_task
 from reflectrl.llm.tasks.base import Problem, Task, reference_hint
 from reflectrl.llm.tasks.reflect import Reflection
-from reflectrl.registry import step_kind
+from reflectrl.registry import parse_algo, signal_spec, step_kind
 from reflectrl.runs import MetricsLogger, RunDir
 from reflectrl.signals import Batch, Signal, SignalContext, make_signal
 from reflectrl.trainers.base import Stopwatch, apply_signals, crossed, train_loop
@@ -48,6 +49,10 @@ from reflectrl.trainers.grpo.config import LLMRunConfig
 
 CHECKPOINT_FORMAT = 1
 EVAL_SEED = 20261129  # one held-out problem set for every run, so curves compare across seeds and algos
+# Steps in a row that gave training nothing to act on (no reflection in the task's format, or every
+# episode scored 0) before the run says so: a few, so a model that was never taught the task is
+# named before it spends its budget, and not one, as a fine model can miss on a single batch.
+SILENT_STEPS = 5
 
 
 # ---------------------------------------------------------------------------- rollouts
@@ -381,6 +386,8 @@ class GRPOTrainer:
         self.step = 0
         self.logger: MetricsLogger | None = None
         self.last_eval = None  # (correct, final reflections) of the last evaluation, where reflections are stated
+        self.silent_steps = {"format": 0, "reward": 0}  # steps in a row with nothing to act on, by cause
+        self.silence_warned = False
 
     @property
     def global_step(self) -> int:
@@ -676,9 +683,56 @@ class GRPOTrainer:
     def run_iteration(self) -> dict:
         g = self.cfg.grpo
         row = self.train_step()
+        self.warn_if_silent(row)
         if g.eval_every and (self.step % g.eval_every == 0 or self.step == self.cfg.steps):
             row.update(self.evaluate())
         return {"global_step": self.step, **row}
+
+    def warn_if_silent(self, row: dict) -> None:
+        """Once per run, one warning (on stderr, and in run.json's `warnings` for a later reader) when
+        SILENT_STEPS steps in a row gave training nothing to act on, with the cause and the fix: no
+        sampled answer stated its reflection in the task's format (a model never taught it: the
+        verdict bonus is then 0, the pseudo-reward 0 on every episode), or every episode scored 0
+        (the task's reward then moves no advantage). Rewards are in [0, 1]: a mean of 0 is every one 0."""
+        if self.silence_warned:
+            return
+        unformatted = self.task.reflect != "none" and row.get("reflection_format_rate") == 0
+        for cause, silent in (("format", unformatted), ("reward", row["reward"] == 0)):
+            self.silent_steps[cause] = self.silent_steps[cause] + 1 if silent else 0
+        window = min(SILENT_STEPS, self.cfg.steps)
+        cause = next((c for c in ("format", "reward") if self.silent_steps[c] >= window), None)
+        if cause is None:
+            return
+        self.silence_warned = True
+        message = self._silence_message(cause, window)
+        warnings.warn(message, stacklevel=2)
+        if self.run is not None:
+            self.run.add_warning(message)
+
+    def _silence_message(self, cause: str, steps: int) -> str:
+        cfg = self.cfg
+        sft = (f"reflectrl llm sft --model {cfg.model} --task '{cfg.task}' --steps 300 --out DIR, "
+               "then train from --model DIR")
+        pseudo = cfg.grpo.pseudo_reward != "none"
+        if cause == "format":
+            users = [f"signal '{name}'" for name in parse_algo(cfg.algo, "llm").signals
+                     if "reflect" in signal_spec(name).task_options]
+            if pseudo:
+                what = f"pseudo_reward={cfg.grpo.pseudo_reward} is 0 on every episode and nothing is learnt"
+            elif users:
+                what = f"{' and '.join(users)} {'has' if len(users) == 1 else 'have'} nothing to reward"
+            else:
+                what = "the reflection metrics measure nothing"
+            return (f"for {steps} steps no sampled answer stated its reflection in the format of task "
+                    f"'{cfg.task}' (reflection_format_rate 0), so {what}: the model has not learnt the format. "
+                    f"SFT it on the task first: {sft}")
+        if pseudo:  # the verdict is stated but never "solved": its calibration is what is missing
+            fix = (f"the model never says 'solved'. Calibrate its verdict first (reflectrl llm train --algo "
+                   f"grpo+verdict --task '{cfg.task}' --model {cfg.model} ...) and self-improve from that run's model")
+        else:
+            fix = f"the model solves none of its problems. SFT it on the task first ({sft}), or choose an easier task"
+        return (f"for {steps} steps every sampled episode's reward was 0 on task '{cfg.task}', so the task gives "
+                f"GRPO nothing to learn from (every group's rewards are equal): {fix}")
 
     def postfix(self, row: dict) -> str:
         post = f"reward={row['reward']:.3f}"

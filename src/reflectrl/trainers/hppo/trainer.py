@@ -56,6 +56,7 @@ from reflectrl.errors import NonFiniteError
 from reflectrl.estimators import compute_gae
 from reflectrl.nets import flatten_parameters
 from reflectrl.runs import MetricsLogger, RunDir
+from reflectrl.runs.progress import RECENT_EPISODES
 from reflectrl.signals import Batch, Signal, SignalContext, make_signal
 from reflectrl.trainers.base import (
     EnvStepTrainer,
@@ -70,7 +71,7 @@ from reflectrl.trainers.base import (
 from reflectrl.trainers.exploration_metrics import ExplorationTracker, RolloutKeys
 from reflectrl.trainers.hppo.goals import AgentCell, agent_cell, goal_space_for
 from reflectrl.trainers.onpolicy.update import UPDATE_METRICS, ClipKnobs, clipped_update
-from reflectrl.trainers.policies import ActorCritic, _forward, _hidden, mlp, params_sha256
+from reflectrl.trainers.policies import ActorCritic, _forward, _hidden, mlp, params_sha256, takes_numpy
 
 CHECKPOINT_FORMAT = 1
 _MASKED = -1e8  # the logit of a sub-goal the agent cannot pick (exp() of it is 0 in float32)
@@ -153,7 +154,7 @@ class HPPOTrainer(EnvStepTrainer):
         self.global_step = 0
         self.iteration = 0
         self.high_updates = 0
-        self.recent_returns: deque[float] = deque(maxlen=20)
+        self.recent_returns: deque[float] = deque(maxlen=RECENT_EPISODES)
         obs, info = self.envs.reset(seed=cfg.seed)
         self._check_finite(torch.as_tensor(obs), "observation")
         self.next_obs = np.asarray(obs, dtype=np.float32)
@@ -464,7 +465,7 @@ class HPPOTrainer(EnvStepTrainer):
                 level.signal.load_state_dict(saved["signal"])
         self.generator.set_state(state["generator"])
         restore_global_rngs(state)
-        self.recent_returns = deque(state["recent_returns"], maxlen=20)
+        self.recent_returns = deque(state["recent_returns"], maxlen=RECENT_EPISODES)
         restore_exploration(self, state.get("exploration"))
         self.next_obs, self.cells = state["next_obs"].copy(), state["cells"].copy()
         p = state["pursuit"]
@@ -526,6 +527,9 @@ class HierarchicalAgent(nn.Module):
         low_in = self._low_inputs(x, lambda h, mask: self.high.act(h, mask, generator)[0])
         return self.low.act(low_in, generator)
 
+    obs_ndim = 1  # the rank of one observation (takes_numpy)
+
+    @takes_numpy
     def deterministic_action(self, x: torch.Tensor) -> torch.Tensor:
         low_in = self._low_inputs(x, lambda h, mask: self.high._logp(h, mask).argmax(-1))
         return self.low.deterministic_action(low_in)

@@ -55,6 +55,7 @@ from reflectrl.errors import NonFiniteError, UserError
 from reflectrl.estimators import vtrace
 from reflectrl.nets import flatten_parameters
 from reflectrl.runs import MetricsLogger, RunDir
+from reflectrl.runs.progress import RECENT_EPISODES
 from reflectrl.runs.state_samples import StateSampler
 from reflectrl.signals import Batch, Signal, SignalContext, make_signal
 from reflectrl.trainers.base import EnvStepTrainer, Stopwatch, apply_signals, global_rngs, restore_global_rngs
@@ -105,7 +106,7 @@ class IMPALATrainer(EnvStepTrainer):
             self.optimizer.add_param_group({"params": [self.streams.flat]})
         self.global_step = 0        # env steps the learner has learnt from
         self.iteration = 0          # learner updates
-        self.recent_returns: deque[float] = deque(maxlen=20)
+        self.recent_returns: deque[float] = deque(maxlen=RECENT_EPISODES)
         self.exploration = ExplorationTracker(rooms=is_montezuma(cfg.env_id))
         self.samples = StateSampler(run.path if run is not None else None, cfg.seed, self.num_iterations,
                                     cfg.state_map_snapshots)
@@ -400,7 +401,7 @@ class IMPALATrainer(EnvStepTrainer):
         self.agent.load_state_dict(state["agent"])
         self.optimizer.load_state_dict(state["optimizer"])
         restore_global_rngs(state)
-        self.recent_returns = deque(state["recent_returns"], maxlen=20)
+        self.recent_returns = deque(state["recent_returns"], maxlen=RECENT_EPISODES)
         if self.signal is not None:
             self.signal.load_state_dict(state["signal"])
         if self.streams is not None:

@@ -48,6 +48,7 @@ from reflectrl.errors import NonFiniteError
 from reflectrl.estimators import compute_gae
 from reflectrl.nets import flatten_parameters
 from reflectrl.runs import MetricsLogger, RunDir
+from reflectrl.runs.progress import RECENT_EPISODES
 from reflectrl.signals import Batch, Signal, SignalContext, make_signal
 from reflectrl.trainers.base import EnvStepTrainer, Stopwatch, apply_signals, global_rngs, restore_global_rngs
 from reflectrl.trainers.mappo import envs as envs_snapshot
@@ -166,7 +167,7 @@ class MAPPOTrainer(EnvStepTrainer):
                 total_iterations=self.num_iterations, obs_shape=(joint,), cost_limit=cfg.cost_limit))
         self.global_step = 0
         self.iteration = 0
-        self.recent_returns: deque[float] = deque(maxlen=20)
+        self.recent_returns: deque[float] = deque(maxlen=RECENT_EPISODES)
         self.next_obs = torch.from_numpy(self.envs.reset(seed=cfg.seed))
         self.logger: MetricsLogger | None = None
         self._own_estimate = Stopwatch()
@@ -370,7 +371,7 @@ class MAPPOTrainer(EnvStepTrainer):
         self.optimizer.load_state_dict(state["optimizer"])
         self.generator.set_state(state["generator"])
         restore_global_rngs(state)
-        self.recent_returns = deque(state["recent_returns"], maxlen=20)
+        self.recent_returns = deque(state["recent_returns"], maxlen=RECENT_EPISODES)
         if self.signal is not None:
             self.signal.load_state_dict(state["signal"])
         self.envs.close()

@@ -31,6 +31,7 @@ from reflectrl.errors import NonFiniteError, UserError
 from reflectrl.estimators import compute_gae
 from reflectrl.nets import flatten_parameters
 from reflectrl.runs import MetricsLogger, RunDir
+from reflectrl.runs.progress import RECENT_EPISODES
 from reflectrl.runs.state_samples import StateSampler
 from reflectrl.signals import Batch, Signal, SignalContext, make_signal
 from reflectrl.trainers.base import (
@@ -125,7 +126,7 @@ class PPOTrainer(EnvStepTrainer):
             self.optimizer.add_param_group({"params": [self.streams.flat]})
         self.global_step = 0
         self.iteration = 0
-        self.recent_returns: deque[float] = deque(maxlen=20)
+        self.recent_returns: deque[float] = deque(maxlen=RECENT_EPISODES)
         obs, info = self.envs.reset(seed=cfg.seed)
         self.next_obs = torch.as_tensor(obs, dtype=torch.float32)
         self.keys = RolloutKeys(obs, info)  # exploration state keys, and the metrics counted on them
@@ -434,7 +435,7 @@ class PPOTrainer(EnvStepTrainer):
         self.optimizer.load_state_dict(state["optimizer"])
         self.generator.set_state(state["generator"])
         restore_global_rngs(state)
-        self.recent_returns = deque(state["recent_returns"], maxlen=20)
+        self.recent_returns = deque(state["recent_returns"], maxlen=RECENT_EPISODES)
         if self.signal is not None:
             self.signal.load_state_dict(state["signal"])
         if self.streams is not None:

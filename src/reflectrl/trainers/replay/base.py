@@ -38,6 +38,7 @@ from reflectrl.envs import make_vector_env, snapshot
 from reflectrl.envs.statekey import is_montezuma
 from reflectrl.errors import NonFiniteError
 from reflectrl.runs import MetricsLogger, RunDir
+from reflectrl.runs.progress import RECENT_EPISODES
 from reflectrl.signals import Batch, Signal, SignalContext, make_signal
 from reflectrl.trainers.base import (
     EnvStepTrainer,
@@ -110,7 +111,7 @@ class ReplayTrainer(EnvStepTrainer):
         self.iteration = 0
         self.updates = 0
         self.learn_from = d.learning_starts  # learning starts once global_step passes this
-        self.recent_returns: deque[float] = deque(maxlen=20)
+        self.recent_returns: deque[float] = deque(maxlen=RECENT_EPISODES)
         obs, info = self.envs.reset(seed=cfg.seed)
         self.next_obs = np.asarray(obs)
         self.keys = RolloutKeys(obs, info)
@@ -299,7 +300,7 @@ class ReplayTrainer(EnvStepTrainer):
         if "signal_generator" in state:
             self.signal_generator.set_state(state["signal_generator"])
         restore_global_rngs(state)
-        self.recent_returns = deque(state["recent_returns"], maxlen=20)
+        self.recent_returns = deque(state["recent_returns"], maxlen=RECENT_EPISODES)
         restore_exploration(self, state["exploration"])
         if self.signal is not None and state.get("signal") is not None:
             self.signal.load_state_dict(state["signal"])

@@ -38,6 +38,7 @@ from reflectrl.errors import NonFiniteError, UserError
 from reflectrl.nets import image_trunk, mlp, numpy_linear_views, run_trunk, update_target
 from reflectrl.runs import RunDir
 from reflectrl.trainers.base import crossed
+from reflectrl.trainers.policies import takes_numpy
 from reflectrl.trainers.replay.base import ReplayTrainer, adam
 
 EVAL_EPSILON = 0.05  # CleanRL's dqn_eval: the "stochastic" evaluation policy is epsilon-greedy at 0.05
@@ -95,6 +96,11 @@ class QNetwork(nn.Module):
             return explore
         return np.where(random_, explore, greedy(np.asarray(obs, dtype=np.float32)))
 
+    @property
+    def obs_ndim(self) -> int:
+        return len(self.obs_shape)
+
+    @takes_numpy
     def deterministic_action(self, obs: torch.Tensor) -> torch.Tensor:
         return self(obs).argmax(dim=1)
 

@@ -35,6 +35,7 @@ from reflectrl.errors import NonFiniteError, UserError
 from reflectrl.nets import mlp, update_target
 from reflectrl.runs import RunDir
 from reflectrl.trainers.base import crossed
+from reflectrl.trainers.policies import takes_numpy
 from reflectrl.trainers.replay.base import ReplayTrainer, adam
 
 LOG_STD_MAX = 2.0
@@ -85,6 +86,9 @@ class Actor(nn.Module):
     def act(self, obs: torch.Tensor, generator: torch.Generator | None = None):
         return self.sample(obs, generator)
 
+    obs_ndim = 1  # the rank of one observation (takes_numpy)
+
+    @takes_numpy
     def deterministic_action(self, obs: torch.Tensor) -> torch.Tensor:
         mean, _ = self(obs)
         return torch.tanh(mean) * self.action_scale + self.action_bias
