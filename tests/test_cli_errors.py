@@ -66,20 +66,21 @@ def test_bad_train_input(cli, tmp_path, argv, needles):
 
 
 @pytest.mark.parametrize("content, needles", [
-    ('{"path": "runs/a", "argv": []}', ["holds an object, not a list", '[{"path": DIR, "argv": [train arguments]}']),
-    ('"runs/a"', ["holds a string, not a list"]),
-    ('[{"path": "runs/a"}]', ["item 1 of", '{"path": DIR, "argv"']),
-    ('[{"path": "runs/a", "argv": []}, {"path": 3, "argv": []}]', ["item 2 of"]),
-    ('[{"path": "runs/a", "argv": ["--seed", 2]}]', ["item 1 of", "as strings"]),
+    ('{"path": "RUN", "argv": []}', ["holds an object, not a list", '[{"path": DIR, "argv": [train arguments]}']),
+    ('"RUN"', ["holds a string, not a list"]),
+    ('[{"path": "RUN"}]', ["item 1 of", '{"path": DIR, "argv"']),
+    ('[{"path": "RUN", "argv": []}, {"path": 3, "argv": []}]', ["item 2 of"]),
+    ('[{"path": "RUN", "argv": ["--seed", 2]}]', ["item 1 of", "as strings"]),
     ("[not json", ["cannot read"]),
 ])
 def test_bad_train_group_file(cli, tmp_path, content, needles):
     """compare writes train-group's file; one written by hand of another shape is one line, exit 2."""
     spec = tmp_path / "group.json"
-    spec.write_text(content)
+    spec.write_text(content.replace('"RUN"', json.dumps(str(tmp_path / "runs" / "a"))))  # nothing may be made there
     code, _, err = cli("train-group", spec)
     assert_one_line_error(code, err, *needles)
     assert not (tmp_path / "runs").exists()
+
 
 def test_out_holding_a_run_is_refused(cli, tmp_path):
     out = tmp_path / "run"
