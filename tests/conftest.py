@@ -46,7 +46,7 @@ def sigterm_after_rows(monkeypatch):
 
 
 @pytest.fixture
-def ctrl_c_after_rows(monkeypatch):
+def ctrl_c_after_rows(monkeypatch, sigint_as_in_a_terminal):
     """`arm(n, times=1)`: the next `reflectrl train` in this process gets Ctrl-C (a real SIGINT) `times`
     times right after it logs its n-th metrics row, as a terminal's Ctrl-C would: once, it stops at the
     end of that iteration with a checkpoint there; twice, at once. Deterministic, no subprocess."""
@@ -70,6 +70,19 @@ def ctrl_c_after_rows(monkeypatch):
         monkeypatch.setattr(MetricsLogger, "log", log_then_interrupt)
 
     return arm
+
+
+@pytest.fixture
+def sigint_as_in_a_terminal():
+    """SIGINT raising KeyboardInterrupt, as in a terminal, for the test's duration: a test suite started in
+    the background (`cmd &` in a non-interactive shell, as CI may) inherits SIGINT ignored, and a trainer
+    leaves an ignored SIGINT alone, as it should for a process the shell shielded."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
