@@ -388,6 +388,22 @@ def test_a_rounded_budget_is_said_at_the_start(cli, tmp_path):
     assert json.loads((out / "run.json").read_text())["global_step"] == 1024
 
 
+def test_a_rounded_default_budget_says_it_is_the_default():
+    """A user who gave no --total-steps is told that the budget rounded is the default one."""
+    from types import SimpleNamespace
+
+    from reflectrl.config import RunConfig
+    from reflectrl.trainers.base import EnvStepTrainer
+
+    def note(total_steps):
+        trainer = SimpleNamespace(cfg=SimpleNamespace(total_steps=total_steps), num_iterations=196,
+                                  iteration_knobs="num_envs x num_steps", total_units=lambda: 100_352)
+        return EnvStepTrainer.budget_note(trainer)
+
+    assert note(RunConfig().total_steps).startswith("--total-steps 100,000 (the default) is not a multiple")
+    assert note(99_999).startswith("--total-steps 99,999 is not a multiple")
+
+
 # ---------------------------------------------------------------------------- 9. messages
 
 @pytest.mark.parametrize("argv", [

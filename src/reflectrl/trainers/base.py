@@ -109,8 +109,11 @@ class EnvStepTrainer:
         asked, total = self.cfg.total_steps, self.total_units()
         if total == asked:
             return None
+        from reflectrl.config import RunConfig
+
         per = total // max(self.num_iterations, 1)
-        return (f"--total-steps {asked:,} is not a multiple of one iteration's {per:,} env steps "
+        default = " (the default)" if asked == RunConfig.total_steps else ""  # a user who gave none sees why
+        return (f"--total-steps {asked:,}{default} is not a multiple of one iteration's {per:,} env steps "
                 f"({self.iteration_knobs}); training {total:,} env steps ({self.num_iterations:,} iterations)")
 
     def units_done(self) -> int:
