@@ -179,6 +179,28 @@ def test_progress_without_a_terminal_is_a_plain_line_every_n_seconds():
     assert quiet.getvalue() == ""
 
 
+def test_progress_lines_go_on_while_runs_are_starting():
+    """compare polls its runs and sets the text after the counts every half second; while nothing can be
+    counted yet (a JAX group compiling logs no step for minutes) a line still comes every N seconds, with
+    no speed, and the speed of the first line after it is measured from the first update."""
+    import io
+
+    from reflectrl.runs.progress import ProgressLines
+
+    stream, now = io.StringIO(), [0.0]
+    bar = ProgressLines(400, "env steps", every=30, stream=stream, clock=_fake_clock(now))
+    for _ in range(130):  # 65 s of polls before any step is logged
+        now[0] += 0.5
+        bar.set_postfix_str("runs 0/4 done, 4 running")
+    assert stream.getvalue().splitlines() == ["reflectrl: 0/400 env steps (0%) in 30s; runs 0/4 done, 4 running",
+                                              "reflectrl: 0/400 env steps (0%) in 60s; runs 0/4 done, 4 running"]
+    bar.update(100)  # the first update ends the start-up
+    now[0] += 40.0
+    bar.update(100)
+    assert stream.getvalue().splitlines()[-1] == ("reflectrl: 200/400 env steps (50%) in 2 min, 2.5 env "
+                                                  "steps/s, about 80s to go; runs 0/4 done, 4 running")
+
+
 def test_progress_on_a_terminal_is_the_bar_with_its_speed_after_the_start_up(monkeypatch):
     import io
 

@@ -121,13 +121,19 @@ class ProgressLines:
             self._line(now)
 
     def set_postfix_str(self, text: str = "", refresh: bool = False) -> None:
+        """The text after the counts; a caller that sets it while waiting for work it cannot count yet
+        (compare's poll of runs that are still starting or compiling, such as a JAX group's) gets a line
+        every `every` seconds all the same, so that a long start is not silence."""
         self.postfix = text
+        now = self.clock()
+        if now - self.last_line >= self.every:
+            self._line(now)
 
     def close(self) -> None:
         pass  # the command's own closing line follows
 
     def _line(self, now: float) -> None:
-        then, before = self.since
+        then, before = self.since or (now, self.n)  # before the first update: no speed yet
         rate = (self.n - before) / (now - then) if now > then else 0.0
         parts = [f"{self.n:,}/{self.total:,} {self.unit}"
                  + (f" ({self.n / self.total:.0%})" if self.total else "")
@@ -138,7 +144,9 @@ class ProgressLines:
                 parts.append(f"about {format_duration((self.total - self.n) / rate)} to go")
         print("reflectrl: " + ", ".join(parts) + (f"; {self.postfix}" if self.postfix else ""),
               file=self.stream, flush=True)
-        self.since, self.last_line = (now, self.n), now
+        self.last_line = now
+        if self.since is not None:
+            self.since = (now, self.n)
 
 
 def recent_return_text(returns) -> str:
