@@ -24,6 +24,7 @@ from reflectrl.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_TERMINATED, EXI
 from reflectrl.lazyhelp import LazyHelp
 from reflectrl.outputs import HINTS, write_error
 from reflectrl.report import BOOTSTRAP_REPS
+from reflectrl.runs.health import format_return
 
 ENV_HELP = ("env id: a Gymnasium id (CartPole-v1, HalfCheetah-v5, LunarLander-v3), a MiniGrid id "
             "(MiniGrid-DoorKey-8x8-v0), an Atari id (ALE/Breakout-v5), pettingzoo:MODULE for --algo mappo "
@@ -333,16 +334,11 @@ def _eval(args) -> int:
         notes = ((f"; {at_limit} of {n} episode(s) ran to the env's time limit" if at_limit else "")
                  + (f"; {capped} of {n} episode(s) stopped at eval's {result['max_steps']:,}-step cap "
                     "(--max-steps): their return is a partial sum" if capped else ""))
-        print(f"{result['env_id']} @ {result['global_step']} steps: mean return {_num(result['mean_return'])} "
+        print(f"{result['env_id']} @ {result['global_step']} steps: mean return {format_return(result['mean_return'])} "
               f"+- {result['std_return']:.3g} over {n} episodes "
               f"({'deterministic' if args.deterministic else 'stochastic'}){notes}; "
               f"params_sha256 {result['params_sha256'][:16]}" + (f"; video: {args.video}" if args.video else ""))
     return 0
-
-
-def _num(x: float) -> str:
-    """A return for people: 4 significant digits, but no exponent for ordinary magnitudes."""
-    return f"{x:,.0f}" if 1e4 <= abs(x) < 1e12 else f"{x:.4g}"
 
 
 def _compare(args) -> int:
@@ -425,7 +421,7 @@ def _sweep(args) -> int:
         print(f"no trial completed; see the logs in {root / 'trials'}", file=sys.stderr)
         return EXIT_FAILED
     best = result.best
-    print(f"best: trial {best['trial']}, {' '.join(best['set'])}: {best['objective']} {_num(best['value'])}; "
+    print(f"best: trial {best['trial']}, {' '.join(best['set'])}: {best['objective']} {format_return(best['value'])}; "
           f"{root / sw.BEST_FILE}")
     if args.rerun_seeds == 0:
         return 0

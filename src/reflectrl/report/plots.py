@@ -238,9 +238,10 @@ def diagnostic_keys(exp: Experiment) -> list[str]:
     return keys
 
 
-def diagnostics(exp: Experiment, env_id: str, keys: list[str]) -> bytes | None:
-    """The diagnostics figure's PNG; None where no panel is left to draw."""
-    fig = diagnostics_figure(exp, env_id, keys)
+def diagnostics(exp: Experiment, env_id: str, keys: list[str], curves: dict | None = None) -> bytes | None:
+    """The diagnostics figure's PNG; None where no panel is left to draw. `curves`: diagnostic_curves'
+    answer where the caller has it already."""
+    fig = diagnostics_figure(exp, env_id, keys, curves)
     return None if fig is None else _png(fig)
 
 
@@ -273,11 +274,11 @@ def constant_diagnostics(curves: dict[str, dict[str, np.ndarray]]) -> dict[str, 
             for key, by_entry in curves.items() if by_entry and all(flat(c) for c in by_entry.values())}
 
 
-def diagnostics_figure(exp: Experiment, env_id: str, keys: list[str]):
+def diagnostics_figure(exp: Experiment, env_id: str, keys: list[str], curves: dict | None = None):
     """One panel per signal metric (and the policy entropy) that some entry logged on the env
     and that is not constant (`constant_diagnostics`), mean over seeds per algo entry; one
     legend below the panels with every entry drawn in any of them. None where no panel is left."""
-    curves = diagnostic_curves(exp, env_id, keys)
+    curves = diagnostic_curves(exp, env_id, keys) if curves is None else curves
     constant = constant_diagnostics(curves)
     shown = [key for key, by_entry in curves.items() if by_entry and key not in constant]
     if not shown:

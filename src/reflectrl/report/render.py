@@ -423,8 +423,9 @@ def _write_report(root: Path, out: Path, reps: int) -> list[Claim]:
         figures.append((f"{env_id}: learning curves", f"curves_{s}.png", plots.learning_curves(exp, env_id)))
         figures.append(final_figure(table, env_id))
         section = f"{env_id}: diagnostics"
-        figures.append((section, f"diagnostics_{s}.png", plots.diagnostics(exp, env_id, keys)))
-        constant = constant_text(plots.constant_diagnostics(plots.diagnostic_curves(exp, env_id, keys)))
+        curves = plots.diagnostic_curves(exp, env_id, keys)  # read once: for the figure and its note
+        figures.append((section, f"diagnostics_{s}.png", plots.diagnostics(exp, env_id, keys, curves)))
+        constant = constant_text(plots.constant_diagnostics(curves))
         if constant:
             figure_notes[section] = constant
         if plots.exploration_keys(exp, env_id):

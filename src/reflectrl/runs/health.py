@@ -27,6 +27,11 @@ PSEUDO_COLLAPSE_RATE = 0.95  # pseudo_reward=verdict: "solved" on at least this 
 PSEUDO_WINDOW = 5            # ... for this many steps in a row is a collapse
 
 
+def format_return(x: float) -> str:
+    """A return for people: 4 significant digits, but no exponent for ordinary magnitudes."""
+    return f"{x:,.0f}" if 1e4 <= abs(x) < 1e12 else f"{x:.4g}"
+
+
 def format_duration(seconds: float) -> str:
     if not math.isfinite(seconds):
         return "forever"

@@ -21,7 +21,7 @@ import warnings
 
 import numpy as np
 
-from reflectrl.runs.health import format_duration
+from reflectrl.runs.health import format_duration, format_return
 
 PROGRESS_SECONDS = 30.0  # without a terminal: one progress line this often ...
 PROGRESS_SECONDS_VARIABLE = "REFLECTRL_PROGRESS_SECONDS"  # ... or as often as this environment variable says
@@ -153,6 +153,4 @@ def recent_return_text(returns) -> str:
     """The end-of-run summary's return: the mean of the last RECENT_EPISODES (or fewer) episodes."""
     if not len(returns):
         return "no episode ended in training (the budget was shorter than an episode, or the env has no time limit)"
-    mean = float(np.mean(returns))
-    shown = f"{mean:,.0f}" if 1e4 <= abs(mean) < 1e12 else f"{mean:.4g}"  # no exponent for ordinary magnitudes
-    return f"mean return of the last {len(returns)} episodes {shown}"
+    return f"mean return of the last {len(returns)} episodes {format_return(float(np.mean(returns)))}"
