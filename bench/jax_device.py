@@ -57,7 +57,7 @@ TASKS = {
 # tasks once in the suite that cannot be run, and why (a line instead of a failed window)
 UNRUNNABLE = {
     "keycorridor": ("navix's KeyCorridorS3R3 cannot be solved (its doors sit in walls, its goal never pays: "
-                    "reflectrl.jaxrl.envs.key_corridor_defects); the suite runs blockedunlock in its place"),
+                    "reflectrl.envs.jax_envs.key_corridor_defects); the suite runs blockedunlock in its place"),
 }
 SUITES = {
     "seeds": ("ppo,ppo+count,ppo+rnd,ppo+calibration,ppo+shaping[mode=potential],ppo+gear,"
@@ -213,7 +213,7 @@ def main() -> int:
     root = Path(args.out)
     knob = dict(k.split("=") for k in knobs)
     batch = int(knob["num_envs"]) * int(knob["num_steps"])
-    from reflectrl.jaxrl.trainer import CHUNK_STEPS
+    from reflectrl.trainers.ppo_jax.trainer import CHUNK_STEPS
 
     # time one short entry per task, as many at once as the entries will run
     probe_steps = PROBE_CALLS * max(batch, CHUNK_STEPS)

@@ -23,7 +23,7 @@ test results before the verdict): TRL's GRPOTrainer generates one completion per
 does (llm/tasks/base.py: the model writes a turn, the task answers it, until it ends or
 `max_turns`), the task's replies masked out of the loss (TRL's `env_mask`), and
 `episode_rewards` score the whole episode (the verifier, and the verdict / confidence terms of
-signals/verdict.py and signals/confidence.py, as integrations/rewards.py does for one turn).
+signals/verdict/torch.py and signals/confidence/torch.py, as integrations/rewards.py does for one turn).
 """
 
 from __future__ import annotations
@@ -271,8 +271,8 @@ def episode_rewards(task, problems: list, signals=(), configs: dict | None = Non
     `problem` column (an index into `problems`) and the `turns` that the rollout passes along
     (TRL's extra fields)."""
     from reflectrl.signals.base import scheduled
-    from reflectrl.signals.confidence import ConfidenceConfig, confidence_terms
-    from reflectrl.signals.verdict import VerdictConfig, verdict_terms
+    from reflectrl.signals.confidence.torch import ConfidenceConfig, confidence_terms
+    from reflectrl.signals.verdict.torch import VerdictConfig, verdict_terms
 
     configs = dict(configs or {})
     for name in signals:

@@ -53,7 +53,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=512)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    from reflectrl.signals.shaping import RewardShaper
+    from reflectrl.signals.shaping.torch import RewardShaper
 
     signal, data = distillation_set(args.run)
     n = len(data["labels"])

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from reflectrl.signals import Batch, SignalContext
-from reflectrl.signals.calibration import CalibrationBonus, CalibrationConfig
+from reflectrl.signals.calibration.torch import CalibrationBonus, CalibrationConfig
 
 
 def ctx(obs_dim=2, action_dim=2, discrete=True, iterations=10):

@@ -8,7 +8,7 @@ from test_exploration import _config, resume_matches
 
 from reflectrl.errors import UserError
 from reflectrl.signals import Batch, SignalContext
-from reflectrl.signals.count import CountBonus, CountConfig
+from reflectrl.signals.count.torch import CountBonus, CountConfig
 
 
 def _bound(**knobs):

@@ -13,7 +13,7 @@ import torch
 
 from reflectrl.errors import UserError
 from reflectrl.signals.base import Batch, SignalContext
-from reflectrl.signals.divergence import (
+from reflectrl.signals.divergence.torch import (
     NEVER,
     DivergenceConfig,
     DivergenceReweighting,
@@ -442,7 +442,7 @@ def test_grpo_trains_with_several_segments_and_an_initial_teacher(tiny_model_dir
 # ---------------------------------------------------------------------------- GEAR's seed items
 
 def _gear(**knobs):
-    from reflectrl.signals.gear import GEARConfig, GEARReweighting
+    from reflectrl.signals.gear.torch import GEARConfig, GEARReweighting
 
     sig = GEARReweighting(GEARConfig(**knobs))
     sig.bind(SignalContext(obs_dim=3, action_dim=0, discrete=False, feature_dim=3, learning_rate=1e-3, gamma=1.0,

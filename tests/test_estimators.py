@@ -12,7 +12,7 @@ from reflectrl.estimators import (
     discounted_returns_from_ends,
     episode_continues,
 )
-from reflectrl.signals.gear import returns_to_go, trajectory_ids
+from reflectrl.signals.gear.torch import returns_to_go, trajectory_ids
 
 
 def col(*xs, dtype=torch.float32):

@@ -12,9 +12,9 @@ import torch
 
 from reflectrl.errors import UserError
 from reflectrl.signals import Batch, SignalContext, build_signals
-from reflectrl.signals.calibration import CalibrationBonus, CalibrationConfig
-from reflectrl.signals.count import CountBonus, CountConfig
-from reflectrl.signals.gear import GEARConfig, reward_parts
+from reflectrl.signals.calibration.torch import CalibrationBonus, CalibrationConfig
+from reflectrl.signals.count.torch import CountBonus, CountConfig
+from reflectrl.signals.gear.torch import GEARConfig, reward_parts
 from reflectrl.signals.rnd import RndConfig
 from reflectrl.signals.schedule import progress, schedule_factor
 from reflectrl.signals.shaping import ShapingConfig

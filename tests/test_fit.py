@@ -243,9 +243,9 @@ def test_one_hot_fit_matches_the_dense_fit_to_rounding(minibatch_size):
 
 def test_the_signals_fit_their_heads_with_it_and_keep_their_checkpoint_keys():
     from reflectrl.signals.base import SignalContext
-    from reflectrl.signals.calibration import CalibrationBonus, CalibrationConfig
-    from reflectrl.signals.gear import GEARConfig, GEARReweighting
-    from reflectrl.signals.shaping import SelfDistilledShaping, ShapingConfig
+    from reflectrl.signals.calibration.torch import CalibrationBonus, CalibrationConfig
+    from reflectrl.signals.gear.torch import GEARConfig, GEARReweighting
+    from reflectrl.signals.shaping.torch import SelfDistilledShaping, ShapingConfig
 
     ctx = SignalContext(obs_dim=3, action_dim=2, discrete=True, feature_dim=4, learning_rate=1e-3, gamma=0.99,
                         gae_lambda=0.95, seed=0, total_iterations=10)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from reflectrl.signals import Batch, SignalContext
-from reflectrl.signals.gear import (
+from reflectrl.signals.gear.torch import (
     GEARConfig,
     GEARReweighting,
     returns_to_go,
@@ -234,7 +234,7 @@ def test_returns_to_go_bootstrap_where_a_trajectory_is_cut():
 
 
 def test_temperature_schedule_known_answers():
-    from reflectrl.signals.gear import scheduled_temperature
+    from reflectrl.signals.gear.torch import scheduled_temperature
 
     cfg = GEARConfig(temperature=2.0, warmup_steps=100, temperature_steps=200)
     assert math.isinf(scheduled_temperature(0, cfg)) and math.isinf(scheduled_temperature(99, cfg))

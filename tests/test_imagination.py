@@ -6,7 +6,7 @@ import json
 import torch
 
 from reflectrl.estimators import compute_gae
-from reflectrl.signals.world_model import WorldModel, imagined_advantages
+from reflectrl.signals.shaping._world_model import WorldModel, imagined_advantages
 
 
 def test_world_model_learns_a_deterministic_system_and_its_error_falls():

@@ -143,7 +143,7 @@ def test_signals_compose_on_impala_and_rnd_gets_its_value_head():
 
 
 def test_count_follows_env_ids_not_columns():
-    from reflectrl.signals.count import CountBonus, CountConfig
+    from reflectrl.signals.count.torch import CountBonus, CountConfig
 
     a, b = CountBonus(CountConfig()), CountBonus(CountConfig())
     keys = np.array([[0, 5], [1, 5]])
@@ -285,7 +285,7 @@ def test_learns_cartpole_with_two_actors_on_ray(local_ray):
 
 
 def test_rnd_forward_filter_follows_env_ids():
-    from reflectrl.signals.rnd import RewardForwardFilter
+    from reflectrl.signals.rnd.torch import RewardForwardFilter
 
     by_column, by_env = RewardForwardFilter(0.5), RewardForwardFilter(0.5)
     r = np.array([[1.0, 2.0], [3.0, 4.0]])

@@ -18,8 +18,8 @@ jax = pytest.importorskip("jax")
 pytest.importorskip("gymnax")
 
 from reflectrl.cli import main  # noqa: E402
-from reflectrl.jaxrl.trainer import JaxGroup, chunk_length  # noqa: E402
 from reflectrl.runs.rundir import RunDir, read_metrics  # noqa: E402
+from reflectrl.trainers.ppo_jax.trainer import JaxGroup, chunk_length  # noqa: E402
 from reflectrl.trainers.resolve import new_run_config  # noqa: E402
 
 TINY = ["backend=jax", "num_envs=2", "num_steps=16", "num_minibatches=2", "update_epochs=2", "hidden_sizes=8,8"]
@@ -59,7 +59,7 @@ def test_navix_key_corridor_is_refused_while_it_cannot_be_solved(tmp_path, capsy
     """navix 0.7.4's KeyCorridor puts its doors in walls and its goal is a Ball that never pays: a run
     there learns nothing whatever the algorithm (envs.key_corridor_defects). The check finds that on
     KeyCorridor and nothing on DoorKey, whose door is a gap in its wall and whose goal pays."""
-    from reflectrl.jaxrl.envs import import_navix, key_corridor_defects
+    from reflectrl.envs.jax_envs import import_navix, key_corridor_defects
 
     navix = import_navix()
     assert key_corridor_defects(navix.make("Navix-DoorKey-Random-5x5-v0")) == []
@@ -80,7 +80,7 @@ def test_navix_key_corridor_is_refused_while_it_cannot_be_solved(tmp_path, capsy
 def test_gymnax_imports_without_its_renderers_and_leaves_them_importable():
     """import_gymnax stands in for seaborn and pyplot while gymnax loads, then takes the stand-ins
     out: the env works, nothing of theirs was loaded, and a later real import gets the real ones."""
-    code = ("import sys; from reflectrl.jaxrl.envs import import_gymnax, make_env\n"
+    code = ("import sys; from reflectrl.envs.jax_envs import import_gymnax, make_env\n"
             "import_gymnax(); env = make_env('gymnax:CartPole-v1')\n"
             "assert not {'seaborn', 'matplotlib.pyplot', 'scipy.stats'} & set(sys.modules)\n"
             "import seaborn, matplotlib.pyplot as plt\n"
@@ -102,7 +102,7 @@ def test_the_returns_of_the_last_episodes_are_taken_in_the_program():
     """Issue 57 item 8: the end-of-run summary meant "the last 20 episodes" on torch and "the last 92
     iterations' episodes" (a mean of iteration means) on JAX. The program now hands out each iteration's
     last episodes' returns, in the order they ended, as the torch trainers keep them."""
-    from reflectrl.jaxrl.ppo import last_ended
+    from reflectrl.trainers.ppo_jax.ppo import last_ended
 
     rng = np.random.default_rng(0)
     for count, p in ((20, 0.1), (20, 0.01), (5, 0.5)):
@@ -253,7 +253,7 @@ def test_a_kill_between_a_groups_checkpoint_commits_resumes_from_one_iteration(t
     resume as a group of their own, after a one-line warning."""
     import shutil
 
-    from reflectrl.jaxrl.trainer import train_group
+    from reflectrl.trainers.ppo_jax.trainer import train_group
 
     cfgs = [tiny_config(seed, total=512) for seed in (1, 2)]
     whole = [str(tmp_path / f"whole{c.seed}") for c in cfgs]
@@ -419,7 +419,7 @@ def test_a_kill_while_the_first_checkpoints_are_put_in_place_resumes_as_one_grou
     from types import SimpleNamespace
 
     from reflectrl.experiments.state import run_state
-    from reflectrl.jaxrl.trainer import settle_checkpoints
+    from reflectrl.trainers.ppo_jax.trainer import settle_checkpoints
 
     cfgs = [tiny_config(1), tiny_config(2)]
     runs = [RunDir.create(tmp_path / f"r{c.seed}", c.to_dict()) for c in cfgs]

@@ -10,7 +10,7 @@ jax = pytest.importorskip("jax")
 
 from reflectrl.cli import main  # noqa: E402
 from reflectrl.envs.gridworld import GridWorldEnv  # noqa: E402
-from reflectrl.jaxrl.envs import make_env, vector_step  # noqa: E402
+from reflectrl.envs.jax_envs import make_env, vector_step  # noqa: E402
 from reflectrl.report.analysis import SPARSE_ENV_PREFIXES  # noqa: E402
 
 

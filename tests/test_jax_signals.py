@@ -14,17 +14,19 @@ import torch  # noqa: E402
 
 from reflectrl.errors import UserError  # noqa: E402
 from reflectrl.estimators import compute_gae  # noqa: E402
-from reflectrl.jaxrl.nets import from_torch  # noqa: E402
-from reflectrl.jaxrl.signals import JAX_SIGNALS, make_signal  # noqa: E402
-from reflectrl.jaxrl.signals import base as jb  # noqa: E402
-from reflectrl.jaxrl.signals.calibration import calibration_inputs, calibration_term  # noqa: E402
-from reflectrl.jaxrl.signals.shaping import shaper_forward  # noqa: E402
+from reflectrl.nets_jax import from_torch  # noqa: E402
+from reflectrl.trainers.ppo_jax.resolve import jax_signal_class, jax_signal_names, make_signal  # noqa: E402
+
+JAX_SIGNALS = {name: jax_signal_class(name) for name in jax_signal_names()}
 from reflectrl.signals import Batch, SignalContext  # noqa: E402
-from reflectrl.signals.calibration import CalibrationBonus, CalibrationConfig  # noqa: E402
-from reflectrl.signals.count import CountBonus, CountConfig  # noqa: E402
-from reflectrl.signals.gear import GEARConfig, GEARReweighting, returns_to_go, select_winners, trajectory_ids  # noqa: E402
-from reflectrl.signals.rnd import RND, RndConfig  # noqa: E402
-from reflectrl.signals.shaping import SelfDistilledShaping, ShapingConfig  # noqa: E402
+from reflectrl.signals import jax_base as jb  # noqa: E402
+from reflectrl.signals.calibration.jax import calibration_inputs, calibration_term  # noqa: E402
+from reflectrl.signals.calibration.torch import CalibrationBonus, CalibrationConfig  # noqa: E402
+from reflectrl.signals.count.torch import CountBonus, CountConfig  # noqa: E402
+from reflectrl.signals.gear.torch import GEARConfig, GEARReweighting, returns_to_go, select_winners, trajectory_ids  # noqa: E402
+from reflectrl.signals.rnd.torch import RND, RndConfig  # noqa: E402
+from reflectrl.signals.shaping.jax import shaper_forward  # noqa: E402
+from reflectrl.signals.shaping.torch import SelfDistilledShaping, ShapingConfig  # noqa: E402
 
 T, N, OBS, ACTIONS, FEATURES, KEYS = 16, 4, 6, 3, 5, 10
 GAMMA, LAM, LR, ITERATIONS = 0.99, 0.95, 1e-3, 10
@@ -120,7 +122,7 @@ def close(jax_value, torch_value, **tol):
 
 
 def estimate_for(batch: jb.Batch):
-    from reflectrl.jaxrl.gae import gae
+    from reflectrl.estimators_jax import gae
 
     return lambda r: gae(r, batch.values, batch.next_values, batch.terminations, batch.truncations, GAMMA, LAM)
 
@@ -129,7 +131,7 @@ def estimate_for(batch: jb.Batch):
 
 
 def test_gae_equals_torch(arrays):
-    from reflectrl.jaxrl.gae import gae
+    from reflectrl.estimators_jax import gae
 
     a = arrays[0]
     b = jax_batch(a)
@@ -413,7 +415,7 @@ def test_rnd_intrinsic_rewards_equal_torch(arrays):
 
 @pytest.mark.parametrize("shape", [(6, 16), (16, 16), (16, 8)])
 def test_the_orthogonal_init_is_orthogonal(shape):
-    from reflectrl.jaxrl.nets import orthogonal
+    from reflectrl.nets_jax import orthogonal
 
     q = np.asarray(jax.vmap(lambda k: orthogonal(k, shape, 2.0))(jax.random.split(jax.random.PRNGKey(0), 3)))
     assert q.shape == (3, *shape)
@@ -445,7 +447,7 @@ def test_rnd_without_intrinsic_coef_has_no_stream(arrays):
 
 
 def test_unknown_signal_and_torch_only_shaping_modes():
-    with pytest.raises(UserError, match="signal 'verdict' has no JAX implementation; backend=jax runs count, "):
+    with pytest.raises(UserError, match="signal .verdict. has no JAX implementation; backend=jax runs calibration, "):
         make_signal("verdict", None)
     for knobs, knob in (({"mode": "bootstrap"}, "shaping.mode=bootstrap"), ({"mode": "advice"}, "shaping.mode=advice"),
                         ({"encoder": "cnn"}, "shaping.encoder=cnn"), ({"imagined_fraction": 0.5},

@@ -29,16 +29,17 @@ from test_jax_signals import (  # noqa: E402
 )
 
 from reflectrl.errors import UserError  # noqa: E402
-from reflectrl.jaxrl.nets import from_torch  # noqa: E402
-from reflectrl.jaxrl.signals import make_signal, schedule_factor  # noqa: E402
-from reflectrl.jaxrl.signals.calibration import calibration_inputs, calibration_term, uncertainty_term  # noqa: E402
-from reflectrl.jaxrl.signals.gear import NEEDS_STREAM  # noqa: E402
-from reflectrl.signals.calibration import CalibrationBonus, CalibrationConfig  # noqa: E402
-from reflectrl.signals.count import CountBonus, CountConfig  # noqa: E402
-from reflectrl.signals.gear import GEARConfig, GEARReweighting  # noqa: E402
-from reflectrl.signals.rnd import RND, RndConfig  # noqa: E402
+from reflectrl.nets_jax import from_torch  # noqa: E402
+from reflectrl.signals._jax import schedule_factor  # noqa: E402
+from reflectrl.signals.calibration.jax import calibration_inputs, calibration_term, uncertainty_term  # noqa: E402
+from reflectrl.signals.calibration.torch import CalibrationBonus, CalibrationConfig  # noqa: E402
+from reflectrl.signals.count.torch import CountBonus, CountConfig  # noqa: E402
+from reflectrl.signals.gear.jax import NEEDS_STREAM  # noqa: E402
+from reflectrl.signals.gear.torch import GEARConfig, GEARReweighting  # noqa: E402
+from reflectrl.signals.rnd.torch import RND, RndConfig  # noqa: E402
 from reflectrl.signals.schedule import factor_at  # noqa: E402
-from reflectrl.signals.shaping import SelfDistilledShaping, ShapingConfig  # noqa: E402
+from reflectrl.signals.shaping.torch import SelfDistilledShaping, ShapingConfig  # noqa: E402
+from reflectrl.trainers.ppo_jax.resolve import make_signal  # noqa: E402
 
 K = 0.5  # the stream's weight k_s = coef / extrinsic_coef (RND's defaults: 1 / 2)
 
@@ -75,7 +76,8 @@ def with_stream(tb, s: dict, episodic: bool = False):
 
 
 def jax_with_stream(b, s: dict, episodic: bool = False):
-    """The JAX Batch with its intrinsic parts, as jaxrl/ppo fills them (k_s-weighted; V'_s by the episodic rule)."""
+    """The JAX Batch with its intrinsic parts, as trainers/ppo_jax/ppo fills them (k_s-weighted; V'_s by the
+    episodic rule)."""
     next_values = s["next_values"] * ((1.0 - b.terminations) if episodic else 1.0)
     return b._replace(intrinsic_values=K * jnp.asarray(s["values"]), intrinsic_next_values=K * next_values,
                       intrinsic_rewards=K * jnp.asarray(s["rewards"]),
@@ -250,7 +252,7 @@ def test_uncertainty_acts_before_any_reward(arrays, uncertainty_hook):
 
 
 def from_heads(params, x):
-    from reflectrl.jaxrl.nets import head
+    from reflectrl.nets_jax import head
 
     return head(params, x)
 
@@ -277,7 +279,7 @@ def test_uncertainty_with_alpha_zero_adds_exact_zeros(arrays):
 
 
 def test_bootstrap_masks_draw_each_row_with_its_probability():
-    from reflectrl.jaxrl.signals.calibration import bootstrap_masks
+    from reflectrl.signals.calibration.jax import bootstrap_masks
 
     masks = np.asarray(bootstrap_masks(jax.random.PRNGKey(0), 4, 5000, 0.3))
     assert masks.shape == (4, 5000) and abs(masks.mean() - 0.3) < 0.02
@@ -410,7 +412,7 @@ def test_stream_refusals_are_one_line(tmp_path, capsys, algo, knobs, says):
 
 def test_the_variants_resolve_on_backend_jax():
     pytest.importorskip("gymnax")
-    from reflectrl.jaxrl.resolve import resolve
+    from reflectrl.trainers.ppo_jax.resolve import resolve
     from reflectrl.trainers.resolve import new_run_config
 
     for algo, knobs in (("ppo+count+calibration", ["count.schedule=linear", "calibration.mode=uncertainty",
@@ -425,7 +427,7 @@ def test_the_variants_resolve_on_backend_jax():
 
 def first_rows(algo: str, env_id: str, iterations: int = 3, extra=()):
     """`iterations` iterations of 2 seeds as one program (no run directories): (group, rows (S, iterations))."""
-    from reflectrl.jaxrl.trainer import JaxGroup
+    from reflectrl.trainers.ppo_jax.trainer import JaxGroup
     from reflectrl.trainers.resolve import new_run_config
 
     cfgs = [new_run_config(algo=algo, env_id=env_id, seed=s, total_steps=iterations * 32,

@@ -14,8 +14,8 @@ jax = pytest.importorskip("jax")
 pytest.importorskip("xminigrid")
 
 from reflectrl.cli import main  # noqa: E402
+from reflectrl.envs.jax_envs import make_env  # noqa: E402
 from reflectrl.envs.statekey import unpack_navix_key  # noqa: E402
-from reflectrl.jaxrl.envs import make_env  # noqa: E402
 from reflectrl.runs.rundir import read_metrics  # noqa: E402
 
 # xland-minigrid's actions (forward, right, left, pick up, put down, toggle) as MiniGrid's

@@ -11,7 +11,8 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "reflectrl"
 LAYERS = [
     ("core", ["reflectrl.errors", "reflectrl.lazyhelp", "reflectrl.torch_setup", "reflectrl.overrides",
               "reflectrl.registry", "reflectrl.config", "reflectrl.runs.jsonfile"]),
-    ("libraries", ["reflectrl.outputs", "reflectrl.estimators", "reflectrl.nets", "reflectrl.envs", "reflectrl.runs",
+    ("libraries", ["reflectrl.outputs", "reflectrl.estimators", "reflectrl.nets", "reflectrl.estimators_jax",
+                   "reflectrl.nets_jax", "reflectrl.envs", "reflectrl.runs",
                    "reflectrl.sandbox",
                    "reflectrl.distributed", "reflectrl.llm.model", "reflectrl.llm.tasks", "reflectrl.llm.losses",
                    "reflectrl.llm.calibration"]),
@@ -19,9 +20,9 @@ LAYERS = [
     ("trainer kit", ["reflectrl.trainers"]),
     ("trainers", [f"reflectrl.trainers.{p.name}" for p in (SRC / "trainers").iterdir()
                   if p.is_dir() and (p / "__init__.py").exists() and p.name != "onpolicy"]
-                 + ["reflectrl.jaxrl"]),  # the JAX backend's PPO and its signals (backend=jax)
-    ("applications", ["reflectrl.evaluate", "reflectrl.experiments", "reflectrl.knobs", "reflectrl.llm.sft",
-                      "reflectrl.integrations"]),
+                 + ["reflectrl.trainers.ppo_jax"]),  # the JAX backend's PPO and its signals (backend=jax)
+    ("applications", ["reflectrl.evaluate", "reflectrl.training", "reflectrl.experiments", "reflectrl.knobs",
+                      "reflectrl.llm.sft", "reflectrl.integrations"]),
     ("reports", ["reflectrl.report"]),
     ("tuning", ["reflectrl.sweep"]),  # sweeps run experiments and score them as the report does
     ("commands", ["reflectrl.cli", "reflectrl.__main__", "reflectrl.llm.cli", "reflectrl.sandbox.cli",

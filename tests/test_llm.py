@@ -12,7 +12,7 @@ import torch
 pytest.importorskip("transformers")
 
 from reflectrl.signals import SignalContext  # noqa: E402
-from reflectrl.signals.gear import GEARConfig, GEARReweighting  # noqa: E402
+from reflectrl.signals.gear.torch import GEARConfig, GEARReweighting  # noqa: E402
 from reflectrl.trainers.grpo.config import LLMRunConfig, loss_types  # noqa: E402
 from reflectrl.trainers.grpo.trainer import (  # noqa: E402
     Episodes,

@@ -15,7 +15,7 @@ from reflectrl.llm.calibration import FEEDBACK_KEYS, KEYS, calibration_metrics
 from reflectrl.llm.tasks import make_task
 from reflectrl.llm.tasks.base import turn_text
 from reflectrl.llm.tasks.reflect import Reflection, parse_reflection
-from reflectrl.signals.verdict import verdict_terms
+from reflectrl.signals.verdict.torch import verdict_terms
 
 CODE = "code[reflect=both;reflect_after=feedback]"
 needs_bwrap = pytest.mark.skipif(not sandbox.bwrap_available(), reason="bubblewrap is not installed")

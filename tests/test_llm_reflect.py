@@ -16,8 +16,8 @@ from reflectrl.llm.calibration import KEYS, auroc, calibration_metrics, ece, sel
 from reflectrl.llm.tasks import make_task
 from reflectrl.llm.tasks.reflect import Reflection, require_reflect, split_reflection, split_relevance, union
 from reflectrl.signals.base import Batch, SignalContext, scheduled
-from reflectrl.signals.confidence import ConfidenceConfig, ConfidenceReward, proper_score
-from reflectrl.signals.verdict import VerdictBonus, VerdictConfig
+from reflectrl.signals.confidence.torch import ConfidenceConfig, ConfidenceReward, proper_score
+from reflectrl.signals.verdict.torch import VerdictBonus, VerdictConfig
 
 R = Reflection
 
@@ -119,7 +119,7 @@ def test_signals_switch_the_reflection_on_beside_reflect_after():
 
 
 def test_a_judgement_with_its_own_target_is_rewarded_against_it():
-    from reflectrl.signals.verdict import verdict_terms
+    from reflectrl.signals.verdict.torch import verdict_terms
 
     relevant = R(True, None, True, final=False, target=True)    # a search that found what was needed
     irrelevant = R(True, None, True, final=False, target=False)  # called relevant, found nothing

@@ -214,7 +214,7 @@ def test_mappo_knobs_are_refused_on_other_trainers():
 
 def _shaper(labels):
     from reflectrl.signals.base import SignalContext
-    from reflectrl.signals.shaping import SelfDistilledShaping, ShapingConfig
+    from reflectrl.signals.shaping.torch import SelfDistilledShaping, ShapingConfig
 
     sh = SelfDistilledShaping(ShapingConfig(labels=labels, update_every=1, epochs=1))
     sh.bind(SignalContext(obs_dim=4, action_dim=2, discrete=True, feature_dim=4, learning_rate=1e-3, gamma=0.9,

@@ -9,7 +9,7 @@ from test_exploration import _config, resume_matches
 
 from reflectrl.errors import UserError
 from reflectrl.signals import Batch, RewardStream, Signal, SignalContext, SignalOutput
-from reflectrl.signals.rnd import RND, RewardForwardFilter, RndConfig, RunningMeanStd
+from reflectrl.signals.rnd.torch import RND, RewardForwardFilter, RndConfig, RunningMeanStd
 
 
 @pytest.fixture(autouse=True)

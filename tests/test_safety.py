@@ -108,7 +108,7 @@ def test_cost_tracker_sums_episodes_across_rollouts_and_autoresets():
 
 def _lagrangian(cost_limit, **knobs):
     from reflectrl.signals.base import SignalContext
-    from reflectrl.signals.lagrangian import Lagrangian, LagrangianConfig
+    from reflectrl.signals.lagrangian.torch import Lagrangian, LagrangianConfig
 
     signal = Lagrangian(LagrangianConfig(**knobs))
     signal.bind(SignalContext(obs_dim=3, action_dim=2, discrete=True, feature_dim=4, learning_rate=3e-4, gamma=0.99,

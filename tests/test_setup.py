@@ -52,7 +52,7 @@ def test_a_missing_gymnax_names_the_install_that_works(monkeypatch):
     """`pip install 'reflectrl[jax]'` alone cannot install gymnax (it pins gymnasium<1.4): the error names
     the --no-deps install that scripts/setup.sh itself runs, so following it gives a working gymnax."""
     pytest.importorskip("jax")
-    from reflectrl.jaxrl import envs as jax_envs
+    from reflectrl.envs import jax_envs
 
     monkeypatch.setitem(sys.modules, "gymnax", None)  # an import of it fails, as where it is not installed
     monkeypatch.setattr(jax_envs, "_MADE", {})

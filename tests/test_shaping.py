@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from reflectrl.envs.gridworld import GridWorldEnv
-from reflectrl.signals.shaping import RewardShaper, curriculum, polyak
+from reflectrl.signals.shaping.torch import RewardShaper, curriculum, polyak
 
 
 def random_potential_shaper(obs_dim, gamma, seed=0):

@@ -11,7 +11,7 @@ import pytest
 from reflectrl.errors import UserError
 from reflectrl.registry import signal_spec, signals
 from reflectrl.signals import Signal, SignalContext, build_signals, make_signal
-from reflectrl.signals.calibration import CalibrationBonus, CalibrationConfig
+from reflectrl.signals.calibration.torch import CalibrationBonus, CalibrationConfig
 from reflectrl.signals.compose import SignalStack
 
 # knob settings under which a signal asks for something else than under its defaults

@@ -17,8 +17,8 @@ rv = importlib.import_module("reflectrl.integrations.verl")
 
 from reflectrl.errors import UserError  # noqa: E402
 from reflectrl.signals.base import SignalContext  # noqa: E402
-from reflectrl.signals.divergence import DivergenceConfig, divergence_weights  # noqa: E402
-from reflectrl.signals.gear import GEARConfig, GEARReweighting  # noqa: E402
+from reflectrl.signals.divergence.torch import DivergenceConfig, divergence_weights  # noqa: E402
+from reflectrl.signals.gear.torch import GEARConfig, GEARReweighting  # noqa: E402
 from reflectrl.trainers.grpo.trainer import group_advantages, token_batch  # noqa: E402
 
 GROUP = 4

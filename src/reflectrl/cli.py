@@ -226,25 +226,9 @@ def config_from_train_argv(argv: list[str]):
     return config_from_args(args)
 
 
-def make_trainer(cfg, run):
-    """The trainer --algo names (the registry's TRAINERS), built for a resolved config; on
-    backend=jax, the compiled JAX PPO (jaxrl/)."""
-    from reflectrl.config import trainer_name
-    from reflectrl.registry import trainer_class
-
-    if cfg.backend == "jax":
-        from reflectrl.jaxrl.trainer import JaxTrainer
-
-        return JaxTrainer(cfg, run)
-    from reflectrl.torch_setup import optimizers_without_dynamo
-
-    optimizers_without_dynamo()  # 2.5 s of start-up that only a compiler needs (torch_setup.py)
-    return trainer_class(trainer_name(cfg))(cfg, run)
-
-
 def _train_group(args) -> int:
     items = _group_items(args.runs)  # before JAX's import: a malformed file is refused at once
-    from reflectrl.jaxrl.trainer import train_group
+    from reflectrl.trainers.ppo_jax.trainer import train_group
 
     runs = [(item["path"], None if item["argv"][:1] == ["--resume"] else config_from_train_argv(item["argv"]),
              item["argv"]) for item in items]
@@ -279,14 +263,16 @@ def _train_new(args) -> int:
         raise UserError("train needs --out DIR (a new run directory), or --resume DIR to continue a run")
     cfg = config_from_args(args)  # every check that needs no run directory happens before we make one
     from reflectrl.runs.session import train_new_run  # (after the checks: it imports torch)
+    from reflectrl.training import finish, make_trainer
 
-    return train_new_run(args.out, cfg.to_dict(), lambda run: make_trainer(cfg, run), _finish,
+    return train_new_run(args.out, cfg.to_dict(), lambda run: make_trainer(cfg, run), finish,
                          progress=not args.no_progress, resume_command="reflectrl train")
 
 
 def _train_resume(args) -> int:
     from reflectrl.config import RunConfig
     from reflectrl.runs.session import resume_run
+    from reflectrl.training import finish, make_trainer
 
     given = [("--algo", args.algo), ("--env", args.env), ("--seed", args.seed), ("--total-steps", args.total_steps),
              ("--out", args.out), ("--wrapper", args.wrapper), ("--set", args.set)]
@@ -297,24 +283,8 @@ def _train_resume(args) -> int:
             cfg.impala.ray_address = args.ray_address  # a cluster's address may change between sessions
         return make_trainer(cfg, run)
 
-    return resume_run(args.resume, given, "control", build, _finish, progress=not args.no_progress,
+    return resume_run(args.resume, given, "control", build, finish, progress=not args.no_progress,
                       resume_command="reflectrl train")
-
-
-def _finish(trainer, run) -> None:
-    from reflectrl.registry import finish_signals
-    from reflectrl.runs.progress import recent_return_text
-    from reflectrl.trainers.policies import params_sha256
-
-    if hasattr(trainer, "group"):  # backend=jax
-        from reflectrl.jaxrl.trainer import finish_run
-
-        finish_run(trainer.group, 0, run)
-        return
-    run.set_status("finished", global_step=trainer.global_step, params_sha256=params_sha256(trainer.policy_module))
-    finish_signals(trainer.cfg.algo, "control", run.path)
-    print(f"finished {trainer.cfg.algo} on {trainer.cfg.env_id}: {trainer.global_step} steps, "
-          f"{recent_return_text(trainer.recent_returns)}; run: {run.path}")
 
 
 def _eval(args) -> int:

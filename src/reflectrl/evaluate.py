@@ -70,7 +70,7 @@ def evaluate(
         prepare_headless_rendering()  # before the first make_env: MuJoCo picks its GL backend on import
     run = RunDir.open(run_path, kind="control")
     if run.config().get("backend") == "jax":
-        from reflectrl.jaxrl.evaluate import evaluate_run
+        from reflectrl.trainers.ppo_jax.evaluate import evaluate_run
 
         return evaluate_run(run, episodes, deterministic, seed, video, max_steps)
     cfg, agent, state = load_policy(run)

@@ -3,11 +3,12 @@
 signals, the CLI's help, `compare`'s entries, `reflectrl knobs`, the README's table) reads
 it; nothing else keeps a list of them.
 
-A signal registers itself in its spec module, reflectrl/signals/specs/NAME.py (its knobs and
-`register_signal(SignalSpec(...))`, importing no torch, so that checking a command line needs
-none), beside its Signal in reflectrl/signals/NAME.py; every module of `reflectrl.signals.specs`
-is imported on the first look-up, so a new signal is those two files (or, outside this package,
-a module named by an entry point in the group `reflectrl.signals`). Trainers are listed in
+A signal registers itself in its package, reflectrl/signals/NAME/__init__.py (its knobs and
+`register_signal(SignalSpec(...))`, importing no torch or JAX, so that checking a command line
+needs neither), beside its torch form (NAME/torch.py) and its JAX form (NAME/jax.py) where it
+has one; every package under `reflectrl.signals` is imported on the first look-up, so a new
+signal is one package (or, outside this one, a module named by an entry point in the group
+`reflectrl.signals`). Trainers are listed in
 `TRAINERS` below: a new trainer is its package plus one entry.
 
 `--algo` is TRAINER[+SIGNAL...]: `ppo`, `ppo+gear`, `ppo+calibration+gear`, `grpo+gear`.
@@ -79,6 +80,8 @@ class SignalSpec:
     refusals: dict = field(default_factory=dict)  # {step kind it cannot work on: why} (said when refused)
     task_options: dict = field(default_factory=dict)  # what it needs of an LLM task, e.g. {"reflect": "verdict"}
     resolve: Callable | None = None    # resolve(config, provides): set its 'auto' knobs to what the trainer gives
+    jax: str = ""                      # "module:Class" of its JAX form (signals/jax_base.py), "" where it has none
+    jax_torch_only: Callable | None = None  # config -> [(refused, knob as said, why)]: knobs only its torch form runs
 
     def __post_init__(self):
         if isinstance(self.factory, str):
@@ -130,7 +133,7 @@ class TrainerSpec:
     entry         the trainer class: Trainer(cfg, run) runs the train loop (trainers/base.py)
     load_policy   load_policy(cfg, state) -> a policy with act(obs, generator) and deterministic_action(obs)
                   that `reflectrl eval` steps ("" where eval does not take its runs: `no_eval` says why)
-    jax           resolve(cfg) -> cfg of the trainer's JAX version (--set backend=jax; reflectrl/jaxrl)
+    jax           resolve(cfg) -> cfg of the trainer's JAX version (--set backend=jax; reflectrl/trainers/ppo_jax)
     jax_check     check(cfg): what its JAX version refuses that needs no env (a torch-only knob), made as the
                   command line is read, before torch, JAX or an env package is imported
     """
@@ -217,11 +220,12 @@ def _load() -> None:
     if _loaded:
         return
     _loaded = True
-    # found by name, as an entry point is: the signals sit above the registry and import it. Their
-    # specs (knobs and registration) import no torch: their Signals are imported when a run builds them
-    package = importlib.import_module("reflectrl.signals.specs")
+    # found by name, as an entry point is: the signals sit above the registry and import it. Each signal's
+    # package (reflectrl/signals/NAME/) registers itself in its __init__, which imports no torch or JAX:
+    # its forms are imported when a run builds them
+    package = importlib.import_module("reflectrl.signals")
     for info in pkgutil.iter_modules(package.__path__):
-        if not info.name.startswith("_"):
+        if info.ispkg and not info.name.startswith("_"):
             importlib.import_module(f"{package.__name__}.{info.name}")
     try:
         from importlib.metadata import entry_points
@@ -399,8 +403,8 @@ for _spec in (
                 frozenset({"features", "feature_grad", "next_obs", "state_keys", "value_stream", "costs", "policy"}),
                 "PPO on Gymnasium envs (CleanRL's details)", entry=_T + "ppo.trainer:PPOTrainer",
                 config=_T + "ppo.config:PPOConfig", resolve=_T + "ppo.resolve:resolve",
-                load_policy=_T + "ppo.resolve:load_policy", jax="reflectrl.jaxrl.resolve:resolve",
-                jax_check="reflectrl.jaxrl.resolve:check"),
+                load_policy=_T + "ppo.resolve:load_policy", jax="reflectrl.trainers.ppo_jax.resolve:resolve",
+                jax_check="reflectrl.trainers.ppo_jax.resolve:check"),
     TrainerSpec("dqn", "control", ("transition",), frozenset({"features", "next_obs"}),
                 "DQN on Gymnasium envs with discrete actions (CleanRL's dqn.py / dqn_atari.py)",
                 entry=_T + "replay.dqn:DQNTrainer", config=_T + "replay.config:DQNConfig",

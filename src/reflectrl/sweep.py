@@ -22,7 +22,7 @@ stopped the way Ctrl-C stops a `compare`: its runs end at their last checkpoint.
   rerun, a trial the last process was running is resumed with the same knobs and directory.
 * `--vmap-trials N` (backend=jax): N trials at a time, asked of the sampler together (TPE with
   its constant liar, so that they spread), their runs (N trials x K seeds) trained as one
-  compiled program with each run's knobs read from its own state (jaxrl/ppo.py VECTOR_KNOBS:
+  compiled program with each run's knobs read from its own state (trainers/ppo_jax/ppo.py VECTOR_KNOBS:
   learning_rate, ent_coef, vf_coef, clip_coef, max_grad_norm; and the signals' vector_knobs:
   count.beta, calibration.alpha, calibration.beta, shaping.eta, gear.temperature, rnd.int_coef
   (above 0) and rnd.ext_coef). A batch runs to its end: no pruning. Each trial's directory is
@@ -549,7 +549,7 @@ def vectorised_keys(sweep: SweepSpec) -> list[str]:
     space of vectorisable knobs: PPO's (learning_rate only where no signal fits a network with it) and
     the signals' own (each JAX signal's vector_knobs, e.g. count.beta, calibration.alpha).
     Returns the space's keys."""
-    from reflectrl.jaxrl.trainer import fits_at_learning_rate, positive_knobs, vectorisable_knobs
+    from reflectrl.trainers.ppo_jax.trainer import fits_at_learning_rate, positive_knobs, vectorisable_knobs
 
     sets = dict(item.partition("=")[::2] for item in sweep.sets)
     if sets.get("backend", "").strip() != "jax":

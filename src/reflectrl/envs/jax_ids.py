@@ -1,4 +1,4 @@
-"""The env ids of the JAX backend (reflectrl/jaxrl/envs.py builds them): FAMILY:NAME, checked
+"""The env ids of the JAX backend (reflectrl/envs/jax_envs.py builds them): FAMILY:NAME, checked
 without importing JAX."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def canonical_env_id(env_id: str, backend: str) -> str:
     return env_id
 
 
-# env.* knobs that the JAX backend's envs read themselves (jaxrl/envs.py): no torch env's constructor takes them
+# env.* knobs that the JAX backend's envs read themselves (envs/jax_envs.py): no torch env's constructor takes them
 JAX_ENV_KNOBS = {
     "minigrid": "a knob of navix envs on the JAX backend (navix:<id> with --set backend=jax: MiniGrid's settings "
                 "or navix's own); a MiniGrid id on the torch backend is MiniGrid itself: drop env.minigrid",

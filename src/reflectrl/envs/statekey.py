@@ -69,7 +69,7 @@ def pack_minigrid_key(x, y, direction, kind, color):
     return x | (y << 8) | (direction << 16) | (kind << 18) | (color << 23)
 
 
-# The JAX backend's keys (jaxrl/envs.py), ints below a small key space so that its tables stay small:
+# The JAX backend's keys (envs/jax_envs.py), ints below a small key space so that its tables stay small:
 # navix's player cell (row < 64, column < 32), heading and whether it carries something; Craftax's
 # player cell on its 64 x 64 map (and level).
 def pack_navix_key(row, col, direction, carried):

@@ -30,7 +30,7 @@ def _raise_interrupt(signum, frame):
 def jax_groups(todo: list[tuple[RunSpec, str]]) -> list[list[tuple[RunSpec, str]]]:
     """`todo` as jobs: a run of backend=jax joins the other seeds of its entry (same env, entry and
     state) in one job, trained as one program (`reflectrl train-group`, which resumes runs
-    checkpointed at different iterations as groups of their own: jaxrl/trainer.py train_group;
+    checkpointed at different iterations as groups of their own: trainers/ppo_jax/trainer.py train_group;
     the steps their metrics reached may differ where a kill cut the logging short); every other
     run is a job of its own."""
     jobs: list[list[tuple[RunSpec, str]]] = []

@@ -13,7 +13,7 @@ TRL sums the reward functions (`reward_weights` 1 each) and normalises the sum w
 group, which is exactly how reflectrl's own GRPO trainer treats the signals' terms on a
 single-turn task: `outcome` is the task's verifier, `verdict` the RefGRPO paper's
 c * 1[verdict == outcome], `confidence` RLCR's proper score, each with the knobs and the
-schedule of its signal (signals/verdict.py, signals/confidence.py; the schedule reads TRL's
+schedule of its signal (signals/verdict/torch.py, signals/confidence/torch.py; the schedule reads TRL's
 `trainer_state.global_step / max_steps`). The verdict, confidence and outcome are read from
 the completion exactly as reflectrl reads them (tasks/reflect.py). Single-turn tasks only:
 TRL's GRPOTrainer generates one completion per prompt.
@@ -82,8 +82,8 @@ def task_rewards(spec: str, signals: Sequence[str] = (), n: int | None = None, s
                  configs: dict | None = None) -> list[Callable]:
     """[outcome, then one reward function per signal] for rows made by task_dataset(spec, n, seed).
     `configs`: {"verdict": VerdictConfig(...), "confidence": ConfidenceConfig(...)}."""
-    from reflectrl.signals.confidence import ConfidenceConfig, confidence_terms
-    from reflectrl.signals.verdict import VerdictConfig, verdict_terms
+    from reflectrl.signals.confidence.torch import ConfidenceConfig, confidence_terms
+    from reflectrl.signals.verdict.torch import VerdictConfig, verdict_terms
 
     task = make_task(spec)
     configs = dict(configs or {})

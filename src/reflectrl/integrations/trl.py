@@ -48,8 +48,8 @@ from trl.trainer.utils import nanstd
 from reflectrl.llm.model import hidden_size
 from reflectrl.llm.tasks.base import REFERENCE_TEMPLATE
 from reflectrl.signals.base import Batch, SignalContext
-from reflectrl.signals.divergence import DivergenceConfig, segment_stats, segment_weights, token_divergence
-from reflectrl.signals.gear import GEARConfig, GEARReweighting
+from reflectrl.signals.divergence.torch import DivergenceConfig, segment_stats, segment_weights, token_divergence
+from reflectrl.signals.gear.torch import GEARConfig, GEARReweighting
 from reflectrl.trainers.grpo.trainer import token_batch
 
 try:
@@ -225,7 +225,7 @@ class GEARGRPOTrainer(GRPOTrainer):
 
 class DivergenceGRPOTrainer(GRPOTrainer):
     """TRL's GRPOTrainer with the divergence signal's per-token weights (the GEAR paper's
-    teacher segments; reflectrl/signals/divergence.py).
+    teacher segments; reflectrl/signals/divergence/torch.py).
 
         trainer = DivergenceGRPOTrainer(model, reward_funcs=reward, args=GRPOConfig(...),
                                         train_dataset=dataset,  # with a "reference" column

@@ -16,7 +16,7 @@ Importing this module registers two estimators in verl's registry
   measure, from `old_log_probs` (the student) and `teacher_log_prob` (B, R): the log-probs
   of the same response tokens under a teacher pass that reads the reference answer after
   the prompt (computed like verl's ref log-prob pass). d_t = max(0, old_log_probs -
-  teacher_log_prob), as `reflectrl.signals.divergence.token_divergence` defines `logp_gap`;
+  teacher_log_prob), as `reflectrl.signals.divergence.torch.token_divergence` defines `logp_gap`;
   the weights are `divergence_weights(d, mask, cfg)`. `measure="kl"` is refused: verl's
   batch carries gathered log-probs, not the distributions a KL needs. Its settings are a
   `DivergenceConfig` (`divergence_config=`) or the algorithm config's `reflectrl_divergence`
@@ -98,8 +98,8 @@ except ImportError as err:  # verl is an optional extra
 
 from reflectrl.errors import UserError
 from reflectrl.signals.base import Batch, SignalContext
-from reflectrl.signals.divergence import DivergenceConfig, divergence_weights
-from reflectrl.signals.gear import GEARConfig, GEARReweighting
+from reflectrl.signals.divergence.torch import DivergenceConfig, divergence_weights
+from reflectrl.signals.gear.torch import GEARConfig, GEARReweighting
 from reflectrl.trainers.grpo.trainer import token_batch
 
 __all__ = ["GEAR_ESTIMATOR", "DIVERGENCE_ESTIMATOR", "ESTIMATORS", "TOKEN_WEIGHTS_KEY", "TEACHER_LOG_PROB_KEY",

@@ -46,7 +46,7 @@ def reward_maps(run_path) -> tuple[RunConfig, list[dict], list[np.ndarray], Layo
     """(config, snapshots, one (actions or 1, rows, cols) array per snapshot, layout)."""
     from reflectrl.registry import parse_algo
     from reflectrl.signals.compose import member_state
-    from reflectrl.signals.shaping import RewardShaper
+    from reflectrl.signals.shaping.torch import RewardShaper
 
     run = RunDir.open(run_path, kind="control")
     cfg = RunConfig.from_dict(run.config())

@@ -37,7 +37,7 @@ STATUS = "run.json"
 METRICS = "metrics.jsonl"
 TENSORBOARD = "tb"
 CHECKPOINT = "checkpoint.pt"
-STAGED_CHECKPOINT = "checkpoint.pt.staged"  # a JAX group's two-phase checkpoint (jaxrl/trainer.py)
+STAGED_CHECKPOINT = "checkpoint.pt.staged"  # a JAX group's two-phase checkpoint (trainers/ppo_jax/trainer.py)
 STATE_SAMPLES = "state_samples.npz"  # runs/state_samples.py: what `plot state-map` draws
 
 
@@ -260,7 +260,7 @@ class RunDir:
     # A group of runs trained as one program (the JAX backend's seeds) must resume from one iteration:
     # it writes every run's next checkpoint beside the current one (stage), and only then puts each in
     # place (commit). A kill while staging leaves every run at the old iteration; a kill while committing
-    # leaves staged checkpoints that complete the set (jaxrl/trainer.py settle_checkpoints).
+    # leaves staged checkpoints that complete the set (trainers/ppo_jax/trainer.py settle_checkpoints).
 
     def stage_checkpoint(self, state: dict) -> None:
         _write_checkpoint(self.path / STAGED_CHECKPOINT, state)

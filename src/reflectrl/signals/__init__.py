@@ -1,8 +1,18 @@
 """Signals: small heads fit by regression onto what a trainer already computes, then applied.
 
-A signal sees tensors and returns tensors; it never imports a trainer. See base.py for the
-protocol and the points at which a trainer calls it, compose.py for several at once, and
-reflectrl/registry.py and specs/ for how a signal declares itself.
+One package per signal, NAME/:
+  __init__.py   its knobs (the config dataclass: every default), their checks and its registry entry
+                (SignalSpec); imports no torch, JAX or env package, so that reading a command line
+                (`--algo`, `--set`) and refusing a bad one needs only these (bench/refusal_time.py)
+  torch.py      its torch form (a Signal: base.py)
+  jax.py        its JAX form where it has one (a jax_base.Signal), configured by the same dataclass
+
+A signal never imports a trainer. Shared by them: base.py (the torch protocol and the points at
+which a trainer calls it), compose.py (several at once), fit.py (the head fitter), schedule.py
+(coefficient decay), jax_base.py (the JAX protocol), and the private helpers _jax.py and
+_cost_critic.py. reflectrl/registry.py says how a signal declares itself.
+
+A knob dataclass is decorated with config.checked_once: its validate() runs once per value set.
 """
 
 from __future__ import annotations
@@ -18,7 +28,7 @@ _PROTOCOL = ("Batch", "RewardStream", "Signal", "SignalContext", "SignalOutput")
 
 def __getattr__(name: str):
     # the protocol's classes from base.py, which imports torch: imported on first use, so that reading the
-    # signals' knobs (specs/) to check a command line imports none
+    # signals' knobs (NAME/__init__.py) to check a command line imports none
     if name in _PROTOCOL:
         from reflectrl.signals import base
 

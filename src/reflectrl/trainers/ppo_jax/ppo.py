@@ -1,0 +1,586 @@
+"""PPO compiled end to end (PureJaxRL's shape): one training iteration, rollout, GAE, the
+signals' fits and terms, the update and the exploration metrics, is one pure function of the
+training state; `make_program` vmaps it over seeds, scans that over K iterations and jits the
+whole, so a call advances every seed K iterations without returning to Python.
+
+The algorithm is the torch PPO's (trainers/ppo, onpolicy/update.py), with CleanRL's ppo.py
+and ppo_continuous_action.py settings and the same knobs (PPOConfig): separate tanh MLPs for
+actor and critic with orthogonal init, Adam (eps 1e-5) with linear annealing, per-minibatch
+advantage normalisation then the signals' weights, clipped value loss, global grad-norm clip;
+GAE that tells truncation from termination (bootstrapping a truncated step from V of its
+final observation). Signals apply in the order written and combine as signals/compose.py
+says: reward terms add (one estimate on their sum), advantage terms add, weights multiply;
+a signal's reward stream gets its own value head (RND's intrinsic stream), and the signals
+see it weighted by k_s = coef / extrinsic_coef in the Batch's intrinsic_* fields: its values
+at collection from the start, its rewards once its signal gave them, its advantages as the
+policy used them in after_update (gear's advantage/select, shaping's distill=total).
+
+Exploration metrics inside the program: `unique_states` (distinct keys among the
+iteration's steps), `unique_states_total` (over training: a visited-table of key_space
+entries), `visitation_entropy` (of the keys of the last WINDOW iterations), and
+`first_reward_step` (-1 until the first non-zero env reward; the host logs None).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from reflectrl import nets_jax as nets
+from reflectrl.envs.jax_envs import vector_step
+from reflectrl.estimators_jax import gae
+from reflectrl.runs.progress import RECENT_EPISODES
+from reflectrl.signals.jax_base import Batch, Context, Output, SeedKnobs
+
+WINDOW = 10  # iterations in the visitation-entropy window (trainers/exploration_metrics.py)
+# A row's returns of the last episodes that ended in its iteration (oldest first, NaN where fewer ended): not a
+# logged metric, but what the end-of-run summary's "mean return of the last N episodes" is made of, as on torch
+ENDED_RETURNS = "ended_returns"
+# PPO's knobs that may differ between the seeds of one program (a sweep's trials, `sweep --vmap-trials`):
+# read from each seed's state["hyper"] (traced) where they differ, from PPOConfig (constants) where they do not.
+# A signal's own (as "SIGNAL.KNOB"): its class's vector_knobs, read through Signal.seed_cfg.
+VECTOR_KNOBS = ("learning_rate", "ent_coef", "vf_coef", "clip_coef", "max_grad_norm")
+
+
+@dataclass(frozen=True, eq=False)
+class Setup:
+    """What the compiled program is built from (static)."""
+
+    env: Any                    # envs.jax_envs.JaxEnv
+    knobs: Any                  # PPOConfig, resolved
+    signals: tuple = ()         # the JAX signals (signals/NAME/jax.py), in --algo order
+    total_iterations: int = 1
+    snapshots: tuple = ()       # 1-based iterations whose rollouts are kept for state maps (runs/state_samples.py)
+    varying: tuple = ()         # knobs that differ between the program's seeds (VECTOR_KNOBS, "SIGNAL.KNOB"):
+                                # their values in each seed's state["hyper"]
+
+    @property
+    def T(self) -> int:
+        return self.knobs.num_steps
+
+    @property
+    def N(self) -> int:
+        return self.knobs.num_envs
+
+    @property
+    def stream(self):
+        streams = [s.stream for s in self.signals if s.stream is not None]
+        if len(streams) > 1:
+            from reflectrl.errors import UserError
+
+            raise UserError("backend=jax learns one signal reward stream; these signals declare "
+                            f"{', '.join(s.name for s in streams)}")
+        return streams[0] if streams else None
+
+    def seed_stream(self, knobs: dict | None):
+        """The reward stream as one seed sees it (Signal.seed_stream: its coefficients may differ between
+        the program's seeds); `knobs`: the seed's signal knobs (signal_knobs)."""
+        owner = next((s for s in self.signals if s.stream is not None), None)
+        return None if owner is None else owner.seed_stream(knobs)
+
+    def context(self) -> Context:
+        k, env = self.knobs, self.env
+        return Context(obs_dim=env.obs_dim, action_dim=env.action_dim, discrete=env.discrete,
+                       feature_dim=k.hidden_sizes[-1], learning_rate=k.learning_rate, gamma=k.gamma,
+                       gae_lambda=k.gae_lambda, num_steps=k.num_steps, num_envs=k.num_envs,
+                       total_iterations=self.total_iterations, key_space=env.key_space)
+
+
+def seed_knobs(setup: Setup, state: dict):
+    """PPOConfig's knobs as one seed sees them: the varying ones (Setup.varying) from its state["hyper"]."""
+    ppo = {k: v for k, v in state.get("hyper", {}).items() if "." not in k}
+    return SeedKnobs(setup.knobs, ppo) if ppo else setup.knobs
+
+
+def signal_knobs(state: dict) -> dict | None:
+    """The signals' varying knobs ("SIGNAL.KNOB": this seed's value) for the Batch; None where none vary."""
+    knobs = {k: v for k, v in state.get("hyper", {}).items() if "." in k}
+    return knobs or None
+
+
+# --------------------------------------------------------------------------- the policy
+
+def init_params(setup: Setup, key) -> dict:
+    env, sizes = setup.env, tuple(setup.knobs.hidden_sizes)
+    k_actor, k_critic, k_stream = jax.random.split(key, 3)
+    params = {"actor": nets.orthogonal_mlp(k_actor, (env.obs_dim, *sizes, env.action_dim), 0.01),
+              "critic": nets.orthogonal_mlp(k_critic, (env.obs_dim, *sizes, 1), 1.0)}
+    if not env.discrete:
+        params["log_std"] = jnp.zeros((env.action_dim,))
+    if setup.stream is not None:
+        params["stream_critic"] = nets.orthogonal_mlp(k_stream, (env.obs_dim, *sizes, 1), 1.0)
+    return params
+
+
+def actor_features(params, obs):
+    """The actor's last hidden layer (Batch.features)."""
+    x = obs
+    for layer in params["actor"][:-1]:
+        x = jnp.tanh(x @ layer["w"] + layer["b"])
+    return x
+
+
+def policy_out(params, obs):
+    """(logits or mean, features)."""
+    features = actor_features(params, obs)
+    last = params["actor"][-1]
+    return features @ last["w"] + last["b"], features
+
+
+def value(params, obs, head: str = "critic"):
+    return nets.mlp(params[head], obs, jnp.tanh)[..., 0]
+
+
+def log_prob_entropy(setup: Setup, params, out, actions):
+    if setup.env.discrete:
+        logp_all = jax.nn.log_softmax(out)
+        logp = jnp.take_along_axis(logp_all, actions[..., None].astype(jnp.int32), -1)[..., 0]
+        entropy = -(jnp.exp(logp_all) * logp_all).sum(-1)
+        return logp, entropy
+    log_std = jnp.broadcast_to(params["log_std"], out.shape)
+    logp = (-0.5 * ((actions - out) / jnp.exp(log_std)) ** 2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+    entropy = (0.5 + 0.5 * math.log(2 * math.pi) + log_std).sum(-1)
+    return logp, entropy
+
+
+def sample_action(setup: Setup, params, out, key):
+    if setup.env.discrete:
+        return jax.random.categorical(key, out).astype(jnp.int32)
+    return out + jnp.exp(params["log_std"]) * jax.random.normal(key, out.shape)
+
+
+def env_action(setup: Setup, action):
+    """What the env is given: a continuous action clipped to its Box (CleanRL's ClipAction)."""
+    if setup.env.discrete:
+        return action
+    return jnp.clip(action, setup.env.action_low, setup.env.action_high)
+
+
+def optimizer(knobs) -> optax.GradientTransformation:
+    return optax.chain(optax.clip_by_global_norm(knobs.max_grad_norm),
+                       optax.inject_hyperparams(optax.adam)(learning_rate=knobs.learning_rate, eps=1e-5))
+
+
+# --------------------------------------------------------------------------- the training state
+
+def init_state(setup: Setup, seed_key, hyper: dict | None = None) -> dict:
+    """A seed's training state, every leaf strongly typed: a weakly typed leaf (navix's reset writes a
+    Python 0.0) comes back strongly typed from an iteration, and the program would compile a second time.
+    `hyper`: the seed's values of Setup.varying (float32 scalars), kept in the state as "hyper"."""
+    state = _init_state(setup, seed_key)
+    if setup.varying:
+        state["hyper"] = {name: jnp.asarray(hyper[name], jnp.float32) for name in setup.varying}
+    return jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype=jnp.asarray(x).dtype), state)
+
+
+def _init_state(setup: Setup, seed_key) -> dict:
+    env, N = setup.env, setup.N
+    k_params, k_env, k_sig, k_rng = jax.random.split(seed_key, 4)
+    params = init_params(setup, k_params)
+    obs, env_state, keys = jax.vmap(env.reset)(jax.random.split(k_env, N))
+    ctx = setup.context()
+    signal_states = [s.init(k, ctx) for s, k in zip(setup.signals, jax.random.split(k_sig, max(len(setup.signals), 1)),
+                                                   strict=False)]
+    achievements = len(env.achievement_names)
+    return {
+        "params": params,
+        "opt_state": optimizer(setup.knobs).init(params),
+        "env_state": env_state, "obs": obs, "keys": keys.astype(jnp.int32),
+        "rng": k_rng,
+        "signals": signal_states,
+        "ep_return": jnp.zeros((N,)), "ep_length": jnp.zeros((N,), jnp.int32),
+        "iteration": jnp.zeros((), jnp.int32), "global_step": jnp.zeros((), jnp.int32),
+        "seen": jnp.zeros((env.key_space,), bool),
+        "window": jnp.full((WINDOW, setup.T * N), -1, jnp.int32),
+        "first_reward_step": jnp.full((), -1, jnp.int32),
+        "achieved_ever": jnp.zeros((achievements,), bool),
+        "snapshots": init_snapshots(setup),
+    }
+
+
+SNAPSHOT_OBS_DIM = 64  # observations kept in a state-map snapshot up to this width (state_samples.MAX_OBS_DIM)
+
+
+def snapshot_fields(setup: Setup) -> dict:
+    """{name: (shape per step, dtype)} of what a state-map snapshot keeps of a rollout."""
+    fields = {"state_keys": ((), jnp.int32), "rewards": ((), jnp.float32)}
+    if setup.env.obs_dim <= SNAPSHOT_OBS_DIM:
+        fields["obs"] = ((setup.env.obs_dim,), jnp.float32)
+    for name in term_names(setup):
+        fields[f"term:{name}"] = ((), jnp.float32)
+    return fields
+
+
+def term_names(setup: Setup) -> list[str]:
+    """The per-step terms the signals give, as the torch side names them ("count reward", "gear weight", ...)."""
+    names = []
+    for s in setup.signals:
+        names += [f"{s.name} {kind}" for kind in term_kinds(s)]
+        if s.stream is not None:
+            names.append(f"{s.name} {s.stream.name}")
+    return list(dict.fromkeys(names))
+
+
+def term_kinds(signal) -> tuple[str, ...]:
+    """What kind of per-step term a signal gives (besides a reward stream)."""
+    if signal.name == "gear":
+        return ("weight",)
+    if signal.name == "rnd":
+        return ()
+    if signal.name == "calibration" and not signal.cfg.recompute_advantages:
+        return ("advantage",)
+    return ("reward",)
+
+
+def init_snapshots(setup: Setup) -> dict:
+    k = len(setup.snapshots)
+    out = {name: jnp.zeros((k, setup.T, setup.N, *shape), dtype) for name, (shape, dtype) in
+           snapshot_fields(setup).items()}
+    out["global_step"] = jnp.zeros((k,), jnp.int32)
+    return out
+
+
+def keep_snapshot(setup: Setup, state: dict, traj: dict, terms: dict, step_before, it) -> dict:
+    """Write this iteration's rollout into its snapshot slot, where it is one of setup.snapshots."""
+    if not setup.snapshots:
+        return state["snapshots"]
+    at = jnp.asarray(setup.snapshots, jnp.int32)
+    hit = at == it + 1
+    slot, any_hit = jnp.argmax(hit), hit.any()
+    values = {"state_keys": traj["state_keys"], "rewards": traj["rewards"], "obs": traj["obs"]}
+    # a term a signal did not give this iteration: 0, or for weights 1 (gear at temperature inf gives none)
+    values.update({f"term:{name}": terms.get(name, (jnp.ones_like if name.endswith(" weight") else jnp.zeros_like)(
+        traj["rewards"])) for name in term_names(setup)})
+    snaps = dict(state["snapshots"])
+    for name in snapshot_fields(setup):
+        snaps[name] = jnp.where(any_hit, snaps[name].at[slot].set(values[name].astype(snaps[name].dtype)), snaps[name])
+    snaps["global_step"] = jnp.where(any_hit, snaps["global_step"].at[slot].set(step_before), snaps["global_step"])
+    return snaps
+
+
+# --------------------------------------------------------------------------- one iteration
+
+def rollout(setup: Setup, state: dict):
+    env, T = setup.env, setup.T
+    params = state["params"]
+
+    def step(carry, key):
+        obs, env_state, keys, ep_ret, ep_len = carry
+        k_act, k_env = jax.random.split(key)
+        out, features = policy_out(params, obs)
+        action = sample_action(setup, params, out, k_act)
+        logp, _ = log_prob_entropy(setup, params, out, action)
+        v = value(params, obs)
+        res = vector_step(env, k_env, env_state, env_action(setup, action))
+        done = jnp.logical_or(res.terminated, res.truncated)
+        ep_ret = ep_ret + res.reward
+        ep_len = ep_len + 1
+        record = {"obs": obs, "actions": action, "logprobs": logp, "values": v, "features": features,
+                  "rewards": res.reward, "terminations": res.terminated.astype(jnp.float32),
+                  "truncations": res.truncated.astype(jnp.float32), "next_obs": res.final_obs,
+                  "state_keys": keys, "next_state_keys": res.reached_key.astype(jnp.int32),
+                  "done": done, "episode_return": ep_ret, "episode_length": ep_len,
+                  "achievements": res.achievements}
+        ep_ret = jnp.where(done, 0.0, ep_ret)
+        ep_len = jnp.where(done, 0, ep_len)
+        return (res.obs, res.env_state, res.key.astype(jnp.int32), ep_ret, ep_len), record
+
+    rng, key = jax.random.split(state["rng"])
+    carry = (state["obs"], state["env_state"], state["keys"], state["ep_return"], state["ep_length"])
+    carry, traj = jax.lax.scan(step, carry, jax.random.split(key, T))
+    obs, env_state, keys, ep_ret, ep_len = carry
+    state = {**state, "rng": rng, "obs": obs, "env_state": env_state, "keys": keys, "ep_return": ep_ret,
+             "ep_length": ep_len}
+    return state, traj
+
+
+def exploration_metrics(setup: Setup, state: dict, traj: dict):
+    keys = traj["state_keys"].reshape(-1)
+    sorted_keys = jnp.sort(keys)
+    unique = 1 + jnp.sum(sorted_keys[1:] != sorted_keys[:-1])
+    seen = state["seen"].at[keys].set(True).at[traj["next_state_keys"].reshape(-1)].set(True)
+    window = jnp.roll(state["window"], 1, axis=0).at[0].set(keys)
+    flat = jnp.sort(window.reshape(-1))
+    valid = flat >= 0
+    starts = jnp.concatenate([jnp.array([True]), flat[1:] != flat[:-1]]) & valid
+    segment = jnp.cumsum(starts) - 1
+    counts = jax.ops.segment_sum(valid.astype(jnp.float32), jnp.where(valid, segment, flat.shape[0] - 1),
+                                 num_segments=flat.shape[0])
+    p = counts / jnp.maximum(valid.sum(), 1)
+    entropy = -jnp.sum(jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0))
+    rewarded = traj["rewards"] != 0
+    any_reward = rewarded.any()
+    first_t = jnp.argmax(rewarded.any(axis=1))
+    first = jnp.where((state["first_reward_step"] < 0) & any_reward,
+                      state["global_step"] + (first_t + 1) * setup.N, state["first_reward_step"])
+    state = {**state, "seen": seen, "window": window, "first_reward_step": first}
+    return state, {"unique_states": unique, "unique_states_total": seen.sum(), "visitation_entropy": entropy,
+                   "first_reward_step": first}
+
+
+def make_batch(traj: dict, state: dict, params, iteration, global_step, streamed=None) -> Batch:
+    """The signals' Batch of a rollout; `streamed`: the reward stream's (values, next values) at
+    collection (stream_values), given to the signals weighted by the stream's k_s."""
+    not_term = 1.0 - traj["terminations"]
+    next_values = value(params, traj["next_obs"]) * not_term
+    zeros = jnp.zeros_like(traj["rewards"])
+    batch = Batch(obs=traj["obs"], actions=traj["actions"], rewards=traj["rewards"],
+                  terminations=traj["terminations"], truncations=traj["truncations"], values=traj["values"],
+                  next_values=next_values, next_obs=traj["next_obs"], features=traj["features"],
+                  state_keys=traj["state_keys"], next_state_keys=traj["next_state_keys"], advantages=zeros,
+                  returns=zeros, iteration=iteration, global_step=global_step, knobs=signal_knobs(state))
+    if streamed is not None:
+        (values_s, next_values_s), k = streamed
+        batch = batch._replace(intrinsic_values=k * values_s, intrinsic_next_values=k * next_values_s)
+    return batch
+
+
+def apply_signals(setup: Setup, state: dict, batch: Batch, key):
+    """shape_rewards, the estimate, after_advantages, as trainers/base.apply_signals and
+    signals/compose.py do it. Returns (state, batch with advantages/returns, weights, stream
+    rewards, metrics)."""
+    k = setup.knobs
+
+    def estimate_with(b):
+        return lambda rewards: gae(rewards, b.values, b.next_values, b.terminations, b.truncations, k.gamma,
+                                   k.gae_lambda)
+
+    metrics, states, terms = {}, list(state["signals"]), {}
+
+    def add_term(key, value):
+        terms[key] = value if key not in terms or not key.endswith(" reward") else terms[key] + value
+
+    keys = jax.random.split(key, 2 * max(len(setup.signals), 1))
+    base, total = batch.rewards, None
+    for i, s in enumerate(setup.signals):
+        states[i], term, m = s.shape_rewards(states[i], batch._replace(rewards=base if total is None else base + total),
+                                             keys[2 * i])
+        metrics.update(m)
+        if term is not None:
+            add_term(f"{s.name} reward", term)
+            total = term if total is None else total + term
+    rewards = base if total is None else base + total
+    estimate = estimate_with(batch)
+    advantages, returns = estimate(rewards)
+    batch = batch._replace(rewards=rewards, advantages=advantages, returns=returns)
+    seen_by = batch
+    adv_term, weights, stream = None, None, None
+    for i, s in enumerate(setup.signals):
+        states[i], out, m = s.after_advantages(states[i], seen_by, keys[2 * i + 1], estimate)
+        metrics.update(m)
+        out = out if out is not None else Output()
+        for kind, value in (("reward", out.reward), ("advantage", out.advantage), ("weight", out.weights)):
+            if value is not None:
+                add_term(f"{s.name} {kind}", value)
+        if out.stream is not None and s.stream is not None:
+            add_term(f"{s.name} {s.stream.name}", out.stream)
+        if out.reward is not None:
+            rewards = seen_by.rewards + out.reward
+            seen_by = seen_by._replace(rewards=rewards)
+            if out.recompute:
+                a, r = estimate(rewards)
+                seen_by = seen_by._replace(advantages=a if adv_term is None else a + adv_term, returns=r)
+        if out.advantage is not None:
+            adv_term = out.advantage if adv_term is None else adv_term + out.advantage
+            seen_by = seen_by._replace(advantages=seen_by.advantages + out.advantage)
+        if out.weights is not None:
+            weights = out.weights if weights is None else weights * out.weights
+        if out.stream is not None:
+            stream = out.stream
+            if s.stream is not None:  # the later signals see the stream's rewards (gear's select, advantage)
+                seen_by = seen_by._replace(intrinsic_rewards=s.seed_stream(batch.knobs).weight * out.stream)
+    return {**state, "signals": states}, batch, seen_by, weights, stream, metrics, terms
+
+
+def stream_values(setup: Setup, params, traj: dict):
+    """(V_s(obs), V'_s) of the reward stream under its value head as it collected: V'_s the value of
+    the state reached, 0 where an episodic stream's episode terminated (a non-episodic stream runs on)."""
+    values = value(params, traj["obs"], "stream_critic")
+    next_values = value(params, traj["next_obs"], "stream_critic")
+    if setup.stream.episodic:
+        next_values = next_values * (1.0 - traj["terminations"])
+    return values, next_values
+
+
+def stream_advantages(setup: Setup, streamed, traj: dict, stream_rewards):
+    """GAE of a signal's reward stream under its own gamma with its own value head (`streamed`:
+    stream_values); a non-episodic stream runs on over episode ends (signals/base.py RewardStream)."""
+    s = setup.stream
+    values, next_values = streamed
+    zeros = jnp.zeros_like(values)
+    if s.episodic:
+        return gae(stream_rewards, values, next_values, traj["terminations"], traj["truncations"], s.gamma,
+                   setup.knobs.gae_lambda)
+    return gae(stream_rewards, values, next_values, zeros, zeros, s.gamma, setup.knobs.gae_lambda)
+
+
+def update(setup: Setup, state: dict, traj: dict, advantages, returns, weights, stream_returns, key, it):
+    k = seed_knobs(setup, state)
+    B = setup.T * setup.N
+    mb = B // k.num_minibatches
+    flat = {"obs": traj["obs"].reshape(B, -1), "actions": traj["actions"].reshape((B,) + traj["actions"].shape[2:]),
+            "logprobs": traj["logprobs"].reshape(B), "values": traj["values"].reshape(B),
+            "advantages": advantages.reshape(B), "returns": returns.reshape(B),
+            "weights": (jnp.ones((B,)) if weights is None else weights.reshape(B)),
+            "stream_returns": (jnp.zeros((B,)) if stream_returns is None else stream_returns.reshape(B))}
+    opt = optimizer(k)
+    frac = 1.0 - jnp.asarray(it, jnp.float32) / setup.total_iterations if k.anneal_lr else 1.0
+    opt_state = state["opt_state"]
+    opt_state[1].hyperparams["learning_rate"] = frac * k.learning_rate
+
+    def loss_fn(params, b):
+        out, _ = policy_out(params, b["obs"])
+        logp, entropy = log_prob_entropy(setup, params, out, b["actions"])
+        logratio = logp - b["logprobs"]
+        ratio = jnp.exp(logratio)
+        adv = b["advantages"]
+        if k.norm_adv:
+            adv = (adv - adv.mean()) / (adv.std(ddof=1) + 1e-8)
+        adv = adv * b["weights"]
+        pg_loss = jnp.maximum(-adv * ratio, -adv * jnp.clip(ratio, 1 - k.clip_coef, 1 + k.clip_coef)).mean()
+        newvalue = value(params, b["obs"])
+        if k.clip_vloss:
+            clipped = b["values"] + jnp.clip(newvalue - b["values"], -k.clip_coef, k.clip_coef)
+            v_loss = 0.5 * jnp.maximum((newvalue - b["returns"]) ** 2, (clipped - b["returns"]) ** 2).mean()
+        else:
+            v_loss = 0.5 * ((newvalue - b["returns"]) ** 2).mean()
+        if setup.stream is not None:
+            v_loss = v_loss + 0.5 * ((value(params, b["obs"], "stream_critic") - b["stream_returns"]) ** 2).mean()
+        loss = pg_loss - k.ent_coef * entropy.mean() + k.vf_coef * v_loss
+        approx_kl = ((ratio - 1) - logratio).mean()
+        clipfrac = (jnp.abs(ratio - 1.0) > k.clip_coef).mean()
+        return loss, (pg_loss, v_loss, entropy.mean(), approx_kl, clipfrac)
+
+    def epoch(carry, ekey):
+        params, opt_state = carry
+        perm = jax.random.permutation(ekey, B).reshape(k.num_minibatches, mb)
+
+        def minibatch(carry, idx):
+            params, opt_state = carry
+            b = jax.tree_util.tree_map(lambda x: x[idx], flat)
+            (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, b)
+            updates, opt_state = opt.update(grads, opt_state, params)
+            return (optax.apply_updates(params, updates), opt_state), (loss, *aux)
+
+        return jax.lax.scan(minibatch, (params, opt_state), perm)
+
+    (params, opt_state), stats = jax.lax.scan(epoch, (state["params"], opt_state),
+                                              jax.random.split(key, k.update_epochs))
+    loss, pg_loss, v_loss, entropy, approx_kl, clipfrac = (x.mean() for x in stats)
+    y_pred, y_true = flat["values"], flat["returns"]
+    var_y = jnp.var(y_true)
+    explained = jnp.where(var_y == 0, jnp.nan, 1 - jnp.var(y_true - y_pred) / jnp.where(var_y == 0, 1.0, var_y))
+    metrics = {"loss": loss, "policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy,
+               "approx_kl": approx_kl, "clipfrac": clipfrac, "explained_variance": explained,
+               "learning_rate": frac * k.learning_rate}
+    return {**state, "params": params, "opt_state": opt_state}, metrics
+
+
+def iteration(setup: Setup, state: dict, it=None):
+    """One PPO iteration of one seed: (state, metrics of scalars). `it`: the 0-based iteration, given
+    unbatched by the program (every seed is at the same one) so that a signal's `lax.cond` on it stays a
+    branch under vmap instead of computing both sides; None: read from the state."""
+    k = setup.knobs
+    it = state["iteration"] if it is None else it
+    step_before = state["global_step"]
+    state, traj = rollout(setup, state)
+    state, explore = exploration_metrics(setup, state, traj)
+    rng, k_sig, k_upd, k_after = jax.random.split(state["rng"], 4)
+    state = {**state, "rng": rng}
+    streamed = stream_values(setup, state["params"], traj) if setup.stream is not None else None
+    seed_stream = setup.seed_stream(signal_knobs(state))  # its coefficients: this seed's
+    batch = make_batch(traj, state, state["params"], it, step_before,
+                       None if streamed is None else (streamed, seed_stream.weight))
+    state, batch, signalled, weights, stream, sig_metrics, terms = apply_signals(setup, state, batch, k_sig)
+    state = {**state, "snapshots": keep_snapshot(setup, state, traj, terms, step_before, it)}
+    advantages, returns = signalled.advantages, signalled.returns
+    stream_returns = None
+    if setup.stream is not None:
+        s = seed_stream
+        stream_rewards = stream if stream is not None else jnp.zeros_like(batch.rewards)
+        stream_adv, stream_returns = stream_advantages(setup, streamed, traj, stream_rewards)
+        advantages = s.extrinsic_coef * advantages + s.coef * stream_adv
+        # after the update the signals see the stream as the policy used it (shaping's and gear's totals)
+        batch = batch._replace(intrinsic_rewards=s.weight * stream_rewards, intrinsic_advantages=s.weight * stream_adv)
+    state, metrics = update(setup, state, traj, advantages, returns, weights, stream_returns, k_upd, it)
+
+    def value_fn(obs):
+        return value(state["params"], obs)
+
+    estimate = lambda rewards: gae(rewards, batch.values, batch.next_values, batch.terminations,  # noqa: E731
+                                   batch.truncations, k.gamma, k.gae_lambda)
+    states = list(state["signals"])
+    after_keys = jax.random.split(k_after, max(len(setup.signals), 1))
+    for i, s in enumerate(setup.signals):
+        states[i], m = s.after_update(states[i], batch, after_keys[i], value_fn, estimate)
+        sig_metrics.update(m)
+    done = traj["done"]
+    episodes = done.sum()
+    achieved = traj["achievements"]
+    row = {
+        "episodes": episodes,
+        "episodic_return": jnp.where(episodes > 0, (traj["episode_return"] * done).sum() / jnp.maximum(episodes, 1),
+                                     jnp.nan),
+        "episodic_length": jnp.where(episodes > 0, (traj["episode_length"] * done).sum() / jnp.maximum(episodes, 1),
+                                     jnp.nan),
+        ENDED_RETURNS: last_ended(done, traj["episode_return"], RECENT_EPISODES),
+        **metrics, **explore, **sig_metrics,
+    }
+    new_ever = state["achieved_ever"]
+    if achieved.shape[-1]:
+        ended = achieved * done[..., None]  # an episode's achievements, where it ended
+        row["achievements_per_episode"] = jnp.where(episodes > 0, ended.sum() / jnp.maximum(episodes, 1), jnp.nan)
+        new_ever = new_ever | achieved.any(axis=(0, 1))
+        row["achievements_total"] = new_ever.sum()
+        for j, name in enumerate(setup.env.achievement_names):
+            row[f"achievement/{name}"] = jnp.where(episodes > 0, ended[..., j].sum() / jnp.maximum(episodes, 1),
+                                                   jnp.nan)
+    state = {**state, "signals": states, "iteration": state["iteration"] + 1,
+             "global_step": step_before + setup.T * setup.N, "achieved_ever": new_ever}
+    return state, row
+
+
+def last_ended(done: jax.Array, returns: jax.Array, count: int) -> jax.Array:
+    """The returns of the last `count` episodes that ended in a rollout ((T, N) arrays), oldest first; NaN
+    where fewer ended."""
+    done, returns = done.reshape(-1), returns.reshape(-1)  # time-major: a later step comes later
+    order = jnp.where(done, jnp.arange(done.size), -1)
+    latest, at = jax.lax.top_k(order, min(count, done.size))  # the latest first
+    return jnp.where(latest >= 0, returns[at], jnp.nan)[::-1]
+
+
+def make_program(setup: Setup, chunk: int, total: int | None = None):
+    """jit(scan of `chunk` iterations of vmap over seeds): (states, first iteration) -> (states, rows
+    (chunk, S)). An iteration at or past `total` is computed but not applied (the state passes through),
+    so one program of fixed length serves the last, short chunk too."""
+    def masked(state, it):
+        new, row = iteration(setup, state, it)
+        if total is None:
+            return new, row
+        return jax.tree_util.tree_map(lambda a, b: jnp.where(it < total, a, b), new, state), row
+
+    def run(states, first):
+        def body(carry, _):
+            states, it = carry
+            states, rows = jax.vmap(masked, in_axes=(0, None))(states, it)
+            return (states, it + 1), rows
+
+        (states, _), rows = jax.lax.scan(body, (states, jnp.asarray(first, jnp.int32)), None, length=chunk)
+        return states, rows
+
+    return jax.jit(run)
+
+
+def make_init(setup: Setup):
+    """jit(vmap(init_state)): (seed keys (S,), {varying knob: values (S,)}) -> states."""
+    return jax.jit(jax.vmap(lambda key, hyper: init_state(setup, key, hyper)))
+
+
+def seed_key(seed: int) -> jax.Array:
+    return jax.random.PRNGKey(np.uint32(seed))

@@ -1,0 +1,128 @@
+"""A run's config on backend=jax: what the JAX backend trains, and one clear line for what it
+does not (a torch-only trainer, signal, knob or env), checked before a run directory exists."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from reflectrl.config import RunConfig, trainer_knobs, trainer_name
+from reflectrl.errors import UserError
+from reflectrl.registry import parse_algo, signal_spec, signals
+
+JAX_TRAINERS = ("ppo",)
+FIX = "use backend=gymnasium for it"
+
+
+def jax_signal_names() -> list[str]:
+    """The signals with a JAX form (their registry entries name it), in the registry's order."""
+    return [name for name, spec in signals().items() if spec.jax]
+
+
+def torch_only(knob: str, why: str = "") -> UserError:
+    """The one-line refusal of a knob the JAX backend does not run."""
+    reason = f" ({why})" if why else ""
+    return UserError(f"{knob} is torch-only on backend=jax{reason}; use backend=gymnasium for it, "
+                     "or leave the knob at its default")
+
+
+def check_signal_knobs(name: str, section) -> None:
+    """A JAX signal's section: refused where it sets a knob only the torch signal runs."""
+    torch_only_knobs = signal_spec(name).jax_torch_only
+    for refused, knob, why in torch_only_knobs(section) if torch_only_knobs else ():
+        if refused:
+            raise torch_only(knob, why)
+
+
+def check(cfg: RunConfig) -> None:
+    """What backend=jax refuses that needs no env: a torch-only trainer, signal, wrapper or knob. Imports
+    no JAX, torch or env package (config.check_config runs it as a command line is read)."""
+    trainer = trainer_name(cfg)
+    if trainer not in JAX_TRAINERS:
+        raise UserError(f"backend=jax trains --algo ppo and its signals; {trainer} is torch-only ({FIX})")
+    have = jax_signal_names()
+    missing = [s for s in parse_algo(cfg.algo, "control").signals if s not in have]
+    if missing:
+        raise UserError(f"signal '{missing[0]}' has no JAX implementation; backend=jax runs "
+                        f"{', '.join(have)} ({FIX})")
+    if cfg.wrapper:
+        raise UserError(f"--wrapper {cfg.wrapper} is torch-only ({FIX})")
+    knobs = trainer_knobs(cfg)
+    mlp_only = {"encoder": ("auto", "mlp"), "stream_heads": ("auto", "separate")}
+    for name, allowed in mlp_only.items():
+        if getattr(knobs, name) not in allowed:
+            raise UserError(f"{name}={getattr(knobs, name)} is torch-only ({FIX}); backend=jax runs MLP policies")
+    for name in ("norm_obs", "norm_reward"):
+        if getattr(knobs, name):
+            raise UserError(f"{name}=true is torch-only ({FIX}); backend=jax learns from the env's own "
+                            f"observations and rewards (set {name}=false)")
+    if knobs.target_kl is not None:
+        raise UserError(f"target_kl={knobs.target_kl} is torch-only ({FIX}): the compiled update runs every epoch")
+    for name, section in cfg.sections.items():
+        check_signal_knobs(name, section)
+
+
+def resolve(cfg: RunConfig) -> RunConfig:
+    """The JAX PPO's knobs resolved for the env (PPOConfig's discrete or continuous defaults), after
+    refusing what the backend lacks."""
+    from reflectrl.envs.jax_ids import check_jax_env_id
+
+    check(cfg)
+    check_jax_env_id(cfg.env_id, cfg.backend)
+    from reflectrl.envs.jax_envs import make_env  # (after the checks: it imports JAX)
+
+    knobs = trainer_knobs(cfg)
+    env = make_env(cfg.env_id, cfg.env)
+    resolved = knobs.resolved(not env.discrete)
+    cfg.knobs = dataclasses.replace(resolved, norm_obs=False, norm_reward=False, encoder="mlp",
+                                    stream_heads="separate")
+    build_signals(cfg)  # what only building the signals finds is refused here, before a run directory exists
+    return cfg
+
+
+def build_signals(cfg: RunConfig) -> tuple:
+    """The run's JAX signals, in --algo order, from its sections (added with their defaults)."""
+    from reflectrl.config import add_algo_section
+    add_algo_section(cfg)
+    signals = tuple(make_signal(name, cfg.sections[name]) for name in parse_algo(cfg.algo, "control").signals)
+    check_streams(signals)
+    return signals
+
+
+def check_streams(signals: tuple) -> None:
+    """gear.advantage/select other than extrinsic read the reward streams (RND's): the stream's
+    signal must be written before gear, and intrinsic needs one (issue 42; the torch side's
+    GEARReweighting.check_position, the same lines)."""
+    from reflectrl.signals.gear.jax import NEEDS_STREAM
+
+    for i, s in enumerate(signals):
+        if s.name != "gear":
+            continue
+        kinds = {s.cfg.advantage, s.cfg.select} - {"extrinsic"}
+        if not kinds:
+            continue
+        after = [m.name for m in signals[i + 1:] if m.stream is not None]
+        if after:
+            raise UserError(f"gear.advantage/select={'/'.join(sorted(kinds))} reads the reward streams of "
+                            f"{', '.join(after)}, written after gear: write them before it, e.g. ppo+rnd+gear")
+        if "intrinsic" in kinds and not any(m.stream is not None for m in signals[:i]):
+            raise UserError(NEEDS_STREAM)
+
+
+def jax_signal_class(name: str) -> type:
+    """The JAX form of a signal (its registry entry's `jax`), imported; one line where it has none."""
+    import importlib
+
+    target = signal_spec(name).jax
+    if not target:
+        raise UserError(f"signal '{name}' has no JAX implementation; backend=jax runs "
+                        f"{', '.join(jax_signal_names())} ({FIX})")
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def make_signal(name: str, cfg):
+    """The JAX signal `name` configured by `cfg` (its config dataclass; None: its defaults)."""
+    cls = jax_signal_class(name)
+    cfg = signal_spec(name).config() if cfg is None else cfg
+    check_signal_knobs(name, cfg)
+    return cls(cfg)
