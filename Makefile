@@ -25,7 +25,7 @@ test-fast: setup
 	$(PY) -m pytest tests -q -m "not slow"
 
 lint: setup
-	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff check src tests examples bench
 
 bench: setup
 	$(PY) bench/throughput.py

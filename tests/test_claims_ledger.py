@@ -141,7 +141,7 @@ def test_reports_under_an_archive_folder_are_left_out(tmp_path, capsys):
 
 def test_tuned_is_read_from_the_sweeps_beside_the_report(tmp_path):
     claim = [_gear_claim("inconclusive", 0.0, -0.5, 0.5)]
-    # bench/tuned_vs_tuned.py: OUT/sweeps/<entry>/best.json, the compare in OUT/rerun
+    # examples/experiments/tuned_vs_tuned.py: OUT/sweeps/<entry>/best.json, the compare in OUT/rerun
     out = tmp_path / "tvt"
     for algo in ("ppo", "ppo+gear"):
         (out / "sweeps" / algo.replace("+", "_")).mkdir(parents=True)

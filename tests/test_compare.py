@@ -328,8 +328,41 @@ def test_compare_needs_env_algos_and_steps_without_a_preset(cli, tmp_path):
     code, _, err = cli("compare", "--algos", "ppo", "--out", out)
     assert_one_line_error(code, err, "compare needs --env, --total-steps (or a --preset that gives them)")
     code, _, err = cli("compare", "--preset", "atari57", "--out", out)
-    assert_one_line_error(code, err, "--preset 'atari57': no such preset; use one of hard-exploration, maze15")
+    assert_one_line_error(code, err, "--preset 'atari57': no such preset; use one of hard-exploration, maze15, "
+                          "hppo-maze15, hppo-rooms16, hppo-rooms9, hppo-maze15-ablations, safety-grid8, safety-grid12, "
+                          "safety-hopper, mappo-spread")
     assert not out.exists()
+
+
+def test_every_preset_is_a_valid_experiment_and_gives_compare_its_wrapper(cli, tmp_path, monkeypatch):
+    """Each preset's envs, entries, --set items and wrapper pass compare's checks (every entry's knobs, before any
+    env is built), and compare hands the preset's wrapper to the experiment unless --wrapper replaces it."""
+    from reflectrl.experiments import runner
+    from reflectrl.experiments.presets import PRESETS
+    from reflectrl.experiments.spec import ExperimentSpec
+
+    for name, preset in PRESETS.items():
+        assert preset.summary and preset.envs and preset.algos and preset.seeds >= 1, name
+        ExperimentSpec(envs=list(preset.envs), algos=list(preset.algos), seeds=preset.seeds,
+                       total_steps=preset.total_steps, wrapper=preset.wrapper, sets=list(preset.sets)).validate()
+    given = []
+
+    class Result:
+        failed = []
+
+        def summary(self):
+            return "done"
+
+    def fake_run_experiment(root, spec, **_):
+        given.append(spec)
+        return Result()
+
+    monkeypatch.setattr(runner, "run_experiment", fake_run_experiment)
+    for extra, wrapper in (([], "velocity-cost"), (["--wrapper", "sparse"], "sparse")):
+        code, _, err = cli("compare", "--preset", "safety-hopper", *extra, "--out", tmp_path / "x", "--no-report")
+        assert code == 0, err
+        assert given[-1].wrapper == wrapper and given[-1].sets == ["cost_limit=25"]
+        assert given[-1].algos == ["ppo", "ppo_lag", "ppo+shaping[safety_beta=1]"]
 
 
 @pytest.mark.slow

@@ -33,7 +33,8 @@ def tiny_config(seed: int, algo: str = "ppo", total: int = 256, extra=()):
 @pytest.mark.parametrize("argv, says", [
     (["--env", "gymnax:CartPole-v1"], "is a JAX env: add --set backend=jax"),
     (["--env", "CartPole-v1", "--set", "backend=jax"], "backend=jax takes gymnax:<id>"),
-    (["--algo", "dqn", "--env", "gymnax:CartPole-v1", "--set", "backend=jax"], "dqn is torch-only"),
+    (["--algo", "dqn", "--env", "gymnax:CartPole-v1", "--set", "backend=jax"],
+     "dqn trains on backend=gymnasium or envpool"),
     (["--algo", "ppo+lagrangian", "--env", "gymnax:CartPole-v1", "--set", "backend=jax"],
      "signal 'lagrangian' has no JAX implementation"),
     (["--env", "gymnax:CartPole-v1", "--set", "backend=jax", "target_kl=0.01"], "target_kl=0.01 is torch-only"),
@@ -65,7 +66,8 @@ def test_navix_key_corridor_is_refused_while_it_cannot_be_solved(tmp_path, capsy
     assert key_corridor_defects(navix.make("Navix-DoorKey-Random-5x5-v0")) == []
     found = key_corridor_defects(navix.make("Navix-KeyCorridorS3R3-v0"))
     if not found:
-        pytest.skip(f"navix {metadata.version('navix')}'s KeyCorridor can be solved: run it (bench/jax_device.py)")
+        pytest.skip(f"navix {metadata.version('navix')}'s KeyCorridor can be solved: run it "
+                    "(examples/experiments/jax_device.py)")
     assert any("walls" in f for f in found)
     out = tmp_path / "run"
     argv = ["train", "--env", "navix:Navix-KeyCorridorS3R3-v0", "--set", "backend=jax", "--total-steps", "1024",
@@ -334,7 +336,8 @@ def test_an_entrys_resumed_seeds_stay_one_job_whatever_steps_their_metrics_reach
     checkpoints); fresh and resumed runs, and other entries, are separate jobs."""
     from types import SimpleNamespace
 
-    from reflectrl.experiments.local import jax_groups
+    from reflectrl.config import new_config
+    from reflectrl.experiments.local import seed_groups
 
     def run(label, seed, rows):
         path = tmp_path / label / f"seed{seed}"
@@ -342,10 +345,11 @@ def test_an_entrys_resumed_seeds_stay_one_job_whatever_steps_their_metrics_reach
         (path / "metrics.jsonl").write_text("".join(json.dumps({"global_step": 32 * (i + 1)}) + "\n"
                                                     for i in range(rows)))
         return SimpleNamespace(env_id="gymnax:CartPole-v1", entry=SimpleNamespace(label=label), path=path,
-                               overrides=("backend=jax",))
+                               overrides=("backend=jax",), given_config=lambda: new_config(
+                                   algo=label, env_id="gymnax:CartPole-v1", overrides=["backend=jax"]))
 
     a1, a2, a3, b1 = run("ppo", 1, 5), run("ppo", 2, 4), run("ppo", 3, 0), run("ppo+count", 1, 5)
-    jobs = jax_groups([(a1, "resume"), (a2, "resume"), (a3, "fresh"), (b1, "resume")])
+    jobs = seed_groups([(a1, "resume"), (a2, "resume"), (a3, "fresh"), (b1, "resume")])
     assert [[r.path for r, _ in job] for job in jobs] == [[a1.path, a2.path], [a3.path], [b1.path]]
 
 

@@ -1,4 +1,4 @@
-"""bench/jax_device.py's plan: the suite sized to its device window from the probes' timings, with
+"""examples/experiments/jax_device.py's plan: the suite sized to its device window from the probes' timings, with
 start-up and compilation paid per entry, the probes' own time spent, and tasks dropped (not the
 window overrun) where the rest cannot fit."""
 
@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "jax_device.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "experiments" / "jax_device.py"
 
 
 @pytest.fixture(scope="module")
 def jd():
-    spec = importlib.util.spec_from_file_location("jax_device", BENCH)
+    spec = importlib.util.spec_from_file_location("jax_device", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     sys.modules["jax_device"] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
@@ -72,7 +72,7 @@ def test_the_steady_rate_leaves_out_the_first_call(jd, tmp_path):
 
 
 def test_an_unknown_task_is_one_line(tmp_path):
-    done = subprocess.run([sys.executable, str(BENCH), "--tasks", "doorkey16,mars", "--out", str(tmp_path / "x")],
+    done = subprocess.run([sys.executable, str(SCRIPT), "--tasks", "doorkey16,mars", "--out", str(tmp_path / "x")],
                           capture_output=True, text=True)
     assert done.returncode == 2 and "unknown task mars" in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "x").exists()
@@ -80,7 +80,7 @@ def test_an_unknown_task_is_one_line(tmp_path):
 
 def test_a_task_that_cannot_be_solved_is_one_line(tmp_path):
     """navix's KeyCorridor, once in the suite, is refused before any probe spends the window."""
-    argv = [sys.executable, str(BENCH), "--tasks", "doorkey16,keycorridor", "--out", str(tmp_path / "x")]
+    argv = [sys.executable, str(SCRIPT), "--tasks", "doorkey16,keycorridor", "--out", str(tmp_path / "x")]
     done = subprocess.run(argv, capture_output=True, text=True)
     assert done.returncode == 2 and "keycorridor: navix's KeyCorridorS3R3 cannot be solved" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "x").exists()

@@ -1,4 +1,4 @@
-"""The Qwen-class TRL recipes in bench/ (issue 41, item 4), on the tiny model on a CPU: fp32 master
+"""The Qwen-class TRL recipes in examples/experiments/ (issue 41, item 4), on the tiny model on a CPU: fp32 master
 weights under bf16 autocast, one process per entry, the one-line refusals, multi-turn episodes
 (the verdict after feedback) and each recipe end to end. Smoke runs, not measurements."""
 
@@ -18,21 +18,21 @@ torch = pytest.importorskip("torch")
 from reflectrl.llm.model import init_tiny, load_model  # noqa: E402
 from reflectrl.llm.tasks import make_task  # noqa: E402
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+EXPERIMENTS = Path(__file__).resolve().parent.parent / "examples" / "experiments"
 
 
-def bench_module(name):
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+def experiment_module(name):
+    spec = importlib.util.spec_from_file_location(name, EXPERIMENTS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(BENCH))
+    sys.path.insert(0, str(EXPERIMENTS))
     try:
         spec.loader.exec_module(module)
     finally:
-        sys.path.remove(str(BENCH))
+        sys.path.remove(str(EXPERIMENTS))
     return module
 
 
-common = bench_module("llm_qwen_common")
+common = experiment_module("llm_qwen_common")
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ def tiny_dir(tmp_path_factory):
 
 
 def script(name, *argv, check=True):
-    done = subprocess.run([sys.executable, str(BENCH / name), *map(str, argv)], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, str(EXPERIMENTS / name), *map(str, argv)], capture_output=True, text=True,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"})
     if check and done.returncode != 0:
         raise AssertionError(f"{name} exited {done.returncode}:\n{done.stderr[-3000:]}")
@@ -184,7 +184,7 @@ def test_episode_rollout_trains_on_the_turns_and_masks_the_feedback(tiny_dir, tm
 
 @pytest.mark.slow
 def test_calibration_recipe_end_to_end_one_process_per_entry(tiny_dir, tmp_path):
-    """bench/llm_qwen_calibration.py with --process-per-entry on (what --vllm does): the base model and
+    """examples/experiments/llm_qwen_calibration.py with --process-per-entry on (what --vllm does): the base model and
     the first entry in one child, each other entry in its own."""
     out = tmp_path / "cal.jsonl"
     parent = script("llm_qwen_calibration.py", "--model", tiny_dir, "--device", "cpu", "--no-chat",
@@ -202,8 +202,8 @@ def test_calibration_recipe_end_to_end_one_process_per_entry(tiny_dir, tmp_path)
 
 @pytest.mark.slow
 def test_gpu_recipe_end_to_end_bf16_one_process_per_entry(tiny_dir, tmp_path):
-    """bench/llm_gpu.py with --bf16 (autocast on fp32 weights, on the CPU here) and one process per entry;
-    the tokens/s ratio to grpo is computed across the processes."""
+    """examples/experiments/llm_gpu.py with --bf16 (autocast on fp32 weights, on the CPU here) and one process per
+    entry; the tokens/s ratio to grpo is computed across the processes."""
     out = tmp_path / "gpu.jsonl"
     script("llm_gpu.py", "--model", tiny_dir, "--device", "cpu", "--no-chat", "--instruction", "", "--bf16",
            "--task", "rg:chain_sum[min_terms=3;max_terms=3;max_digits=1;worked=true]", "--entries", "grpo,gear",
@@ -218,7 +218,8 @@ def test_gpu_recipe_end_to_end_bf16_one_process_per_entry(tiny_dir, tmp_path):
 
 @pytest.mark.slow
 def test_feedback_recipe_end_to_end_on_the_cpu(tiny_dir, tmp_path):
-    """bench/llm_qwen_feedback.py, its default task (the reflection after the tests' feedback), every entry."""
+    """examples/experiments/llm_qwen_feedback.py, its default task (the reflection after the tests' feedback),
+    every entry."""
     out = tmp_path / "fb.jsonl"
     script("llm_qwen_feedback.py", "--model", tiny_dir, "--device", "cpu", "--no-chat", "--steps", "1",
            "--eval-problems", "2", "--prompts", "1", "--group", "2", "--max-new-tokens", "8",

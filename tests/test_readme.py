@@ -86,3 +86,14 @@ def test_readme_links_resolve_and_include_the_layout():
     assert "docs/layout.md" in local
     for link in local:
         assert (ROOT / link).exists(), f"README links {link}, which does not exist"
+
+
+def test_the_python_section_runs(tmp_path, monkeypatch):
+    """README's "From Python" block, as written but for its budget (50,000 -> 512 env steps)."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## From Python"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    assert "50_000" in code
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code.replace("50_000", "512"), "README.md", "exec"), {})
+    assert (tmp_path / "runs" / "cartpole" / "run.json").exists()

@@ -15,8 +15,8 @@ from test_report_claims import ENV, make_experiment  # noqa: E402
 
 from reflectrl.report import plots  # noqa: E402
 from reflectrl.report.analysis import identical_entries, load_experiment  # noqa: E402
-from reflectrl.report.calibration_plot import calibration_figure  # noqa: E402
 from reflectrl.report.render import write_report  # noqa: E402
+from reflectrl.signals.calibration.plot import calibration_figure  # noqa: E402
 
 MIN_TICK_POINTS = 8
 

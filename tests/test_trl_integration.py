@@ -161,14 +161,15 @@ def test_divergence_grpo_trainer_per_token_advantages(tiny_dir, tmp_path):
         bad.train()
 
 
-def test_bench_llm_gpu_runs_every_entry_on_the_cpu(tiny_dir, tmp_path):
-    """bench/llm_gpu.py (the accelerator recipe) end to end on the tiny model: a smoke run, not a measurement."""
+def test_the_llm_gpu_recipe_runs_every_entry_on_the_cpu(tiny_dir, tmp_path):
+    """examples/experiments/llm_gpu.py (the accelerator recipe) end to end on the tiny model: a smoke run, not a
+    measurement."""
     import json
     import subprocess
     import sys
     from pathlib import Path
 
-    script = Path(__file__).resolve().parent.parent / "bench" / "llm_gpu.py"
+    script = Path(__file__).resolve().parent.parent / "examples" / "experiments" / "llm_gpu.py"
     out = tmp_path / "gpu.jsonl"
     subprocess.run([sys.executable, str(script), "--model", str(tiny_dir), "--device", "cpu", "--no-chat",
                     "--instruction", "", "--task", "rg:chain_sum[min_terms=3;max_terms=3;max_digits=1;worked=true]",

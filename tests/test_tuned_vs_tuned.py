@@ -1,4 +1,4 @@
-"""bench/tuned_vs_tuned.py --searches-table: the searches' table read from each sweep's files."""
+"""examples/experiments/tuned_vs_tuned.py --searches-table: the searches' table read from each sweep's files."""
 
 import csv
 import json
@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "tuned_vs_tuned.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "experiments" / "tuned_vs_tuned.py"
 
 
 def sweep(root: Path, slug: str, rows: list[tuple], best: dict) -> None:
@@ -23,7 +23,7 @@ def test_searches_table_counts_trials_and_names_the_winner(tmp_path):
     sweep(tmp_path, "ppo", [(0, "complete", 1e-4, 0.0, 0.0, 0.0), (1, "complete", 3e-4, 0.2, 0.5, 0.2),
                             (2, "pruned", 5e-4, "", "", ""), (3, "fail", 7e-4, "", "", "")],
           {"trial": 1, "auc": 0.2, "final": 0.5, "knobs": {"learning_rate": 3e-4}})
-    res = subprocess.run([sys.executable, str(BENCH), "--env", "e", "--total-steps", "1000", "--trials", "4",
+    res = subprocess.run([sys.executable, str(SCRIPT), "--env", "e", "--total-steps", "1000", "--trials", "4",
                           "--trial-seeds", "2", "--algos", "ppo,ppo+count", "--out", str(tmp_path),
                           "--searches-table"], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr

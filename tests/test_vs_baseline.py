@@ -1,11 +1,11 @@
-"""bench/vs_baseline.py: several runs.csv files read as one experiment, duplicates refused."""
+"""examples/experiments/vs_baseline.py: several runs.csv files read as one experiment, duplicates refused."""
 
 import csv
 import subprocess
 import sys
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "vs_baseline.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "experiments" / "vs_baseline.py"
 FIELDS = ["env", "algo", "seed", "status", "final", "auc"]
 
 
@@ -18,7 +18,7 @@ def write(path: Path, rows: list[tuple]) -> str:
 
 
 def run(*args):
-    return subprocess.run([sys.executable, str(BENCH), *args], capture_output=True, text=True)
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True)
 
 
 def test_parts_read_as_one_experiment(tmp_path):

@@ -7,7 +7,7 @@ one line on stderr with exit code 2 and no traceback.
     reflectrl compare / report / plot ...          (multi-seed experiments and their report)
     reflectrl claims DIR... [--json] [--out FILE.md] (one ledger of every claim in the reports under DIR)
     reflectrl sweep --env ID --algo ALGO --space KEY=DIST ... --trials N --seeds K --total-steps N --out DIR
-    reflectrl llm init-tiny | sft | train | eval   (language-model agents, see llm/cli.py)
+    reflectrl llm init-tiny | sft | train | eval   (language-model agents, see llm_cli.py)
     reflectrl sandbox run --code F.py --tests T.json
 """
 
@@ -45,7 +45,7 @@ def _flatten(sets: list[list[str]] | None) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from reflectrl import __version__
+    from reflectrl._version import __version__
     from reflectrl.config import EVAL_MAX_STEPS, RunConfig
     from reflectrl.registry import algo_names
 
@@ -78,8 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     cmp = sub.add_parser("compare", help="run every (env, algo, seed) and write the report")
-    cmp.add_argument("--preset", default=None, help="a named experiment whose envs, algos, seeds, steps and --set "
-                     "the other flags replace (--set adds to it): " + _presets_help())
+    cmp.add_argument("--preset", default=None, help="a named experiment whose envs, algos, seeds, steps, --set and "
+                     "--wrapper the other flags replace (--set adds to it): " + _presets_help())
     cmp.add_argument("--env", default=None, help="env id(s), comma-separated (required without --preset)")
     cmp.add_argument("--algos", default=None, help="algo entries, e.g. ppo,refgrpo,refgrpo[alpha=0] "
                      "(required without --preset)")
@@ -162,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     smap.add_argument("--bins", type=int, default=40, help="bins per axis of a continuous projection (default 40)")
     smap.add_argument("--out", default=None, help="folder for the PNGs and the GIF (default DIR/state_map)")
 
-    from reflectrl.llm import cli as llm_cli
+    from reflectrl import llm_cli
     from reflectrl.sandbox import cli as sandbox_cli
 
     sandbox_cli.add_parser(sub)
@@ -228,7 +228,7 @@ def config_from_train_argv(argv: list[str]):
 
 def _train_group(args) -> int:
     items = _group_items(args.runs)  # before JAX's import: a malformed file is refused at once
-    from reflectrl.trainers.ppo_jax.trainer import train_group
+    from reflectrl.training import train_group
 
     runs = [(item["path"], None if item["argv"][:1] == ["--resume"] else config_from_train_argv(item["argv"]),
              item["argv"]) for item in items]
@@ -314,26 +314,11 @@ def _eval(args) -> int:
 def _compare(args) -> int:
     from pathlib import Path
 
-    from reflectrl.experiments.spec import ExperimentSpec
+    from reflectrl.experiments.spec import compare_spec
 
-    envs, algos, seeds, total_steps, sets = args.env, args.algos, args.seeds, args.total_steps, _flatten(args.set)
-    if args.preset is not None:
-        from reflectrl.experiments.presets import get_preset
-
-        preset = get_preset(args.preset)
-        envs = envs if envs is not None else ",".join(preset.envs)
-        algos = algos if algos is not None else ",".join(preset.algos)
-        seeds = seeds if seeds is not None else preset.seeds
-        total_steps = total_steps if total_steps is not None else preset.total_steps
-        sets = [*preset.sets, *sets]
-    missing = [flag for flag, value in (("--env", envs), ("--algos", algos), ("--total-steps", total_steps))
-               if value is None]
-    if missing:
-        raise UserError(f"compare needs {', '.join(missing)} (or a --preset that gives them)")
-    spec = ExperimentSpec(envs=[e.strip() for e in envs.split(",") if e.strip()],
-                          algos=[e.label for e in _parse_algos(algos)], seeds=5 if seeds is None else seeds,
-                          total_steps=total_steps, wrapper=args.wrapper, sets=sets, first_seed=args.first_seed)
-    spec.validate()  # before the runner's imports (torch): a bad entry or --set is refused at once
+    # checked before the runner's imports (torch): a bad entry or --set is refused at once
+    spec = compare_spec(args.env, args.algos, seeds=args.seeds, total_steps=args.total_steps, sets=_flatten(args.set),
+                        wrapper=args.wrapper, first_seed=args.first_seed, preset=args.preset)
     from reflectrl.experiments.runner import run_experiment
 
     root = Path(args.out)
@@ -416,12 +401,6 @@ def _presets_help() -> str:
     from reflectrl.experiments.presets import presets_help
 
     return presets_help()
-
-
-def _parse_algos(text):
-    from reflectrl.experiments.spec import parse_algos
-
-    return parse_algos(text)
 
 
 def _print_report(root, reps: int) -> None:
@@ -519,12 +498,12 @@ def main(argv: list[str] | None = None) -> int:
 
                 print(plot_reward_map(args.run_dir, args.out))
                 return 0
-            from reflectrl.report.calibration_plot import plot_calibration
+            from reflectrl.signals.calibration.plot import plot_calibration
 
             print(plot_calibration(args.run_dir, args.out))
             return 0
         if args.command == "llm":
-            from reflectrl.llm import cli as llm_cli
+            from reflectrl import llm_cli
 
             return llm_cli.run(args)
         if args.command == "sandbox":

@@ -36,6 +36,7 @@ from reflectrl.registry import (
     parse_algo,
     section_types,
     signal_spec,
+    trainer_spec,
 )
 
 
@@ -317,19 +318,17 @@ def new_config(*, algo: str | None = None, env_id: str | None = None, seed: int 
 
 def check_config(cfg: RunConfig) -> None:
     """Every check of a config that needs no env: the seed, the budget, the run knobs, the signals'
-    sections (their 'auto' knobs resolved for the trainer), and what backend=jax refuses (its
-    TrainerSpec.jax_check). The trainer's knobs are checked once resolved for the env."""
+    sections (their 'auto' knobs resolved for the trainer), that the trainer has a form on the run's
+    backend (registry.trainer_spec) and what that form refuses (its TrainerSpec.check). The trainer's
+    knobs are checked once resolved for the env."""
     algo = parse_algo(cfg.algo, "control")
     check_seed(cfg.seed)
     check_budget(cfg.total_steps, "--total-steps", "env steps")
     _validate_run_knobs(cfg)
     validate_sections(cfg.algo, algo, cfg.sections)
-    if cfg.backend == "jax":
-        spec = TRAINERS[algo.trainer]
-        if not spec.jax:
-            raise UserError(f"backend=jax trains --algo {' or '.join(t.name for t in TRAINERS.values() if t.jax)} "
-                            f"and its signals; {spec.name} is torch-only (use backend=gymnasium for it)")
-        spec.load("jax_check")(cfg)
+    spec = trainer_spec(algo.trainer, cfg.backend)
+    if spec.check:
+        spec.load("check")(cfg)
 
 
 def env_settings(cfg: RunConfig) -> EnvSettings:

@@ -20,16 +20,26 @@ from reflectrl.envs.atari import is_atari_env, life_lost
 from reflectrl.envs.headless import prepare_headless_rendering
 from reflectrl.errors import UserError
 from reflectrl.outputs import check_writable, write_error
-from reflectrl.registry import TRAINERS
+from reflectrl.registry import trainer_spec
 from reflectrl.runs import RunDir
 from reflectrl.trainers.policies import params_sha256
 
 
-def load_policy(run: RunDir) -> tuple[RunConfig, object, dict]:
-    """The run's config, its latest checkpoint's policy (built by its trainer's TrainerSpec.load_policy)
-    and that checkpoint's state."""
+def run_form(run: RunDir):
+    """The registry's form of the run's trainer on the backend it trained on (its TrainerSpec)."""
     cfg = RunConfig.from_dict(run.config())
-    spec = TRAINERS[trainer_name(cfg)]
+    return trainer_spec(trainer_name(cfg), cfg.backend)
+
+
+def load_policy(run: RunDir, env_id: str | None = None,
+                env_kwargs: dict | None = None) -> tuple[RunConfig, object, dict]:
+    """The run's config, its latest checkpoint's policy (built by its trainer's TrainerSpec.load_policy)
+    and that checkpoint's state. `env_id` (with `env_kwargs`): the env to act in instead of the run's,
+    in the config returned too (the Python API's Run.evaluate(env=...))."""
+    cfg = RunConfig.from_dict(run.config())
+    if env_id is not None:
+        cfg.env_id, cfg.env = env_id, dict(env_kwargs or {})
+    spec = trainer_spec(trainer_name(cfg), cfg.backend)
     if not spec.load_policy:
         raise UserError(f"{run.path} {spec.no_eval or f'is a {spec.name} run, which reflectrl eval does not take'}")
     state = run.load_checkpoint()
@@ -46,6 +56,25 @@ def cnn_encoder(cfg: RunConfig) -> bool:
     return env_settings(cfg).encoder == "cnn"  # runs from before the knob recorded none ("auto"): all MLPs
 
 
+def eval_env(cfg: RunConfig, state: dict, agent=None, render_mode: str | None = None) -> gym.Env:
+    """The env a policy is evaluated in: as in training without the reward wrappers and the transforms for
+    learning only, wrapped by an agent with a state of its own (hppo's sub-goal), its observations
+    normalised with the statistics the checkpoint saved (frozen). The Python API's predict reads the
+    same observation wrappers."""
+    env = make_env(cfg.env_id, env_kwargs=cfg.env, render_mode=render_mode, keep_image=cnn_encoder(cfg),
+                   learning=False)
+    if getattr(agent, "observe", None) is not None:  # it sees each info, through the env it wraps for that
+        env = agent.wrap_env(env)
+    normalizer = state.get("obs_normalizer")
+    if env_settings(cfg).norm_obs and normalizer is not None:
+        env = gym.wrappers.NormalizeObservation(env)
+        env.update_running_mean = False
+        env.obs_rms.mean, env.obs_rms.var, env.obs_rms.count = (
+            normalizer["mean"], normalizer["var"], normalizer["count"])
+        env = ClipObservation(env, env_settings(cfg).clip_obs)
+    return env
+
+
 def evaluate(
     run_path: str,
     episodes: int = 10,
@@ -53,10 +82,13 @@ def evaluate(
     seed: int | None = None,
     video: str | None = None,
     max_steps: int | None = None,
+    env_id: str | None = None,
+    env_kwargs: dict | None = None,
 ) -> dict:
     """Run `episodes` episodes of the run's latest policy. Each episode stops at `max_steps`
     (default: the env's time limit, else EVAL_MAX_STEPS), so an env without a time limit
-    cannot hang evaluation; such cut episodes are counted in `capped_episodes`."""
+    cannot hang evaluation; such cut episodes are counted in `capped_episodes`. `env_id` (with
+    `env_kwargs`): evaluate in that env instead of the run's (the Python API's Run.evaluate(env=...))."""
     if episodes < 1:
         raise UserError(f"--episodes {episodes}: must be >= 1")
     if max_steps is not None and max_steps < 1:
@@ -69,26 +101,16 @@ def evaluate(
         check_writable(video, "--video")  # before the episodes, not after them
         prepare_headless_rendering()  # before the first make_env: MuJoCo picks its GL backend on import
     run = RunDir.open(run_path, kind="control")
-    if run.config().get("backend") == "jax":
-        from reflectrl.trainers.ppo_jax.evaluate import evaluate_run
-
-        return evaluate_run(run, episodes, deterministic, seed, video, max_steps)
-    cfg, agent, state = load_policy(run)
-    env = make_env(cfg.env_id, env_kwargs=cfg.env, render_mode="rgb_array" if video else None,
-                   keep_image=cnn_encoder(cfg), learning=False)
-    # an agent with a state of its own (hppo's sub-goal) sees each info, through the env it wraps for that
+    form = run_form(run)
+    if form.evaluate:  # a form that evaluates its runs itself (the JAX PPO: its JAX env, all episodes at once)
+        if env_id is not None:
+            raise UserError(f"a backend={run.config().get('backend')} run is evaluated in its own env: drop env")
+        return form.load("evaluate")(run, episodes, deterministic, seed, video, max_steps)
+    cfg, agent, state = load_policy(run, env_id, env_kwargs)
+    env = eval_env(cfg, state, agent, render_mode="rgb_array" if video else None)
     observe = getattr(agent, "observe", None)
-    if observe is not None:
-        env = agent.wrap_env(env)
     if max_steps is None:
         max_steps = episode_step_limit(env) or EVAL_MAX_STEPS
-    normalizer = state.get("obs_normalizer")
-    if env_settings(cfg).norm_obs and normalizer is not None:
-        env = gym.wrappers.NormalizeObservation(env)
-        env.update_running_mean = False
-        env.obs_rms.mean, env.obs_rms.var, env.obs_rms.count = (
-            normalizer["mean"], normalizer["var"], normalizer["count"])
-        env = ClipObservation(env, env_settings(cfg).clip_obs)
     continuous = is_continuous(env.action_space)
     atari = is_atari_env(env)
     generator = torch.Generator().manual_seed(cfg.seed + 1_000_003 if seed is None else seed)

@@ -102,3 +102,32 @@ def write_files(out: Path, files: dict[str, bytes], flag: str = "--out") -> Path
                 pass
         raise
     return out
+
+
+# A figure that would have more pixels than this at its dpi (a diagnostics grid of many panels,
+# a state map of many snapshots) is saved at a lower dpi, down to MIN_DPI (9-point text stays
+# about 7.5 px high): the dozens-of-panels grids were 1260x5840 px, over 1 MB each.
+MAX_PIXELS = 2_500_000
+MIN_DPI = 60
+PALETTE_COLORS = 256  # a plot's colours fit a palette; a paletted PNG is about a third of the RGBA one
+
+
+def png_bytes(fig, dpi: float = 100) -> bytes:
+    """A matplotlib figure's PNG bytes, kept small (every picture a command writes: the report's, the
+    calibration signal's): at most MAX_PIXELS (the dpi lowered, not below MIN_DPI) and quantised to a
+    PALETTE_COLORS palette (no dithering: flat colours stay flat). Closes the figure."""
+    import io
+
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    width, height = fig.get_size_inches()
+    dpi = max(MIN_DPI, min(dpi, (MAX_PIXELS / (width * height)) ** 0.5))
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    plt.close(fig)
+    image = Image.open(buf).convert("RGB").quantize(PALETTE_COLORS, method=Image.Quantize.MAXCOVERAGE,
+                                                    dither=Image.Dither.NONE)
+    out = io.BytesIO()
+    image.save(out, format="PNG", optimize=True)
+    return out.getvalue()

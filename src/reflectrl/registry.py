@@ -1,15 +1,19 @@
 """The registry: which trainers and signals exist, what each needs and supports, and how an
 `--algo` is read. Everything that lists or checks algos (config validation, building the
 signals, the CLI's help, `compare`'s entries, `reflectrl knobs`, the README's table) reads
-it; nothing else keeps a list of them.
+it; nothing else keeps a list of them. It holds the machinery only: each trainer and signal
+registers itself where it lives, and the registry names no module above it.
 
 A signal registers itself in its package, reflectrl/signals/NAME/__init__.py (its knobs and
 `register_signal(SignalSpec(...))`, importing no torch or JAX, so that checking a command line
 needs neither), beside its torch form (NAME/torch.py) and its JAX form (NAME/jax.py) where it
-has one; every package under `reflectrl.signals` is imported on the first look-up, so a new
-signal is one package (or, outside this one, a module named by an entry point in the group
-`reflectrl.signals`). Trainers are listed in
-`TRAINERS` below: a new trainer is its package plus one entry.
+has one. A trainer registers itself in its package's __init__ (reflectrl/trainers/NAME/), with
+`register_trainer(TrainerSpec(...))` naming its parts by module path, once per backend form: the
+JAX PPO (trainers/ppo_jax/) is the form of `ppo` that trains on backend=jax. The built-in ones are
+loaded as Gymnasium loads its envs: `import reflectrl` imports reflectrl.trainers and
+reflectrl.signals, whose __init__ import each package's registration. A signal from outside this
+package is a module named by an entry point in the group `reflectrl.signals` (loaded on the
+first look-up of the signals), or any module that calls register_signal.
 
 `--algo` is TRAINER[+SIGNAL...]: `ppo`, `ppo+gear`, `ppo+calibration+gear`, `grpo+gear`.
 Signals apply in the order written (see signals/base.py for how their outputs combine).
@@ -21,10 +25,10 @@ them, for every command that takes an algo.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import importlib
-import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -123,26 +127,35 @@ def _imported(target: str) -> Callable:
 
 @dataclass(frozen=True)
 class TrainerSpec:
-    """A trainer: what it gives signals, and where its parts are. The parts are named as
-    "module:attribute" and imported on first use, so listing or checking algos imports no trainer.
+    """A trainer, in one of its backend forms: what it gives signals, and where its parts are. The parts
+    are named as "module:attribute" and imported on first use, so listing or checking algos imports no
+    trainer. A trainer with forms on several backends registers each (same name and family): the form
+    registered first holds the trainer's knobs and what it gives signals, which a later form may leave
+    empty to share (`ppo` on backend=jax reads PPOConfig and gives signals what `ppo` gives them).
 
+    backends      the env backends (config.BACKENDS) this form trains on; `registry.trainer_spec(name,
+                  backend)` finds the form of a run
     config        its knob dataclass (the run's `knobs`: --set NAME.KNOB or bare names, config.json's NAME
                   section), with validate(total_steps) and env_settings() (what building its envs reads)
     resolve       resolve(cfg) -> cfg: the env-dependent defaults filled in (by probing the env) and the
                   trainer's own refusals (e.g. continuous actions for dqn); the shared checks follow it
-    entry         the trainer class: Trainer(cfg, run) runs the train loop (trainers/base.py)
-    load_policy   load_policy(cfg, state) -> a policy with act(obs, generator) and deterministic_action(obs)
-                  that `reflectrl eval` steps ("" where eval does not take its runs: `no_eval` says why)
-    jax           resolve(cfg) -> cfg of the trainer's JAX version (--set backend=jax; reflectrl/trainers/ppo_jax)
-    jax_check     check(cfg): what its JAX version refuses that needs no env (a torch-only knob), made as the
+    check         check(cfg): its refusals that need no env (e.g. a knob this form does not run), made as the
                   command line is read, before torch, JAX or an env package is imported
+    entry         the trainer class: Trainer(cfg, run) runs the train loop (trainers/base.py); the object
+                  has train(progress) and finish(run), which records the finished run
+    load_policy   load_policy(cfg, state, env) -> a policy with act(obs, generator) and deterministic_action(obs)
+                  that `reflectrl eval` steps ("" where eval does not take its runs: `no_eval` says why)
+    evaluate      evaluate(run, episodes, deterministic, seed, video, max_steps) -> eval's result, where the
+                  form evaluates its runs itself ("": `reflectrl eval` steps its load_policy's policy)
+    train_group   train_group(items, progress) -> exit code: several runs of one configuration trained as one
+                  program (`reflectrl train-group`); with groups_seeds, compare gives it an entry's seeds
     """
 
     name: str
     family: str                        # "control" (reflectrl train) or "llm" (reflectrl llm train)
-    step_kinds: tuple[str, ...]        # what it can give a signal as a step
-    provides: frozenset                # what signals may ask of it (WANTS)
-    summary: str
+    step_kinds: tuple[str, ...] = ()   # what it can give a signal as a step
+    provides: frozenset = frozenset()  # what signals may ask of it (WANTS)
+    summary: str = ""
     entry: str = ""
     config: str = ""
     resolve: str = ""
@@ -150,11 +163,16 @@ class TrainerSpec:
     no_eval: str = ""                  # why `reflectrl eval` does not take its runs (with load_policy "")
     multiagent: bool = False           # trains multi-agent (PettingZoo) envs
     runs_signals: bool = True          # False: --algo takes the trainer alone (no +SIGNAL yet)
-    jax: str = ""                      # backend=jax: the resolve of its compiled version ("": torch only)
-    jax_check: str = ""                # backend=jax: its refusals that need no env
+    backends: tuple[str, ...] = ("gymnasium", "envpool")
+    check: str = ""
+    evaluate: str = ""
+    train_group: str = ""
+    groups_seeds: bool = False         # compare trains an entry's seeds as one group (its train_group)
+    callbacks: bool = True             # calls the Python API's callbacks after each iteration (False: it trains
+                                       # in compiled chunks with no Python between iterations)
 
     def load(self, part: str):
-        """One of its parts (config, resolve, entry, load_policy), imported."""
+        """One of its parts (config, resolve, check, entry, load_policy, evaluate, train_group), imported."""
         target = getattr(self, part)
         if not target:
             raise UserError(f"trainer '{self.name}' has no {part}")
@@ -165,14 +183,15 @@ class TrainerSpec:
         return self.load("config")
 
 
-# The trainers. A new one is its package under reflectrl/trainers/ (or anywhere importable) and one
-# entry here, or one register_trainer(TrainerSpec(...)) call from outside this package.
-_T = "reflectrl.trainers."
+# Each trainer by name: its form registered first (the trainer's knobs, what it gives signals); and
+# each trainer's forms by the backend they train on.
 TRAINERS: dict[str, TrainerSpec] = {}
+_FORMS: dict[str, dict[str, TrainerSpec]] = {}
 
 
 def register_trainer(spec: TrainerSpec) -> TrainerSpec:
-    """Add a trainer to the registry (its name joins --algo, `reflectrl knobs` and the checks)."""
+    """Add a trainer, or another backend form of one, to the registry (its name joins --algo, `reflectrl
+    knobs` and the checks). Called by the trainer's package (its __init__), or from outside this package."""
     if "+" in spec.name or "[" in spec.name or spec.name in _SIGNALS:
         raise ValueError(f"trainer name '{spec.name}' clashes with a signal or the --algo syntax")
     if spec.family not in FAMILY_COMMANDS:
@@ -180,9 +199,48 @@ def register_trainer(spec: TrainerSpec) -> TrainerSpec:
     bad = [k for k in spec.step_kinds if k not in STEP_KINDS] + [w for w in spec.provides if w not in WANTS]
     if bad:
         raise ValueError(f"trainer '{spec.name}' declares unknown step kinds or provides: {bad}")
-    TRAINERS[spec.name] = spec
+    if not spec.backends:
+        raise ValueError(f"trainer '{spec.name}' names no backend it trains on")
+    first = TRAINERS.get(spec.name)
+    if first is None:
+        if not (spec.step_kinds and spec.summary):
+            raise ValueError(f"trainer '{spec.name}': its first form declares its step kinds and summary")
+        TRAINERS[spec.name] = spec
+        _FORMS[spec.name] = {}
+    else:
+        if spec.family != first.family:
+            raise ValueError(f"trainer '{spec.name}' is registered under family '{first.family}'")
+        spec = dataclasses.replace(spec, **{part: getattr(first, part) for part in SHARED_PARTS
+                                            if not getattr(spec, part)})
+        if set(first.backends) <= set(spec.backends):  # registered again: it replaces its first form
+            TRAINERS[spec.name] = spec
+    _FORMS[spec.name].update(dict.fromkeys(spec.backends, spec))
     _parse_cached.cache_clear()
     return spec
+
+
+# what a later form of a trainer may leave empty to share with its first
+SHARED_PARTS = ("step_kinds", "provides", "summary", "config")
+
+
+def trainer_spec(name: str, backend: str) -> TrainerSpec:
+    """The form of a registered trainer that trains on an env backend; one line naming the backends it
+    has where it has none on this one."""
+    forms = _FORMS[name] if name in TRAINERS else {}
+    if backend in forms:
+        return forms[backend]
+    hosts = [n for n in TRAINERS if backend in _FORMS[n]]
+    has = list(forms)
+    where = f"{name} trains on backend={' or '.join(has)} (use backend={has[0]} for it)" if has else \
+        f"{name} is not a registered trainer"
+    if not hosts:
+        raise UserError(f"no trainer trains on backend={backend}; {where}")
+    raise UserError(f"backend={backend} trains --algo {' or '.join(hosts)} and its signals; {where}")
+
+
+def trainer_forms(name: str) -> dict[str, TrainerSpec]:
+    """{backend: the form of a registered trainer that trains on it}."""
+    return dict(_FORMS[name])
 
 
 FAMILY_COMMANDS = {"control": "reflectrl train", "llm": "reflectrl llm train"}
@@ -190,8 +248,9 @@ FAMILY_COMMANDS = {"control": "reflectrl train", "llm": "reflectrl llm train"}
 DEFAULT_TRAINER = {"control": "ppo", "llm": "grpo"}
 
 _SIGNALS: dict[str, SignalSpec] = {}
-_loaded = False
-
+# entry-point groups whose plug-ins register signals (the signals package adds its own, `reflectrl.signals`),
+# each loaded on the first look-up of the signals after it is added
+_PLUGIN_GROUPS: dict[str, bool] = {}
 
 
 def trainer_class(name: str) -> type:
@@ -215,32 +274,31 @@ def register_signal(spec: SignalSpec) -> SignalSpec:
     return spec
 
 
-def _load() -> None:
-    global _loaded
-    if _loaded:
-        return
-    _loaded = True
-    # found by name, as an entry point is: the signals sit above the registry and import it. Each signal's
-    # package (reflectrl/signals/NAME/) registers itself in its __init__, which imports no torch or JAX:
-    # its forms are imported when a run builds them
-    package = importlib.import_module("reflectrl.signals")
-    for info in pkgutil.iter_modules(package.__path__):
-        if info.ispkg and not info.name.startswith("_"):
-            importlib.import_module(f"{package.__name__}.{info.name}")
-    try:
-        from importlib.metadata import entry_points
+def add_plugin_group(group: str) -> None:
+    """Load the modules the entry points of `group` name (each registers what it brings) on the first
+    look-up of the signals: a package of signals says which group its plug-ins join."""
+    _PLUGIN_GROUPS.setdefault(group, False)
 
-        for ep in entry_points(group="reflectrl.signals"):
-            ep.load()
-    except Exception as err:  # a broken plug-in must not take the built-in signals down
-        import warnings
 
-        warnings.warn(f"a reflectrl.signals entry point failed to load: {type(err).__name__}: {err}")
+def _load_plugins() -> None:
+    for group, loaded in list(_PLUGIN_GROUPS.items()):
+        if loaded:
+            continue
+        _PLUGIN_GROUPS[group] = True
+        try:
+            from importlib.metadata import entry_points
+
+            for ep in entry_points(group=group):
+                ep.load()
+        except Exception as err:  # a broken plug-in must not take the built-in signals down
+            import warnings
+
+            warnings.warn(f"a {group} entry point failed to load: {type(err).__name__}: {err}")
 
 
 def signals() -> dict[str, SignalSpec]:
     """Every registered signal by name, in a stable order."""
-    _load()
+    _load_plugins()
     return dict(sorted(_SIGNALS.items()))
 
 
@@ -397,39 +455,3 @@ def finish_signals(algo_text: str, family: str, run_dir) -> None:
                 warnings.warn(f"the {name} signal's end-of-run step ({target}) failed: {err}")
 
 
-# the built-in trainers
-for _spec in (
-    TrainerSpec("ppo", "control", ("env_step",),
-                frozenset({"features", "feature_grad", "next_obs", "state_keys", "value_stream", "costs", "policy"}),
-                "PPO on Gymnasium envs (CleanRL's details)", entry=_T + "ppo.trainer:PPOTrainer",
-                config=_T + "ppo.config:PPOConfig", resolve=_T + "ppo.resolve:resolve",
-                load_policy=_T + "ppo.resolve:load_policy", jax="reflectrl.trainers.ppo_jax.resolve:resolve",
-                jax_check="reflectrl.trainers.ppo_jax.resolve:check"),
-    TrainerSpec("dqn", "control", ("transition",), frozenset({"features", "next_obs"}),
-                "DQN on Gymnasium envs with discrete actions (CleanRL's dqn.py / dqn_atari.py)",
-                entry=_T + "replay.dqn:DQNTrainer", config=_T + "replay.config:DQNConfig",
-                resolve=_T + "replay.resolve:resolve_dqn", load_policy=_T + "replay.resolve:load_dqn_policy"),
-    TrainerSpec("sac", "control", ("transition",), frozenset({"next_obs"}),
-                "SAC on Gymnasium envs with continuous actions (CleanRL's sac_continuous_action.py)",
-                entry=_T + "replay.sac:SACTrainer", config=_T + "replay.config:SACConfig",
-                resolve=_T + "replay.resolve:resolve_sac", load_policy=_T + "replay.resolve:load_sac_policy"),
-    TrainerSpec("impala", "control", ("env_step",), frozenset({"features", "next_obs", "state_keys", "value_stream"}),
-                "IMPALA on Ray: actors step envs in parallel, one learner applies V-trace (Espeholt et al. 2018)",
-                entry=_T + "impala.trainer:IMPALATrainer", config=_T + "impala.config:IMPALAConfig",
-                resolve=_T + "impala.config:resolve", load_policy=_T + "ppo.resolve:load_policy"),
-    TrainerSpec("mappo", "control", ("env_step",), frozenset({"next_obs", "team"}),
-                "MAPPO on PettingZoo parallel envs (--env pettingzoo:MODULE): PPO per agent, shared weights, "
-                "a centralised critic (Yu et al. 2022)", entry=_T + "mappo.trainer:MAPPOTrainer",
-                config=_T + "mappo.config:MAPPOConfig", resolve=_T + "mappo.envs:resolve_multiagent",
-                no_eval="is a multi-agent (mappo) run, which `reflectrl eval` does not evaluate yet; its "
-                        "metrics.jsonl holds the team's and each agent's returns over training", multiagent=True),
-    TrainerSpec("hppo", "control", ("env_step",), frozenset({"features", "next_obs", "state_keys"}),
-                "two-level PPO on grids (the grid world, MiniGrid): a sub-goal policy over regions and a "
-                "goal-conditioned one that reaches them; a signal runs at each level (seed 002 section 6.1)",
-                entry=_T + "hppo.trainer:HPPOTrainer", config=_T + "hppo.config:HPPOConfig",
-                resolve=_T + "hppo.goals:resolve", load_policy=_T + "hppo.trainer:load_policy"),
-    TrainerSpec("grpo", "llm", ("token", "turn"), frozenset({"features", "teacher"}),
-                "GRPO on language models (group-normalised advantages, clipped token objective)",
-                entry=_T + "grpo.trainer:GRPOTrainer", config=_T + "grpo.config:GRPOConfig"),
-):
-    register_trainer(_spec)

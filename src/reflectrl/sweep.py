@@ -545,16 +545,24 @@ def _at_most_zero(choice: str) -> bool:
 
 
 def vectorised_keys(sweep: SweepSpec) -> list[str]:
-    """Check that `sweep --vmap-trials` can train the sweep's trials as one program: backend=jax, and a
+    """Check that `sweep --vmap-trials` can train the sweep's trials as one program: a backend on which the
+    trainer's form trains runs as one program (its TrainerSpec's groups_seeds: backend=jax), and a
     space of vectorisable knobs: PPO's (learning_rate only where no signal fits a network with it) and
     the signals' own (each JAX signal's vector_knobs, e.g. count.beta, calibration.alpha).
     Returns the space's keys."""
-    from reflectrl.trainers.ppo_jax.trainer import fits_at_learning_rate, positive_knobs, vectorisable_knobs
+    from reflectrl.config import RunConfig
+    from reflectrl.registry import trainer_forms, trainer_spec
 
     sets = dict(item.partition("=")[::2] for item in sweep.sets)
-    if sets.get("backend", "").strip() != "jax":
-        raise UserError("--vmap-trials trains a batch of trials as one compiled program: add --set backend=jax "
-                        "(or drop --vmap-trials)")
+    trainer = parse_algo(sweep.algo).trainer
+    if not trainer_spec(trainer, sets.get("backend", RunConfig.backend).strip()).groups_seeds:
+        grouping = [backend for backend, form in trainer_forms(trainer).items() if form.groups_seeds]
+        raise UserError("--vmap-trials trains a batch of trials as one compiled program: "
+                        + (f"add --set backend={grouping[0]} (or drop --vmap-trials)" if grouping
+                           else f"--algo {trainer} trains each run alone (drop --vmap-trials)"))
+    # the knobs that form's program vectorises (the JAX PPO's)
+    from reflectrl.trainers.ppo_jax.trainer import fits_at_learning_rate, positive_knobs, vectorisable_knobs
+
     keys = [k.key.removeprefix("ppo.") for k in sweep.knobs()]
     signals = parse_algo(sweep.algo).signals
     allowed = vectorisable_knobs(signals)
@@ -584,7 +592,7 @@ def run_trial_batch(study, batch: list, root: Path, sweep: SweepSpec, budget: in
     knobs vectorised); tell Optuna each trial's score. One line per trial."""
     import optuna
 
-    from reflectrl.experiments.local import jax_groups, run_local
+    from reflectrl.experiments.local import run_local, seed_groups
     from reflectrl.experiments.progress import Progress
     from reflectrl.experiments.spec import load_or_create
     from reflectrl.experiments.state import ExperimentResult, exclusive, runs_to_train
@@ -606,7 +614,7 @@ def run_trial_batch(study, batch: list, root: Path, sweep: SweepSpec, budget: in
             members.append((trial, out, runs, head))
         if todo:
             numbers = ", ".join(str(t.number) for t, *_ in members)
-            logs = ", ".join(str(job[0][0].path.with_suffix(".log")) for job in jax_groups(todo))
+            logs = ", ".join(str(job[0][0].path.with_suffix(".log")) for job in seed_groups(todo))
             for _, out, _, _ in members:
                 with open(out.with_suffix(".log"), "a") as log:
                     log.write(f"$ (--vmap-trials: trials {numbers} trained as one program; output in {logs})\n")

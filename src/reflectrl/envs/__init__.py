@@ -39,8 +39,9 @@ unmaintained mujoco-py, point to their -v5 id).
 
 An env of your own: Gymnasium's `MODULE:ID` form (`my_envs:Corridor-v0`) imports MODULE, whose
 import runs its gym.register, then makes ID; runs record the whole string, so every later command
-imports MODULE again. `check_new_processes_can_make` refuses, for compare and sweep, an id that
-their runs (new processes) could not make.
+imports MODULE again. MODULE:NAME may also name a class or factory of an env at the top of MODULE (what the
+Python API records for an env object: objects.py). `check_new_processes_can_make` refuses, for compare and
+sweep, an id that their runs (new processes) could not make.
 """
 
 from __future__ import annotations
@@ -66,6 +67,9 @@ from reflectrl.envs.gridworld import GridWorldEnv, register_gridworld
 from reflectrl.envs.headless import prepare_headless_rendering
 from reflectrl.envs.jax_ids import JAX_ENV_KNOBS, canonical_env_id, is_jax_env
 from reflectrl.envs.normalize import NormalizeObservation, NormalizeReward
+from reflectrl.envs.objects import NEW_PROCESS_SOURCES as _NEW_PROCESS_SOURCES
+from reflectrl.envs.objects import OBJECT_MODULE, object_env_error, register_attribute
+from reflectrl.envs.objects import entry_module as _entry_module
 from reflectrl.envs.statekey import StateKey
 from reflectrl.envs.vector import FastSyncVectorEnv
 from reflectrl.envs.wrappers import DelayedReward, SparseReward, parse_reward_wrapper
@@ -203,7 +207,9 @@ def import_env_module(module: str, env_id: str) -> set[str]:
 
 def registered_id(env_id: str) -> str:
     """The id in Gymnasium's registry that --env names, checked (one line for an unknown one): MODULE:ID
-    imports MODULE and gives ID; reflectrl:GridWorld-v0, the JAX spelling, gives reflectrl/GridWorld-v0."""
+    imports MODULE and gives ID; MODULE:NAME, where MODULE registers no id NAME but has a class or factory
+    NAME of an env, registers it as MODULE:NAME (envs/objects.py, the Python API's env objects);
+    reflectrl:GridWorld-v0, the JAX spelling, gives reflectrl/GridWorld-v0."""
     env_id = canonical_env_id(env_id, "torch")
     module, name = split_module_id(env_id)
     if module is None:
@@ -212,8 +218,14 @@ def registered_id(env_id: str) -> str:
     if not module or not name:
         raise UserError(f"env '{env_id}': give MODULE:ID, e.g. my_envs:Corridor-v0 (importing my_envs registers "
                         "Corridor-v0)")
+    if env_id in gym.registry:  # MODULE:ATTR or object:LABEL, registered in this process (objects.py)
+        return env_id
+    if module == OBJECT_MODULE:
+        raise UserError(object_env_error(env_id))
     added = import_env_module(module, env_id)
     if name not in gym.registry:
+        if register_attribute(module, name, env_id):  # MODULE:ATTR, a class or factory of an env
+            return env_id
         close = _similar_ids(name, among=added or None)
         hint = (f"; it registered {', '.join(sorted(added)[:5])}" if added and not close else
                 f"; did you mean {module}:{', '.join(close)}?" if close else
@@ -222,16 +234,8 @@ def registered_id(env_id: str) -> str:
     return name
 
 
-# Where the ids a new `reflectrl train` process knows come from without being told: Gymnasium's own,
-# and those of the packages make_env imports itself (MiniGrid, ale-py) and of reflectrl.
-_NEW_PROCESS_SOURCES = ("gymnasium", "minigrid", "ale_py", "reflectrl")
 _NEW_PROCESS_ERRORS: dict[str, str | None] = {}
 """env id -> the error a new process gives for it (None: it makes it), found once per process."""
-
-
-def _entry_module(spec) -> str:
-    entry = spec.entry_point
-    return entry.split(":")[0] if isinstance(entry, str) else getattr(entry, "__module__", "") or ""
 
 
 def check_new_processes_can_make(env_ids) -> None:

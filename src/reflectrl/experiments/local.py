@@ -1,8 +1,8 @@
 """The local backend: up to `workers` `reflectrl train` subprocesses at once, each writing
-its output to the run's log (a backend=jax entry's seeds: one `reflectrl train-group` process,
-vectorised over them). Ctrl-C or SIGTERM on the driver stops them all (they resume
-from their last checkpoints): no orphaned runs left writing into a directory the user may
-be about to delete."""
+its output to the run's log (the seeds of an entry whose trainer trains them as one program,
+backend=jax's: one `reflectrl train-group` process, vectorised over them). Ctrl-C or SIGTERM
+on the driver stops them all (they resume from their last checkpoints): no orphaned runs left
+writing into a directory the user may be about to delete."""
 
 from __future__ import annotations
 
@@ -27,16 +27,24 @@ def _raise_interrupt(signum, frame):
     raise Terminated  # a KeyboardInterrupt: the same clean-up; the CLI exits 143, as train does
 
 
-def jax_groups(todo: list[tuple[RunSpec, str]]) -> list[list[tuple[RunSpec, str]]]:
-    """`todo` as jobs: a run of backend=jax joins the other seeds of its entry (same env, entry and
-    state) in one job, trained as one program (`reflectrl train-group`, which resumes runs
-    checkpointed at different iterations as groups of their own: trainers/ppo_jax/trainer.py train_group;
-    the steps their metrics reached may differ where a kill cut the logging short); every other
-    run is a job of its own."""
+def groups_seeds(run: RunSpec) -> bool:
+    """Whether the run's trainer, on its backend, trains an entry's seeds as one program (its TrainerSpec's
+    groups_seeds: the JAX PPO's)."""
+    from reflectrl.training import trainer_form
+
+    return trainer_form(run.given_config()).groups_seeds
+
+
+def seed_groups(todo: list[tuple[RunSpec, str]]) -> list[list[tuple[RunSpec, str]]]:
+    """`todo` as jobs: a run whose trainer groups seeds (groups_seeds) joins the other seeds of its entry
+    (same env, entry and state) in one job, trained as one program (`reflectrl train-group`, which
+    resumes runs checkpointed at different iterations as groups of their own: trainers/ppo_jax/trainer.py
+    train_group; the steps their metrics reached may differ where a kill cut the logging short); every
+    other run is a job of its own."""
     jobs: list[list[tuple[RunSpec, str]]] = []
     groups: dict[tuple, list] = {}
     for run, state in todo:
-        if "backend=jax" not in run.overrides:
+        if not groups_seeds(run):
             jobs.append([(run, state)])
             continue
         key = (run.env_id, run.entry.label, state)
@@ -48,10 +56,10 @@ def jax_groups(todo: list[tuple[RunSpec, str]]) -> list[list[tuple[RunSpec, str]
 
 
 def _group_command(job: list[tuple[RunSpec, str]]) -> list[str]:
-    """The command of a job: `reflectrl train` for one run, `reflectrl train-group` for a JAX group
+    """The command of a job: `reflectrl train` for one run, `reflectrl train-group` for a group of seeds
     (its runs listed in a JSON file beside the first run's directory)."""
     run, state = job[0]
-    if len(job) == 1 and "backend=jax" not in run.overrides:
+    if len(job) == 1 and not groups_seeds(run):
         return [sys.executable, "-m", "reflectrl", *train_argv(run, state)]
     items = [{"path": str(r.path), "argv": train_argv(r, st)[1:-1]} for r, st in job]
     spec = run.path.parent / f".group-{run.path.name}.json"
@@ -60,7 +68,7 @@ def _group_command(job: list[tuple[RunSpec, str]]) -> list[str]:
 
 
 def run_local(todo: list[tuple[RunSpec, str]], workers: int, result: ExperimentResult, bar: Progress) -> None:
-    pending = jax_groups(todo)
+    pending = seed_groups(todo)
     running: dict[subprocess.Popen, tuple[list, object]] = {}
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     # `kill` (or a cluster scheduler's SIGTERM) stops the workers too, as Ctrl-C does.
@@ -76,7 +84,7 @@ def run_local(todo: list[tuple[RunSpec, str]], workers: int, result: ExperimentR
                 cmd = _group_command(job)
                 log.write("$ reflectrl " + " ".join(cmd[3:]) + "\n")
                 log.flush()
-                for other, _ in job[1:]:  # a JAX group writes one log: the first run's
+                for other, _ in job[1:]:  # a group writes one log: the first run's
                     with open(log_path(other), "a") as note:
                         note.write(f"$ (trained with the other seeds of its entry; output in {log_path(run)})\n")
                 running[subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)] = (job, log)

@@ -263,3 +263,29 @@ def read_spec(root: Path) -> ExperimentSpec:
         return ExperimentSpec(**data)
     except TypeError:
         raise UserError(f"{path} is corrupt: not the spec 'reflectrl compare' writes") from None
+
+
+def compare_spec(envs: str | None, algos: str | None, *, seeds: int | None, total_steps: int | None, sets: list,
+                 wrapper: str | None, first_seed: int, preset: str | None = None,
+                 names: tuple[str, ...] = ("--env", "--algos", "--total-steps", "--preset")) -> ExperimentSpec:
+    """What `reflectrl compare` (and reflectrl.compare) runs, checked: the envs and algo entries as
+    comma-separated text, each value not given taken from the preset where one is named (its --set items
+    first); `names`: how the caller calls envs, algos, total_steps and preset, for the line that says one is missing."""
+    if preset is not None:
+        from reflectrl.experiments.presets import get_preset
+
+        found = get_preset(preset)
+        envs = envs if envs is not None else ",".join(found.envs)
+        algos = algos if algos is not None else ",".join(found.algos)
+        seeds = seeds if seeds is not None else found.seeds
+        total_steps = total_steps if total_steps is not None else found.total_steps
+        sets = [*found.sets, *sets]
+        wrapper = wrapper if wrapper is not None else found.wrapper
+    missing = [name for name, value in zip(names, (envs, algos, total_steps)) if value is None]
+    if missing:
+        raise UserError(f"compare needs {', '.join(missing)} (or a {names[3]} that gives them)")
+    spec = ExperimentSpec(envs=[e.strip() for e in envs.split(",") if e.strip()],
+                          algos=[e.label for e in parse_algos(algos)], seeds=5 if seeds is None else seeds,
+                          total_steps=total_steps, wrapper=wrapper, sets=sets, first_seed=first_seed)
+    spec.validate()
+    return spec

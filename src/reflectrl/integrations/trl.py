@@ -17,7 +17,8 @@ only turns its per-sequence advantages (B,) into per-token ones (B, T), at two p
   reflectrl's own GRPO trainer builds it (`reflectrl.trainers.grpo.trainer.token_batch`: time-major, mask =
   TRL's loss mask, groups = the prompt, the outcome reward on the last completion token,
   V_orig = the group's mean reward). `GEARReweighting.after_advantages` gives weights from
-  the head frozen at the previous distillation (all 1 until then), and `advantages` becomes
+  the head frozen at the previous distillation (all 1 until then; called through
+  `reflectrl.signals.apply.apply_signals`, as every trainer of reflectrl calls it), and `advantages` becomes
   `advantages[:, None] * weights` (B, T). TRL's `_compute_loss` unsqueezes only 1-D
   advantages, so every loss type takes the per-token ones unchanged.
 - after the optimizer step that uses up the batch (a callback's `on_step_end`, i.e. every
@@ -47,6 +48,7 @@ from trl.trainer.utils import nanstd
 
 from reflectrl.llm.model import hidden_size
 from reflectrl.llm.tasks.base import REFERENCE_TEMPLATE
+from reflectrl.signals.apply import apply_signals
 from reflectrl.signals.base import Batch, SignalContext
 from reflectrl.signals.divergence.torch import DivergenceConfig, segment_stats, segment_weights, token_divergence
 from reflectrl.signals.gear.torch import GEARConfig, GEARReweighting
@@ -185,10 +187,11 @@ class GEARGRPOTrainer(GRPOTrainer):
         batch.groups = groups[None, :].expand(c, n).contiguous()  # global prompt index (several processes)
         batch.iteration = batch.global_step = self.state.global_step
         weights = torch.ones(n, c)
-        if mask.any():
-            out = self.signal.after_advantages(batch)
-            if out is not None and out.weights is not None:
-                weights = out.weights.T
+        if mask.any():  # the hooks as reflectrl's own GRPO runs them (a token's advantage is its sequence's)
+            result = apply_signals(self.signal, batch, lambda rewards: (batch.advantages, batch.returns),
+                                   reward_terms=False)
+            if result.weights is not None:
+                weights = result.weights.T
             for name in WEIGHT_METRICS:
                 self._metrics[mode][f"gear/{name}"].append(self.signal.metrics()[name])
             if mode == "train":

@@ -27,7 +27,7 @@ What a row shows, and where it comes from:
   where none is stored, which only makes the others' correction stricter) and its cell is
   empty. A report with no per-run scores gets no recomputed verdicts; the ledger says why.
 * tuned: decided from files, not from the knobs' values: an entry is tuned where a
-  `sweeps/*/best.json` (bench/tuned_vs_tuned.py: one sweep per entry, its "algo" the entry)
+  `sweeps/*/best.json` (examples/experiments/tuned_vs_tuned.py: one sweep per entry, its "algo" the entry)
   lies in the results folder, its experiment folder (the folder above a `report/`) or the
   folder above that (tuned_vs_tuned's OUT beside OUT/rerun), or where the experiment is the
   re-run of a `reflectrl sweep` (an experiment folder named `best` beside the sweep's
@@ -562,7 +562,7 @@ normalised to its observed return range; final return, AUC or early AUC as the c
 or the calibration loss's ratio, last 10% / first 10% of training. **seeds**: finished seeds
 of each entry (runs, for an older report's ratio). **tuned**: from files beside the report:
 *yes* where each entry's knobs came from a sweep (a `sweeps/*/best.json` per entry, as
-bench/tuned_vs_tuned.py leaves, or a `reflectrl sweep` re-run), *only X* where some did, *no*
+examples/experiments/tuned_vs_tuned.py leaves, or a `reflectrl sweep` re-run), *only X* where some did, *no*
 otherwise.
 """
 

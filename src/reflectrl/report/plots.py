@@ -12,6 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from reflectrl.outputs import MAX_PIXELS, MIN_DPI, PALETTE_COLORS, png_bytes  # noqa: E402, F401 (outputs.py's)
 from reflectrl.report import stats  # noqa: E402
 from reflectrl.report.analysis import (  # noqa: E402
     EXPLORATION_SERIES,
@@ -25,30 +26,6 @@ COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
 DPI = 100
 TICK_SIZE = 9  # points: readable at the PNG's 100 dpi
 ROW_INCHES = 0.5  # per entry of the final-return interval plot
-# A figure that would have more pixels than this at its dpi (a diagnostics grid of many panels,
-# a state map of many snapshots) is saved at a lower dpi, down to MIN_DPI (9-point text stays
-# about 7.5 px high): the dozens-of-panels grids were 1260x5840 px, over 1 MB each.
-MAX_PIXELS = 2_500_000
-MIN_DPI = 60
-PALETTE_COLORS = 256  # a plot's colours fit a palette; a paletted PNG is about a third of the RGBA one
-
-
-def png_bytes(fig, dpi: float = DPI) -> bytes:
-    """The figure's PNG bytes, kept small: at most MAX_PIXELS (the dpi lowered, not below
-    MIN_DPI) and quantised to a PALETTE_COLORS palette (no dithering: flat colours stay flat).
-    Closes the figure."""
-    from PIL import Image
-
-    width, height = fig.get_size_inches()
-    dpi = max(MIN_DPI, min(dpi, (MAX_PIXELS / (width * height)) ** 0.5))
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
-    plt.close(fig)
-    image = Image.open(buf).convert("RGB").quantize(PALETTE_COLORS, method=Image.Quantize.MAXCOVERAGE,
-                                                    dither=Image.Dither.NONE)
-    out = io.BytesIO()
-    image.save(out, format="PNG", optimize=True)
-    return out.getvalue()
 
 
 def _png(fig) -> bytes:

@@ -27,14 +27,14 @@ from collections import Counter
 from importlib import metadata
 from pathlib import Path
 
-import reflectrl
+from reflectrl._version import __version__
 from reflectrl.experiments.spec import SPEC_FILE, ExperimentSpec
 from reflectrl.report import BOOTSTRAP_REPS, stats
 from reflectrl.report.analysis import ALPHA, MARGIN_SHARE, MIN_SEEDS_FOR_CI
 from reflectrl.runs.files import run_status
 
 FILE = "provenance.json"
-SOURCE_DIR = Path(reflectrl.__file__).resolve().parent  # the reflectrl package that is running
+SOURCE_DIR = Path(__file__).resolve().parents[1]  # the reflectrl package that is running (report/..)
 GIT_TIMEOUT_S = 5.0
 UNKNOWN = "unknown"
 PACKAGES = ("torch", "gymnasium", "numpy")  # always listed (None where not installed)
@@ -87,7 +87,7 @@ def _version(dist: str) -> str | None:
 
 def versions() -> dict:
     """reflectrl, Python and the libraries' installed versions (none of them imported)."""
-    out = {"reflectrl": reflectrl.__version__,
+    out = {"reflectrl": __version__,
            "python": f"{platform.python_implementation()} {platform.python_version()}"}
     out.update({name: _version(name) for name in PACKAGES})
     out.update({name: v for name in OPTIONAL_PACKAGES if (v := _version(name)) is not None})

@@ -2,8 +2,8 @@
 
 The experiment runner and the report look at many runs, some half-written, some killed in
 the middle of a write: these readers never raise on a missing or damaged file, they say
-"nothing there" (None, 0, False, the rows before the damage). The file names are those of
-runs/rundir.py; nothing outside runs/ spells them.
+"nothing there" (None, 0, False, the rows before the damage). The run directory's file names are
+spelled here (runs/rundir.py writes them); nothing outside runs/ spells them. Imports no torch.
 """
 
 from __future__ import annotations
@@ -13,7 +13,15 @@ import os
 from pathlib import Path
 
 from reflectrl.runs.jsonfile import loads
-from reflectrl.runs.rundir import CHECKPOINT, CONFIG, METRICS, STAGED_CHECKPOINT, STATUS
+
+# a run directory's files (runs/rundir.py writes them)
+CONFIG = "config.json"
+STATUS = "run.json"
+METRICS = "metrics.jsonl"
+TENSORBOARD = "tb"
+CHECKPOINT = "checkpoint.pt"
+STAGED_CHECKPOINT = "checkpoint.pt.staged"  # a JAX group's two-phase checkpoint (trainers/ppo_jax/trainer.py)
+STATE_SAMPLES = "state_samples.npz"  # runs/state_samples.py: what `plot state-map` draws
 
 
 def _read_json(path: Path) -> dict | None:
@@ -41,15 +49,29 @@ def live_status(path: str | os.PathLike, status: dict | None = None) -> str:
         return "not started"
     word = str(status.get("status", "unknown"))
     if word == "running":
-        from reflectrl.runs.rundir import RunDir
-
         try:
-            held = RunDir(path).is_locked()
+            held = dir_is_locked(path)
         except OSError:  # the directory went away under us
             return word
         if not held:
             return "stopped"
     return word
+
+
+def dir_is_locked(path: str | os.PathLike) -> bool:
+    """Whether a live process holds the run directory's lock (RunDir.lock; a quick probe, released at once)."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        return False
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
 
 
 def run_config(path: str | os.PathLike) -> dict | None:

@@ -30,15 +30,19 @@ import torch
 
 from reflectrl.errors import UserError
 from reflectrl.runs import jsonfile
+from reflectrl.runs.files import (  # noqa: F401 (the file names: files.py spells them; importers find them here too)
+    CHECKPOINT,
+    CONFIG,
+    METRICS,
+    STAGED_CHECKPOINT,
+    STATE_SAMPLES,
+    STATUS,
+    TENSORBOARD,
+    dir_is_locked,
+    run_config,
+    run_status,
+)
 from reflectrl.runs.jsonfile import read_json_object
-
-CONFIG = "config.json"
-STATUS = "run.json"
-METRICS = "metrics.jsonl"
-TENSORBOARD = "tb"
-CHECKPOINT = "checkpoint.pt"
-STAGED_CHECKPOINT = "checkpoint.pt.staged"  # a JAX group's two-phase checkpoint (trainers/ppo_jax/trainer.py)
-STATE_SAMPLES = "state_samples.npz"  # runs/state_samples.py: what `plot state-map` draws
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -131,8 +135,6 @@ class RunDir:
                 if run.is_locked():
                     raise UserError(f"--out {run.path} holds a run that another process is training; "
                                     "choose another --out")
-                from reflectrl.runs.files import run_config, run_status
-
                 held, status = run_config(run.path), run_status(run.path) or {}
                 kind = run_kind(held) if held is not None else "control"
                 if status.get("status") == "finished":
@@ -144,20 +146,16 @@ class RunDir:
         make_dir(run.path)
         run.lock()
         run.write_json(CONFIG, config)
-        import reflectrl
+        from reflectrl._version import __version__
 
         status = {
             "status": "running",
             "command": command if command is not None else sys.argv,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "reflectrl_version": reflectrl.__version__,
+            "reflectrl_version": __version__,
             "torch_version": torch.__version__,
             "python": platform.python_version(),
         }
-        if isinstance(config, dict) and config.get("backend") == "jax":  # the compiled program's rounding and speed
-            from importlib import metadata
-
-            status["jax_version"] = metadata.version("jax")
         run.write_json(STATUS, status)
         return run
 
@@ -204,18 +202,7 @@ class RunDir:
 
     def is_locked(self) -> bool:
         """Whether another live process holds this directory's lock (a quick probe, released at once)."""
-        try:
-            import fcntl
-        except ImportError:
-            return False
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return False
-        except OSError:
-            return True
-        finally:
-            os.close(fd)
+        return dir_is_locked(self.path)
 
     def unlock(self) -> None:
         fd = getattr(self, "_lock_fd", None)
@@ -235,6 +222,13 @@ class RunDir:
 
     def status(self) -> dict:
         return self.read_json(STATUS) if (self.path / STATUS).exists() else {}
+
+    def record(self, **fields: Any) -> None:
+        """Add fields to run.json, its status unchanged (e.g. the version of what a trainer computes with:
+        a JAX run's jax_version)."""
+        data = self.status()
+        data.update(fields)
+        self.write_json(STATUS, data)
 
     def set_status(self, status: str, **extra: Any) -> None:
         data = self.status()

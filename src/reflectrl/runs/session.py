@@ -160,11 +160,12 @@ def _interrupted(trainer, run: RunDir, resume: str, terminated: bool) -> int:
 # ---------------------------------------------------------------------------- the flows of `train` and `llm train`
 
 def train_new_run(out: str, config: dict, build: Callable, finish: Callable, *, progress: bool,
-                  resume_command: str) -> int:
+                  resume_command: str, command: list[str] | None = None) -> int:
     """Create the run directory `out` (locked), build the trainer with `build(run)`, train, and
-    `finish(trainer, run)`. If the trainer cannot be built, no run directory is left behind."""
+    `finish(trainer, run)`. If the trainer cannot be built, no run directory is left behind. `command`:
+    what run.json records as the command (default: this process's command line)."""
     created = not os.path.exists(out)
-    run = RunDir.create(out, config, command=["reflectrl", *sys.argv[1:]])
+    run = RunDir.create(out, config, command=command or ["reflectrl", *sys.argv[1:]])
     try:
         try:
             trainer = _prepared(build(run))

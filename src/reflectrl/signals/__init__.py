@@ -7,10 +7,12 @@ One package per signal, NAME/:
   torch.py      its torch form (a Signal: base.py)
   jax.py        its JAX form where it has one (a jax_base.Signal), configured by the same dataclass
 
-A signal never imports a trainer. Shared by them: base.py (the torch protocol and the points at
-which a trainer calls it), compose.py (several at once), fit.py (the head fitter), schedule.py
-(coefficient decay), jax_base.py (the JAX protocol), and the private helpers _jax.py and
-_cost_critic.py. reflectrl/registry.py says how a signal declares itself.
+Your own training loop runs a signal through `make` (standalone.py: `reflectrl.signals.make("calibration",
+obs_space, action_space, ...)`, then `process(...)` per rollout), which calls the hooks exactly as the
+trainers do (apply.py's apply_signals). A signal never imports a trainer. Shared by them: base.py (the
+torch protocol and the points at which a trainer calls it), compose.py (several at once), fit.py (the
+head fitter), schedule.py (coefficient decay), jax_base.py (the JAX protocol), and the private helpers
+_jax.py and _cost_critic.py. reflectrl/registry.py says how a signal declares itself.
 
 A knob dataclass is decorated with config.checked_once: its validate() runs once per value set.
 """
@@ -22,8 +24,25 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from reflectrl.signals.base import Signal
 
-__all__ = ["Batch", "RewardStream", "Signal", "SignalContext", "SignalOutput", "build_signals", "make_signal"]
+# the built-in signals' registrations (their knobs and registry entries: no torch or JAX), loaded with this
+# package as Gymnasium's envs/__init__ registers its envs: every package here (signals/NAME/), so that a new
+# signal is its package alone; a signal from elsewhere: a module named by an entry point of the group below,
+# loaded on the first look-up of the signals
+import importlib as _importlib  # noqa: E402
+import pkgutil as _pkgutil  # noqa: E402
+
+from reflectrl.registry import add_plugin_group  # noqa: E402
+
+for _info in _pkgutil.iter_modules(__path__):
+    if _info.ispkg and not _info.name.startswith("_"):
+        _importlib.import_module(f"{__name__}.{_info.name}")
+
+add_plugin_group("reflectrl.signals")
+
+__all__ = ["Batch", "RewardStream", "Signal", "SignalContext", "SignalOutput", "build_signals", "make_signal",
+           "make", "make_jax", "state_keys", "StandaloneSignal", "Terms"]
 _PROTOCOL = ("Batch", "RewardStream", "Signal", "SignalContext", "SignalOutput")
+_STANDALONE = ("make", "state_keys", "StandaloneSignal", "Terms")  # a signal in anyone's loop: standalone.py
 
 
 def __getattr__(name: str):
@@ -33,6 +52,14 @@ def __getattr__(name: str):
         from reflectrl.signals import base
 
         return getattr(base, name)
+    if name == "make_jax":  # the JAX signals in anyone's loop, optax style: jax_standalone.signals("count+gear", ...)
+        from reflectrl.signals.jax_standalone import signals
+
+        return signals
+    if name in _STANDALONE:
+        from reflectrl.signals import standalone
+
+        return getattr(standalone, name)
     raise AttributeError(f"module 'reflectrl.signals' has no attribute '{name}'")
 
 

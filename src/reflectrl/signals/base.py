@@ -14,6 +14,10 @@ A trainer calls its signal at fixed points of each iteration, and knows nothing 
     signal.after_update(batch)                 # fit heads that need the updated critic
     log signal.metrics()
 
+The hooks around the estimate are called in one place, signals/apply.py's `apply_signals`: every trainer
+of reflectrl calls it, and so does signals/standalone.py, which runs a signal in anyone's training loop
+(`reflectrl.signals.make`).
+
 A replay trainer (DQN, SAC: step kind "transition") calls the same hooks at every gradient
 step on the minibatch it sampled from its replay buffer, as a Batch of shape (1, B): `values`
 are V(s), `next_values` the bootstrap values of s', `advantages` Q(s, a) - V(s), `returns` the

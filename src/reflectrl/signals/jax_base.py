@@ -18,6 +18,9 @@ dataclass (`CountConfig`, `CalibrationConfig`, ...): one set of knob names and d
 
 Shapes are static: a signal may not depend on traced values for shapes or Python control
 flow (use `jnp.where`, `lax.cond`, `lax.scan`). Randomness comes only from `key`.
+
+The trainer does not call these hooks itself: jax_standalone.py composes them into the pure
+`init`/`update`/`after_update` that the trainer and a user's own loop both call.
 """
 
 from __future__ import annotations
@@ -122,6 +125,7 @@ class Signal:
     name = "signal"
     stream: Stream | None = None  # a reward stream the trainer must learn (a second value head)
     wants_features = False
+    reads: tuple[str, ...] = ()  # the Batch fields it reads that a standalone batch may leave out (besides features)
     vector_knobs: tuple[str, ...] = ()  # knobs that may differ between a program's seeds (read via seed_cfg)
     stream_knobs: dict[str, str] = {}   # its stream's fields read from its vector_knobs (seed_stream)
     positive_knobs: tuple[str, ...] = ()  # vector_knobs whose 0 is another program (0 turns the stream off)
@@ -150,6 +154,11 @@ class Signal:
         varying = self._own_knobs(knobs)
         fields = {field: varying[knob] for field, knob in self.stream_knobs.items() if knob in varying}
         return self.stream._replace(**fields) if fields and self.stream is not None else self.stream
+
+    def term_kinds(self) -> tuple[str, ...]:
+        """The kinds of per-step term it gives besides a reward stream ("reward", "advantage", "weight"), as the
+        trainer keeps them for the state maps ("NAME KIND", the torch side's names)."""
+        return ("reward",)
 
     def init(self, key: jax.Array, ctx: Context) -> Any:
         """The signal's initial state (a pytree; {} when it keeps none)."""

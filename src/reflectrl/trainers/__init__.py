@@ -1,4 +1,4 @@
-"""The trainers: one shared layer and one package per trainer, each registered in reflectrl/registry.py.
+"""The trainers: one shared layer and one package per trainer, each registering itself in its __init__.
 
 Shared layer (used by every trainer; names no trainer):
   base.py                the train loop, the loop hooks of an env-step trainer, checkpoint helpers, apply_signals
@@ -11,7 +11,12 @@ Shared layer (used by every trainer; names no trainer):
 One package per trainer, each owning its config (knobs and defaults), resolve, policies and loop:
   ppo/ (PPO), replay/ (DQN and SAC with the replay buffer), impala/ (IMPALA's actors and learner),
   mappo/ (MAPPO and its PettingZoo envs), hppo/ (two-level PPO and its goal space), grpo/ (GRPO on
-  language models and the LLM run's config).
+  language models and the LLM run's config), ppo_jax/ (PPO's form on backend=jax: compiled with JAX).
 
-A new trainer is its own package (anywhere importable) plus one TrainerSpec registration.
+A new trainer is its own package (anywhere importable) plus one TrainerSpec registration, in its
+__init__ (which imports no torch: the parts are named by module path). Importing this package loads the
+built-in ones' registrations, in the order --algo lists them (as Gymnasium's envs/__init__ registers its
+envs); `import reflectrl` does it.
 """
+
+from reflectrl.trainers import ppo, replay, impala, mappo, hppo, grpo, ppo_jax  # noqa: F401, I001 (registrations)

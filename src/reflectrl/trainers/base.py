@@ -20,8 +20,12 @@ A trainer plugs in by providing (see PPOTrainer and GRPOTrainer):
     on_start(logger)      optional: log something before the first iteration
     postfix(row)          optional: the progress bar's text
     discrete_entropy      optional: whether `entropy` is a discrete policy's (for the collapse warning)
+    callbacks             optional: f(trainer, row) called after each iteration; False (or raising
+                          StopTraining) stops there with a checkpoint, as Ctrl-C does (the Python API's)
 
-`Stopwatch` times the share of an iteration a signal takes (`signal_time_fraction`).
+`apply_signals`, `SignalResult` and `Stopwatch` (the share of an iteration a signal takes,
+`signal_time_fraction`) live in signals/apply.py, where the standalone interface calls them too;
+the trainers import them from here.
 """
 
 from __future__ import annotations
@@ -30,7 +34,6 @@ import random
 import sys
 import time
 import warnings
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -39,6 +42,11 @@ from reflectrl.envs import snapshot
 from reflectrl.runs.health import RunMonitor
 from reflectrl.runs.rundir import MetricsLogger
 from reflectrl.runs.session import stop_requested, stopped
+from reflectrl.signals.apply import (  # noqa: F401 (their home is signals/apply.py; trainers import them here)
+    SignalResult,
+    Stopwatch,
+    apply_signals,
+)
 from reflectrl.trainers.exploration_metrics import RolloutKeys
 
 
@@ -79,15 +87,33 @@ def train_loop(trainer, progress: bool = True) -> None:
             saved = run is not None and (trainer.checkpoint_due(before) or trainer.finished())
             if saved:
                 trainer.save_checkpoint()
-            if stop_requested() and not trainer.finished():
+            asked = callbacks_stop(trainer, row)
+            if (stop_requested() or asked) and not trainer.finished():
                 if run is not None and not saved:
                     trainer.save_checkpoint()  # between iterations the state is whole: nothing is lost
-                raise stopped()
+                raise stopped() if stop_requested() else StopTraining()
     finally:
         bar.close()
         if trainer.logger is not None:
             trainer.logger.close()
             trainer.logger = None
+
+
+class StopTraining(KeyboardInterrupt):
+    """Raised by a callback to stop training at this iteration's end (as returning False does): the run is
+    checkpointed there and marked interrupted, as after Ctrl-C, and resumes from there."""
+
+
+def callbacks_stop(trainer, row: dict) -> bool:
+    """Call each of `trainer.callbacks` (set by the Python API; none by default) with the trainer and the
+    iteration's metrics row; True when one asks to stop (it returns False or raises StopTraining)."""
+    asked = False
+    for callback in getattr(trainer, "callbacks", ()):
+        try:
+            asked = callback(trainer, row) is False or asked
+        except StopTraining:
+            asked = True
+    return asked
 
 
 def crossed(before: int, after: int, every: int) -> bool:
@@ -131,20 +157,17 @@ class EnvStepTrainer:
     def train(self, progress: bool = True) -> None:
         train_loop(self, progress)
 
+    def finish(self, run) -> None:
+        """The run's end (`reflectrl train`'s, the Python API's): its status (finished, its step and
+        params_sha256), the signals' end-of-run steps, one line saying what it reached."""
+        from reflectrl.registry import finish_signals
+        from reflectrl.runs.progress import recent_return_text
+        from reflectrl.trainers.policies import params_sha256
 
-class Stopwatch:
-    """Accumulates the seconds spent inside `with watch:` blocks."""
-
-    def __init__(self):
-        self.seconds = 0.0
-
-    def __enter__(self):
-        self._start = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc):
-        self.seconds += time.perf_counter() - self._start
-        return False
+        run.set_status("finished", global_step=self.global_step, params_sha256=params_sha256(self.policy_module))
+        finish_signals(self.cfg.algo, "control", run.path)
+        print(f"finished {self.cfg.algo} on {self.cfg.env_id}: {self.global_step} steps, "
+              f"{recent_return_text(self.recent_returns)}; run: {run.path}")
 
 
 # --------------------------------------------------------------------------- checkpoints
@@ -191,63 +214,3 @@ def restore_envs(trainer, data: bytes) -> list[tuple[int, np.ndarray]]:
             trainer.keys.current[i] = RolloutKeys(obs[None], {k: [v] for k, v in info.items()}).current[0]
             restarted.append((i, obs))
     return restarted
-
-
-# --------------------------------------------------------------------------- signals
-
-@dataclass
-class SignalResult:
-    """What a signal's hooks made of one batch (apply_signals)."""
-
-    rewards: torch.Tensor            # what the advantages were estimated from: the env's rewards and the terms
-    advantages: torch.Tensor
-    returns: torch.Tensor
-    weights: torch.Tensor | None     # per-step weights on the advantage in the policy loss
-    reward_term: torch.Tensor | None  # the signals' reward terms summed (shape_rewards' and after_advantages')
-    shaped: torch.Tensor | None      # shape_rewards' term alone
-    advantage_term: torch.Tensor | None  # after_advantages' advantage term alone
-    streams: dict                    # the signals' own reward streams, by name (signals/base.py)
-    terms: dict                      # each signal's per-step terms, "NAME KIND" (for state maps)
-    estimated: tuple                 # the first estimate's whole output (IMPALA's V-trace statistics)
-    own_estimate: Stopwatch          # the time of the estimate the trainer makes without a signal too
-
-
-def apply_signals(signal, batch, estimate, *, advantage_terms: bool = True, reward_terms: bool = True,
-                  on_rewards=None) -> SignalResult:
-    """A run's signals (one, or a stack) around one advantage estimate, in the order signals/base.py
-    states: shape_rewards, the trainer's estimate on the rewards with those terms, after_advantages
-    (a reward term, re-estimated when it asks; an advantage term; weights). `estimate(rewards)` gives
-    (advantages, returns, ...) in the batch's layout. Every trainer calls this; a trainer whose updates
-    take no advantage terms or reward streams (the replay trainers) says so with advantage_terms=False,
-    one whose steps take no reward terms (GRPO's tokens: its rewards are per sequence) with reward_terms=False;
-    `on_rewards(batch)` adds what the trainer derives from the shaped rewards (MAPPO's team rewards)."""
-    from reflectrl.signals import signal_terms
-
-    own = Stopwatch()
-    extra = signal.shape_rewards(batch)
-    rewards = batch.rewards if extra is None else batch.rewards + extra
-    with own:
-        estimated = estimate(rewards)
-    advantages, returns = estimated[0], estimated[1]
-    batch.rewards, batch.advantages, batch.returns = rewards, advantages, returns
-    if on_rewards is not None:
-        on_rewards(batch)
-    out = signal.after_advantages(batch)
-    weights, streams, reward_term, advantage_term = None, {}, extra, None
-    if not reward_terms and (extra is not None or (out is not None and out.reward is not None)):
-        raise NotImplementedError(f"signal '{signal.name}' returns a per-step reward term here; this trainer takes "
-                                  "per-step weights or advantage terms")
-    if out is not None:
-        if not advantage_terms and (out.advantage is not None or out.streams):
-            raise AssertionError(f"signal '{signal.name}' gave an advantage term or a reward stream to a trainer "
-                                 "that takes neither: its registry entry should have refused it")
-        if out.reward is not None:
-            rewards = rewards + out.reward
-            reward_term = out.reward if reward_term is None else reward_term + out.reward
-            if out.recompute:
-                advantages, returns = estimate(rewards)[:2]
-        if out.advantage is not None:
-            advantages = advantages + out.advantage
-        weights, streams, advantage_term = out.weights, out.streams, out.advantage
-    return SignalResult(rewards, advantages, returns, weights, reward_term, extra, advantage_term, streams,
-                        signal_terms(signal, extra, out), estimated, own)

@@ -8,13 +8,22 @@ from dataclasses import dataclass
 
 import gymnasium as gym
 
-from reflectrl.config import RunConfig, add_algo_section, check_config, new_config, trainer_name, validate
+from reflectrl.config import (
+    RunConfig,
+    add_algo_section,
+    check_config,
+    env_settings,
+    new_config,
+    trainer_knobs,
+    trainer_name,
+    validate,
+)
 from reflectrl.envs import is_atari_id, is_continuous, is_image_space, is_minigrid, is_pettingzoo_id, make_env
 from reflectrl.envs.cost import has_cost_channel
 from reflectrl.envs.envpool_backend import check_backend
 from reflectrl.envs.jax_ids import canonical_env_id, check_jax_env_id
 from reflectrl.errors import UserError
-from reflectrl.registry import TRAINERS, parse_algo, signal_spec
+from reflectrl.registry import TRAINERS, parse_algo, signal_spec, trainer_spec
 
 
 def new_run_config(*, algo: str | None = None, env_id: str | None = None, seed: int | None = None,
@@ -27,20 +36,17 @@ def new_run_config(*, algo: str | None = None, env_id: str | None = None, seed: 
 
 
 def resolve_config(cfg: RunConfig) -> RunConfig:
-    """What needs no env checked first (config.check_config), then the trainer's resolve (per-env
-    defaults, its refusals), then the signals' sections and every check."""
+    """What needs no env checked first (config.check_config), then the resolve of the trainer's form on
+    the run's backend (per-env defaults, its refusals), then the signals' sections and every check."""
     check_config(cfg)
-    spec = TRAINERS[trainer_name(cfg)]
+    spec = trainer_spec(trainer_name(cfg), cfg.backend)
     cfg.env_id = canonical_env_id(cfg.env_id, cfg.backend)  # the grid world in either spelling, its backend's recorded
     if is_pettingzoo_id(cfg.env_id) and not spec.multiagent:
         hosts = [t.name for t in TRAINERS.values() if t.multiagent]
         raise UserError(f"--env {cfg.env_id} is a multi-agent (PettingZoo) env; --algo {cfg.algo} trains "
                         f"single-agent Gymnasium envs: use --algo {' or '.join(hosts)}")
-    if cfg.backend == "jax":
-        cfg = spec.load("jax")(cfg)
-    else:
-        check_jax_env_id(cfg.env_id, cfg.backend)
-        cfg = spec.load("resolve")(cfg)
+    check_jax_env_id(cfg.env_id, cfg.backend)  # a JAX env's id needs backend=jax, and backend=jax one
+    cfg = spec.load("resolve")(cfg)
     add_algo_section(cfg)
     validate(cfg)
     return cfg
@@ -54,6 +60,18 @@ class EnvFacts:
     obs_shape: tuple
     pixels: bool               # an image observation a CNN fits (not MiniGrid's symbolic view)
     atari: bool
+
+
+def load_actor_critic(cfg: RunConfig, state: dict, env):
+    """The actor-critic policy of a run's checkpoint (PPO's, IMPALA's: trainers/cnn.make_policy), for
+    `reflectrl eval` (their TrainerSpec.load_policy)."""
+    from reflectrl.trainers.cnn import make_policy
+
+    obs_shape, action_dim, continuous, _ = policy_space(env)
+    agent = make_policy(obs_shape, action_dim, continuous, "cnn" if env_settings(cfg).encoder == "cnn" else "mlp",
+                        trainer_knobs(cfg).hidden_sizes)
+    agent.load_state_dict(state["agent"])
+    return agent
 
 
 def probe_env(cfg: RunConfig, inspect=None) -> EnvFacts:

@@ -138,5 +138,5 @@ SPEC = register_signal(SignalSpec(
     wants=_wants,
     aliases={"control": "refgrpo", "llm": "refgrpo"}, neutral="alpha=0",
     step_checks={"turn": _check_on_grpo, "transition": _check_on_replay},
-    on_finish={"env_step": "reflectrl.report.calibration_plot:plot_at_finish"},
+    on_finish={"env_step": "reflectrl.signals.calibration.plot:plot_at_finish"},
 ))

@@ -103,6 +103,9 @@ class Calibration(Signal):
     vector_knobs = ("alpha", "beta")
     config = CalibrationConfig
 
+    def term_kinds(self):
+        return ("reward",) if self.cfg.recompute_advantages else ("advantage",)
+
     def __init__(self, cfg: CalibrationConfig):
         super().__init__(cfg)
         self.wants_features = cfg.inputs != "obs_action"

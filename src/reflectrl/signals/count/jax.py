@@ -68,6 +68,7 @@ def global_visits(table, starting, state_keys, next_state_keys, ended):
 class Count(Signal):
     name = "count"
     vector_knobs = ("beta",)
+    reads = ("state_keys", "next_state_keys")
     config = CountConfig
 
     def __init__(self, cfg: CountConfig):

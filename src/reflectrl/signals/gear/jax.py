@@ -134,6 +134,9 @@ class Gear(Signal):
     config = GEARConfig
     vector_knobs = ("temperature",)
 
+    def term_kinds(self):
+        return ("weight",)
+
     def __init__(self, cfg: GEARConfig):
         super().__init__(cfg)
         self.wants_features = cfg.inputs != "obs"

@@ -112,6 +112,10 @@ class Rnd(Signal):
     vector_knobs = ("int_coef", "ext_coef")
     stream_knobs = {"coef": "int_coef", "extrinsic_coef": "ext_coef"}
     positive_knobs = ("int_coef",)
+    reads = ("next_obs",)
+
+    def term_kinds(self):
+        return ()  # its rewards are its reward stream's
 
     def __init__(self, cfg: RndConfig):
         super().__init__(cfg)

@@ -63,6 +63,7 @@ class Shaping(Signal):
     name = "shaping"
     config = ShapingConfig
     vector_knobs = ("eta",)
+    reads = ("next_obs",)
 
     def forward(self, params, obs, actions, next_obs, terminations, eta):
         """F on flat rows; `eta`: this seed's (seed_cfg(batch).eta: it may differ between a program's seeds)."""

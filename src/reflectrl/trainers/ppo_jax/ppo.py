@@ -36,7 +36,8 @@ from reflectrl import nets_jax as nets
 from reflectrl.envs.jax_envs import vector_step
 from reflectrl.estimators_jax import gae
 from reflectrl.runs.progress import RECENT_EPISODES
-from reflectrl.signals.jax_base import Batch, Context, Output, SeedKnobs
+from reflectrl.signals.jax_base import Batch, Context, SeedKnobs
+from reflectrl.signals.jax_standalone import compose
 
 WINDOW = 10  # iterations in the visitation-entropy window (trainers/exploration_metrics.py)
 # A row's returns of the last episodes that ended in its iteration (oldest first, NaN where fewer ended): not a
@@ -184,9 +185,7 @@ def _init_state(setup: Setup, seed_key) -> dict:
     k_params, k_env, k_sig, k_rng = jax.random.split(seed_key, 4)
     params = init_params(setup, k_params)
     obs, env_state, keys = jax.vmap(env.reset)(jax.random.split(k_env, N))
-    ctx = setup.context()
-    signal_states = [s.init(k, ctx) for s, k in zip(setup.signals, jax.random.split(k_sig, max(len(setup.signals), 1)),
-                                                   strict=False)]
+    signal_states = compose(setup.signals).init(k_sig, setup.context())
     achievements = len(env.achievement_names)
     return {
         "params": params,
@@ -221,21 +220,10 @@ def term_names(setup: Setup) -> list[str]:
     """The per-step terms the signals give, as the torch side names them ("count reward", "gear weight", ...)."""
     names = []
     for s in setup.signals:
-        names += [f"{s.name} {kind}" for kind in term_kinds(s)]
+        names += [f"{s.name} {kind}" for kind in s.term_kinds()]
         if s.stream is not None:
             names.append(f"{s.name} {s.stream.name}")
     return list(dict.fromkeys(names))
-
-
-def term_kinds(signal) -> tuple[str, ...]:
-    """What kind of per-step term a signal gives (besides a reward stream)."""
-    if signal.name == "gear":
-        return ("weight",)
-    if signal.name == "rnd":
-        return ()
-    if signal.name == "calibration" and not signal.cfg.recompute_advantages:
-        return ("advantage",)
-    return ("reward",)
 
 
 def init_snapshots(setup: Setup) -> dict:
@@ -342,60 +330,16 @@ def make_batch(traj: dict, state: dict, params, iteration, global_step, streamed
 
 
 def apply_signals(setup: Setup, state: dict, batch: Batch, key):
-    """shape_rewards, the estimate, after_advantages, as trainers/base.apply_signals and
-    signals/compose.py do it. Returns (state, batch with advantages/returns, weights, stream
-    rewards, metrics)."""
+    """The signals' hooks before and after the estimate, through their standalone form
+    (signals/jax_standalone.py: what a user's own loop calls). Returns (state, Terms, metrics)."""
     k = setup.knobs
 
-    def estimate_with(b):
-        return lambda rewards: gae(rewards, b.values, b.next_values, b.terminations, b.truncations, k.gamma,
-                                   k.gae_lambda)
+    def estimate(rewards):
+        return gae(rewards, batch.values, batch.next_values, batch.terminations, batch.truncations, k.gamma,
+                   k.gae_lambda)
 
-    metrics, states, terms = {}, list(state["signals"]), {}
-
-    def add_term(key, value):
-        terms[key] = value if key not in terms or not key.endswith(" reward") else terms[key] + value
-
-    keys = jax.random.split(key, 2 * max(len(setup.signals), 1))
-    base, total = batch.rewards, None
-    for i, s in enumerate(setup.signals):
-        states[i], term, m = s.shape_rewards(states[i], batch._replace(rewards=base if total is None else base + total),
-                                             keys[2 * i])
-        metrics.update(m)
-        if term is not None:
-            add_term(f"{s.name} reward", term)
-            total = term if total is None else total + term
-    rewards = base if total is None else base + total
-    estimate = estimate_with(batch)
-    advantages, returns = estimate(rewards)
-    batch = batch._replace(rewards=rewards, advantages=advantages, returns=returns)
-    seen_by = batch
-    adv_term, weights, stream = None, None, None
-    for i, s in enumerate(setup.signals):
-        states[i], out, m = s.after_advantages(states[i], seen_by, keys[2 * i + 1], estimate)
-        metrics.update(m)
-        out = out if out is not None else Output()
-        for kind, value in (("reward", out.reward), ("advantage", out.advantage), ("weight", out.weights)):
-            if value is not None:
-                add_term(f"{s.name} {kind}", value)
-        if out.stream is not None and s.stream is not None:
-            add_term(f"{s.name} {s.stream.name}", out.stream)
-        if out.reward is not None:
-            rewards = seen_by.rewards + out.reward
-            seen_by = seen_by._replace(rewards=rewards)
-            if out.recompute:
-                a, r = estimate(rewards)
-                seen_by = seen_by._replace(advantages=a if adv_term is None else a + adv_term, returns=r)
-        if out.advantage is not None:
-            adv_term = out.advantage if adv_term is None else adv_term + out.advantage
-            seen_by = seen_by._replace(advantages=seen_by.advantages + out.advantage)
-        if out.weights is not None:
-            weights = out.weights if weights is None else weights * out.weights
-        if out.stream is not None:
-            stream = out.stream
-            if s.stream is not None:  # the later signals see the stream's rewards (gear's select, advantage)
-                seen_by = seen_by._replace(intrinsic_rewards=s.seed_stream(batch.knobs).weight * out.stream)
-    return {**state, "signals": states}, batch, seen_by, weights, stream, metrics, terms
+    states, terms, metrics = compose(setup.signals).update(state["signals"], batch, key, estimate)
+    return {**state, "signals": states}, terms, metrics
 
 
 def stream_values(setup: Setup, params, traj: dict):
@@ -497,9 +441,10 @@ def iteration(setup: Setup, state: dict, it=None):
     seed_stream = setup.seed_stream(signal_knobs(state))  # its coefficients: this seed's
     batch = make_batch(traj, state, state["params"], it, step_before,
                        None if streamed is None else (streamed, seed_stream.weight))
-    state, batch, signalled, weights, stream, sig_metrics, terms = apply_signals(setup, state, batch, k_sig)
-    state = {**state, "snapshots": keep_snapshot(setup, state, traj, terms, step_before, it)}
-    advantages, returns = signalled.advantages, signalled.returns
+    state, terms, sig_metrics = apply_signals(setup, state, batch, k_sig)
+    batch, weights, stream = terms.batch, terms.weights, terms.stream
+    state = {**state, "snapshots": keep_snapshot(setup, state, traj, terms.by_signal, step_before, it)}
+    advantages, returns = terms.advantages, terms.returns
     stream_returns = None
     if setup.stream is not None:
         s = seed_stream
@@ -515,11 +460,8 @@ def iteration(setup: Setup, state: dict, it=None):
 
     estimate = lambda rewards: gae(rewards, batch.values, batch.next_values, batch.terminations,  # noqa: E731
                                    batch.truncations, k.gamma, k.gae_lambda)
-    states = list(state["signals"])
-    after_keys = jax.random.split(k_after, max(len(setup.signals), 1))
-    for i, s in enumerate(setup.signals):
-        states[i], m = s.after_update(states[i], batch, after_keys[i], value_fn, estimate)
-        sig_metrics.update(m)
+    states, m = compose(setup.signals).after_update(state["signals"], batch, k_after, value_fn, estimate)
+    sig_metrics.update(m)
     done = traj["done"]
     episodes = done.sum()
     achieved = traj["achievements"]

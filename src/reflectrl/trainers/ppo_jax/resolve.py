@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from reflectrl.config import RunConfig, trainer_knobs, trainer_name
+from reflectrl.config import RunConfig, trainer_knobs
 from reflectrl.errors import UserError
 from reflectrl.registry import parse_algo, signal_spec, signals
 
-JAX_TRAINERS = ("ppo",)
 FIX = "use backend=gymnasium for it"
 
 
@@ -34,11 +33,9 @@ def check_signal_knobs(name: str, section) -> None:
 
 
 def check(cfg: RunConfig) -> None:
-    """What backend=jax refuses that needs no env: a torch-only trainer, signal, wrapper or knob. Imports
-    no JAX, torch or env package (config.check_config runs it as a command line is read)."""
-    trainer = trainer_name(cfg)
-    if trainer not in JAX_TRAINERS:
-        raise UserError(f"backend=jax trains --algo ppo and its signals; {trainer} is torch-only ({FIX})")
+    """What backend=jax refuses that needs no env: a torch-only signal, wrapper or knob (a trainer with no
+    form on backend=jax is refused by registry.trainer_spec). Imports no JAX, torch or env package
+    (config.check_config runs it, the TrainerSpec's `check`, as a command line is read)."""
     have = jax_signal_names()
     missing = [s for s in parse_algo(cfg.algo, "control").signals if s not in have]
     if missing:

@@ -144,6 +144,16 @@ def chunk_length(iterations: int, target: int) -> int:
     return target
 
 
+def record_jax_version(runs: list[RunDir | None]) -> None:
+    """The JAX version a run started with, in its run.json beside torch's (the compiled program's rounding
+    and speed depend on it; report/provenance.py counts it)."""
+    from importlib import metadata
+
+    for run in runs:
+        if run is not None and "jax_version" not in run.status():
+            run.record(jax_version=metadata.version("jax"))
+
+
 class JaxGroup:
     def __init__(self, cfgs: list[RunConfig], runs: list[RunDir | None]):
         import jax
@@ -155,6 +165,7 @@ class JaxGroup:
 
         enable_compilation_cache()
         self.cfgs, self.runs = cfgs, runs
+        record_jax_version(runs)
         cfg = self.cfg = cfgs[0]
         self.knobs = trainer_knobs(cfg)
         self.env = make_env(cfg.env_id, cfg.env)
@@ -394,6 +405,11 @@ class JaxTrainer:
 
     def close(self) -> None:
         self.group.close()
+
+    def finish(self, run: RunDir) -> None:
+        """The run's end (`reflectrl train`'s, as EnvStepTrainer.finish): its status, its signals' end-of-run
+        steps, one line saying what it reached."""
+        finish_run(self.group, 0, run)
 
 
 def finish_run(group: JaxGroup, i: int, run: RunDir) -> None:
