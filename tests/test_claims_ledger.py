@@ -16,6 +16,15 @@ ENV = "reflectrl/GridWorld-v0"
 REGENERATE = "reflectrl claims docs/results --out docs/claims.md"
 
 
+@pytest.fixture
+def observed_ranges(monkeypatch):
+    """Hand-made reports with made-up returns (up to 10 on a grid world that pays at most 1): every env
+    normalised by its stored observed range, as an env with no fixed reference is."""
+    from reflectrl.report import references
+
+    monkeypatch.setattr(references, "REFERENCES", ())
+
+
 def test_docs_claims_md_is_the_ledger_of_docs_results(monkeypatch):
     monkeypatch.chdir(REPO)
     command = ledger.command_line(["docs/results"], "docs/claims.md", False)
@@ -61,8 +70,9 @@ def _rows(tmp_path, **kw):
     return {Path(r.folder).name: r for r in built.rows}, built
 
 
-def test_old_rule_verdicts_are_recomputed_from_the_stored_per_run_scores(tmp_path):
-    # a tie stored as "not supported" (the old rule), with every seed's score kept: today it is "equivalent"
+def test_old_rule_verdicts_are_recomputed_from_the_stored_per_run_scores(tmp_path, observed_ranges):
+    # a tie stored as "not supported" (the old rule), every seed's score kept and every one 0: today it is
+    # "untestable" (issue 59: no test can tell the entries apart), decided before any test
     tied = [_run(ENV, a, s, 0.0) for a in ("ppo", "gear") for s in range(1, 6)]
     _report(tmp_path / "tie", [_untestable(), _gear_claim("not supported", 0, 0, 0)], tied)
     # gear far above ppo on 5 seeds: supported then and now, Holm p recomputed
@@ -80,8 +90,9 @@ def test_old_rule_verdicts_are_recomputed_from_the_stored_per_run_scores(tmp_pat
     rows, built = _rows(tmp_path)
 
     tie = rows["tie"]
-    assert (tie.verdict, tie.today, tie.rule) == ("not supported", "equivalent", "before Holm")
-    assert tie.today_p.startswith("TOST p_Holm") and tie.entries == ["gear", "ppo"] and tie.seeds == [5, 5]
+    assert (tie.verdict, tie.today, tie.rule) == ("not supported", "untestable", "before Holm")
+    assert tie.today_p == "untestable: no spread in either entry" and tie.entries == ["gear", "ppo"]
+    assert tie.seeds == [5, 5] and tie.raw_effect == 0.0
     assert built.untestable[str(tmp_path / "tie")] == ["RefGRPO learns faster early than PPO (needs refgrpo)"]
     assert (rows["above"].today, rows["above"].rule) == ("supported", "Holm on 'supported' only")
     assert (rows["few"].today, rows["few"].today_p) == ("not tested", "3 seeds")
@@ -90,12 +101,13 @@ def test_old_rule_verdicts_are_recomputed_from_the_stored_per_run_scores(tmp_pat
 
     md = ledger.to_markdown(built, [str(tmp_path)], tmp_path)
     line = next(x for x in md.splitlines() if x.endswith("[tie](tie)|") or "[tie](tie)" in x)
-    assert "| **not supported** | before Holm | equivalent ≠ (TOST p_Holm " in line
-    assert "| +0.000 [+0.000, +0.000] | – |" in line  # the stored effect; no Holm p stored
+    assert "| **not supported** | before Holm | untestable: no spread in either entry ≠ |" in line
+    assert "| +0.000 [+0.000, +0.000] | +0 | – |" in line  # the stored effect, the raw one; no Holm p stored
     assert "5 claims in 5 reports (the claims each report could test)" in md
+    assert "1 untestable today, decided before any test" in md and ": 1 no spread in either entry." in md
 
 
-def test_a_report_written_today_is_recomputed_to_its_own_verdicts(tmp_path):
+def test_a_report_written_today_is_recomputed_to_its_own_verdicts(tmp_path, observed_ranges):
     from test_report_claims import HIGH, LOW, make_experiment
 
     from reflectrl.report.render import write_report

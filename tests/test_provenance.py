@@ -116,6 +116,11 @@ def test_compare_writes_provenance_with_every_field(cli, tmp_path):
     assert data["runs_recorded"]["reflectrl_version"] == {reflectrl.__version__: 2}
     assert len(data["runs_recorded"]["created"]) == 2
     assert "jax_version" not in data["runs_recorded"]  # torch runs; a JAX run's: tests/test_jax_backend.py
+    # and which commit each came from: both started at this checkout's (tests/test_run_provenance.py: several)
+    sources = data["runs_recorded"]["sources"]
+    assert sources["runs_with_sessions"] == 2 and sources["runs_without_sessions"] == 0
+    assert [c["runs"] for c in sources["commits"]] == [2]
+    assert sources["commits"][0]["commit"] in ({before, head} if head else {"unknown"})
 
     # report.md says in one line where its provenance is
     md = (out / "report" / "report.md").read_text()

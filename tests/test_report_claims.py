@@ -28,6 +28,16 @@ ENV = "reflectrl/GridWorld-v0"
 REPS = 200
 
 
+@pytest.fixture(autouse=True)
+def observed_ranges(monkeypatch):
+    """These tests check the verdict rule on made-up returns (10 on a grid world that pays at most 1):
+    every env is normalised by its observed range, as for an env with no fixed reference
+    (tests/test_untestable.py checks the references and the untestable rule)."""
+    from reflectrl.report import references
+
+    monkeypatch.setattr(references, "REFERENCES", ())
+
+
 def make_experiment(root, curves, envs=(ENV,), total_steps=1000, wrapper=None, extra=None):
     """Write a finished experiment without training anything.
 
@@ -126,16 +136,18 @@ def test_verdict_falls_boundaries(ci, verdict):
 
 LOW, HIGH = [0.0, 1.0, 0.5, 0.2, 0.8], [10.0, 9.0, 9.5, 9.8, 9.2]
 MIXED_A, MIXED_B = [0.0, 10.0, 0.0, 10.0, 5.0], [10.0, 0.0, 10.0, 0.0, 5.0]
+NEAR_5 = [5.0, 5.0, 5.0, 5.0, 5.1]  # a tie with some spread (the margin: 5% of the 0-10 range LOW and HIGH span)
 
 
 @pytest.mark.parametrize("gear, ppo, verdict", [
     (HIGH, LOW, "supported"),
     (LOW, HIGH, "not supported"),
-    ([5.0] * 5, [5.0] * 5, "equivalent"),  # tied: a tie is shown by the TOST, it is not "not supported"
+    (NEAR_5, NEAR_5, "equivalent"),  # tied: a tie is shown by the TOST, it is not "not supported"
+    ([5.0] * 5, [5.0] * 5, "untestable"),  # every run the same: no test can tell them apart (issue 59)
     (MIXED_A, MIXED_B, "inconclusive"),
 ])
 def test_gear_claim_verdicts(tmp_path, gear, ppo, verdict):
-    root = make_experiment(tmp_path / "exp", {"ppo": ppo, "gear": gear})
+    root = make_experiment(tmp_path / "exp", {"ppo": ppo, "gear": gear, "ppo+count": LOW[:4] + [10.0]})
     c = claim(root, "GEAR beats the baseline")
     assert c.verdict == verdict and c.testable
     assert "5 vs 5 seeds" in c.evidence and "fewer than" not in c.evidence
@@ -147,11 +159,12 @@ def test_refgrpo_early_and_final_claims(tmp_path):
     slow = [[0.0] * 10 + [10.0] * 10 for _ in range(5)]
     root = make_experiment(tmp_path / "a", {"ppo": slow, "refgrpo": fast})
     assert claim(root, "RefGRPO learns faster early").verdict == "supported"
-    assert claim(root, "RefGRPO's final return >= PPO's").verdict == "supported"  # tied finals
+    tied = claim(root, "RefGRPO's final return >= PPO's")  # every final 10: untestable (issue 59), not "supported"
+    assert tied.verdict == "untestable" and tied.untestable == "untestable: no spread in either entry"
 
     root = make_experiment(tmp_path / "b", {"ppo": fast, "refgrpo": slow})
     assert claim(root, "RefGRPO learns faster early").verdict == "not supported"
-    assert claim(root, "RefGRPO's final return >= PPO's").verdict == "supported"
+    assert claim(root, "RefGRPO's final return >= PPO's").verdict == "untestable"
 
     root = make_experiment(tmp_path / "c", {"ppo": HIGH, "refgrpo": LOW})
     assert claim(root, "RefGRPO's final return >= PPO's").verdict == "not supported"
@@ -353,18 +366,20 @@ def test_claims_find_a_method_under_its_composed_name(tmp_path):
     assert c.testable and c.verdict == "supported"
 
 
-def test_solved_text_sorts_entries_by_seeds_reaching_the_threshold():
+def test_solved_text_counts_final_returns_at_the_solved_score():
     from reflectrl.report.render import solved_text
 
-    def row(algo, reached, seeds=5):
-        return {"env": "E", "algo": algo, "seeds": seeds, "reached": reached, "threshold": 0.8, "env_range": [0, 1]}
+    def row(algo, solved, seeds=5):  # "reached" (once, during training) is not solving
+        return {"env": "E", "algo": algo, "seeds": seeds, "solved": solved, "solved_score": 0.8, "reached": seeds,
+                "threshold": 0.1, "env_range": [0, 1]}
 
     text = solved_text([row("ppo", 0), row("ppo+count", 5), row("ppo+rnd", 3)])
     lines = text.splitlines()
-    assert lines[0].startswith("E: return >= 0.8") and "0, to the best, 1" in lines[0]
+    assert lines[0] == "E: final return >= 0.8 (the solved score of its fixed reference) reached by"
     assert lines[1:] == ["  every seed: ppo+count (5/5)", "  some seeds: ppo+rnd (3/5)", "  no seed: ppo (0/5)"]
-    flat = [{**row("ppo", 5), "env_range": [0, 0]}]
-    assert solved_text(flat) == "E: every run's return is 0: no entry solves it"
+    none = [{**row("ppo", None), "solved_score": None}]
+    assert solved_text(none) == "E: no solved score (no fixed reference with one): no entry is counted as solving it"
+    assert solved_text([{"env": "E", "algo": "ppo", "seeds": 5, "reached": 5, "threshold": 0.8}]) == ""  # an old table
 
 
 def test_per_run_scores_are_published_with_the_table(tmp_path):
@@ -413,8 +428,8 @@ def test_summary_table_gives_the_iqm_of_unique_states_and_report_md_shows_it(tmp
     assert ppo_row.rstrip(" |").endswith("–")  # no comparison of ppo with itself
     (count_row,) = [x for x in results if x.startswith(f"| {ENV} | ppo+count | 5 |")]
     assert count_row.split(" | ")[-2] == "–"
-    # every seed of both returned 1.0: the difference is exactly 0, inside any margin
-    assert count_row.split(" | ")[-1].startswith("equivalent (+0 [+0, +0])")
+    # every seed of both returned 1.0: nothing can be told apart, decided before any test (issue 59)
+    assert count_row.split(" | ")[-1].startswith("untestable: no spread in either entry (+0 [+0, +0]")
 
 
 # ------------------------------------------- unfinished runs, per-run CSV, Holm, seed flips
@@ -512,9 +527,13 @@ def test_a_tie_is_not_not_supported(tmp_path):
     claims = [Claim("wide", "", "")]
     _decide(claims, [(0, _pending("wide", [spread] * 5))])
     assert claims[0].verdict == "inconclusive"
-    # on a fake experiment: both entries never reach the goal (every score 0) -> equivalent, not "not supported"
+    # on a fake experiment: a tie with some spread -> equivalent, not "not supported"
+    c = claim(make_experiment(tmp_path / "near", {"ppo": NEAR_5, "gear": NEAR_5, "ppo+count": [0.0, 10.0]}),
+              "GEAR beats")
+    assert c.verdict == "equivalent" and c.estimate[0] == 0.0
+    # both entries never reach the goal (every score 0): untestable (issue 59), neither equivalent nor not supported
     c = claim(make_experiment(tmp_path / "flat", {"ppo": [0.0] * 5, "gear": [0.0] * 5}), "GEAR beats")
-    assert c.verdict == "equivalent" and c.estimate == [0.0, 0.0, 0.0]
+    assert c.verdict == "untestable" and c.estimate == [0.0, 0.0, 0.0] and c.p_equiv is None
 
 
 def test_a_verdict_that_changes_with_the_bootstrap_seed_is_flagged_and_inconclusive():
@@ -580,7 +599,7 @@ def test_an_off_policy_trainer_s_signals_are_compared_with_its_plain_entry(tmp_p
 
 
 def test_a_report_with_an_equivalent_claim_writes_both_pages(tmp_path):
-    root = make_experiment(tmp_path / "exp", {"ppo": [0.0] * 5, "gear": [0.0] * 5})
+    root = make_experiment(tmp_path / "exp", {"ppo": NEAR_5, "gear": NEAR_5, "ppo+count": [0.0, 10.0]})
     out, claims = write_report(root, reps=REPS)
     (c,) = [c for c in claims if c.testable]
     assert c.verdict == "equivalent"

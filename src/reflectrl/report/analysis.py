@@ -6,8 +6,11 @@ Per run scores:
 * final return: the mean episodic return over the last 10% of training;
 * AUC: the mean of the curve over training (the area under it divided by its length);
 * early AUC: the same over the first 25% of training.
-For aggregates across envs, scores are min-max normalised per env over all runs'
-curves in the experiment (0 = the worst value seen in that env, 1 = the best).
+For aggregates across envs, scores are normalised per env by its fixed reference
+(references.REFERENCES: 0 = a policy that learned nothing, 1 = the solved or published score),
+or, for an env with none, min-max over all runs' curves in the experiment (0 = the worst value
+seen in that env, 1 = the best). A run solves the task when its final return reaches the
+reference's solved score (`solved_count`; the final policy, never "reached once").
 
 Only finished runs enter the statistics and the plots; the others (running, interrupted,
 stopped (killed without a word: runs/files.live_status), failed, or never started) are listed
@@ -30,7 +33,13 @@ ratio, within +-MARGIN_SHARE of 1). Then
 * "inconclusive": none of these, or a verdict that changes with the bootstrap seed;
 * "not tested": the experiment lacks an entry or env the claim needs (`Claim.missing` says
   which), or has fewer than MIN_SEEDS_FOR_CI finished seeds of an entry (the estimate is
-  shown in the evidence, no verdict is drawn, and the claim is left out of the Holm families).
+  shown in the evidence, no verdict is drawn, and the claim is left out of the Holm families);
+* "untestable": decided before any test (`untestable_reason`, which the claims ledger uses
+  too): the data cannot inform the claim (both entries at a fixed reference's floor or
+  ceiling, every run of both scoring the same, the baseline at the floor for non-inferiority
+  or at the ceiling for superiority, identical runs, a calibration loss with no reward ever
+  seen). The reason is said in words (`Claim.untestable`); the claim is left out of the Holm
+  families and out of the supported / equivalent counts.
 """
 
 from __future__ import annotations
@@ -45,13 +54,14 @@ import numpy as np
 from reflectrl.errors import UserError
 from reflectrl.experiments.spec import ExperimentSpec, RunSpec, read_spec
 from reflectrl.registry import DEFAULT_TRAINER, parse_algo
-from reflectrl.report import stats
+from reflectrl.report import references, stats
 from reflectrl.runs.files import has_metrics, live_status, read_logged_rows, run_config, run_status
 
 GRID = 50
 BASELINE = DEFAULT_TRAINER["control"]  # the algo every method is compared with: the plain trainer
-# The margin of the non-inferiority and equivalence tests, as a share of each env's observed
-# return range (the report states it in the env's return units).
+# The margin of the non-inferiority and equivalence tests, as a share of each env's normalising
+# range (its fixed reference, else its observed return range; the report states it in the env's
+# return units). The untestable rule's "at the floor / ceiling" uses the same margin.
 MARGIN_SHARE = 0.05
 ALPHA = 0.05  # two-sided level of every test (one-sided tests at ALPHA / 2, TOST at ALPHA)
 # With fewer seeds than this, a stratified bootstrap over the seeds can only resample the
@@ -79,6 +89,7 @@ class RunData:
     config: dict
     command: list[str]
     status: str
+    params_sha256: str | None = None  # the final parameters' hash (run.json), where the trainer wrote one
 
     @property
     def done(self) -> bool:
@@ -183,7 +194,7 @@ def load_experiment(root: Path) -> Experiment:
         status = run_status(run.path) or {}
         config = run_config(run.path) or {}
         runs.append(RunData(run, rows, _curve(rows, spec.total_steps), config, status.get("command", []),
-                            live_status(run.path, status) if status else "unknown"))
+                            live_status(run.path, status) if status else "unknown", status.get("params_sha256")))
     grid = np.linspace(0, spec.total_steps, GRID + 1)[1:]
     return Experiment(root, spec, runs, grid, missing)
 
@@ -253,9 +264,18 @@ def observed_range(exp: Experiment, env_id: str) -> tuple[float, float]:
 
 
 def env_range(exp: Experiment, env_id: str) -> tuple[float, float]:
-    """The observed range, widened to 1 where every return was the same (for normalising)."""
-    lo, hi = observed_range(exp, env_id)
-    return (lo, hi) if hi > lo else (lo, lo + 1.0)
+    """The (floor, ceiling) the env's scores are normalised by: its fixed reference
+    (references.REFERENCES), else the observed range, widened to 1 where every return was the same."""
+    return references.norm_range(env_id, observed_range(exp, env_id))
+
+
+def solved_count(env_id: str, finals) -> int | None:
+    """How many of the runs' final returns reach the env's solved score (the fixed reference's:
+    the final policy solves the task); None where the env has no solved score."""
+    ref = references.reference_for(env_id)
+    if ref is None or ref.solved is None:
+        return None
+    return int(sum(1 for v in finals if math.isfinite(v) and v >= ref.solved))
 
 
 def score_matrix(exp: Experiment, label: str, key: str, normalised: bool, envs: list[str] | None = None) -> np.ndarray:
@@ -278,6 +298,77 @@ def margin_of(exp: Experiment, env_id: str) -> float:
     """The non-inferiority / equivalence margin in the env's return units."""
     lo, hi = env_range(exp, env_id)
     return MARGIN_SHARE * (hi - lo)
+
+
+# ------------------------------------------------------------------------------- untestable
+
+UNTESTABLE = "untestable"
+SUPERIORITY, NON_INFERIORITY, TWO_SIDED, RATIO = "superiority", "non-inferiority", "two-sided", "ratio"
+SAME_HASHES = "identical runs (equal parameter hashes)"
+SAME_SCORES = "identical runs (equal per-run scores)"  # where the runs keep no parameter hash (older reports)
+NO_REWARD = "no run saw a reward (calibration loss)"
+
+
+def same_runs(a: dict, b: dict) -> bool:
+    """Whether two entries' runs are the same runs, seed by seed: {seed: fingerprint} (a parameter
+    hash, or a tuple of every per-run score) equal for every seed, each present and on both sides."""
+    return bool(a) and a.keys() == b.keys() and all(v is not None and v == b[k] for k, v in a.items())
+
+
+def untestable_reason(kind: str, envs: list[str], method_raw: np.ndarray | None = None,
+                      base_raw: np.ndarray | None = None, identical: str = "", saw_reward: bool = True,
+                      margin: float = MARGIN_SHARE) -> str:
+    """Why a comparison cannot inform its claim, decided before any test ("" where it can): the
+    report's and the ledger's one rule. `kind`: SUPERIORITY (beats, helps, learns faster),
+    NON_INFERIORITY (>= within a margin), TWO_SIDED (the summary table's vs ppo) or RATIO (the
+    calibration loss's fall). method_raw / base_raw: (seeds, envs) raw returns; `identical`: the
+    words of identical runs (SAME_HASHES, decided first; SAME_SCORES, the fallback of runs that keep
+    no hash, last) or ""; `saw_reward`: False where no run of
+    a calibration-loss claim ever saw a reward. Per env, with the fixed reference's margin
+    (`margin` of its ceiling - floor): both IQMs at the floor or at the ceiling; every run of both
+    entries scoring the same; the baseline at the floor (non-inferiority) or the ceiling
+    (superiority). A claim over several envs is untestable only where every env is."""
+    if kind == RATIO:
+        return "" if saw_reward else f"{UNTESTABLE}: {NO_REWARD}"
+    if identical == SAME_HASHES:
+        return f"{UNTESTABLE}: {identical}"
+    if method_raw is None or base_raw is None or not len(envs):
+        return f"{UNTESTABLE}: {identical}" if identical else ""
+    reasons = []
+    for j, env_id in enumerate(envs):
+        a, b = method_raw[:, j], base_raw[:, j]
+        ia, ib = stats.iqm(a), stats.iqm(b)
+        ref = references.reference_for(env_id)
+        m = margin * (ref.ceiling - ref.floor) if ref is not None else math.nan
+        pooled = np.concatenate([a, b])
+        if ref is not None and ia <= ref.floor + m and ib <= ref.floor + m:
+            reasons.append("both at the floor")
+        elif ref is not None and ia >= ref.ceiling - m and ib >= ref.ceiling - m:
+            reasons.append("both at the ceiling")
+        elif pooled.size and np.ptp(pooled) <= 1e-12 * max(1.0, float(np.abs(pooled).max())):
+            reasons.append("no spread in either entry")
+        elif ref is not None and kind == NON_INFERIORITY and ib <= ref.floor + m:
+            reasons.append("the baseline is at the floor (non-inferiority)")
+        elif ref is not None and kind == SUPERIORITY and ib >= ref.ceiling - m:
+            reasons.append("the baseline is at the ceiling (superiority)")
+        else:  # informative here; equal per-run scores (no hashes kept) still say the runs are the same runs
+            return f"{UNTESTABLE}: {identical}" if identical else ""
+    unique = list(dict.fromkeys(reasons))
+    if len(unique) == 1:
+        return f"{UNTESTABLE}: {unique[0]}"
+    return f"{UNTESTABLE}: " + "; ".join(f"{r} on {e}" for r, e in zip(reasons, envs))
+
+
+def _identical_words(exp, label: str, base: str, envs: list[str]) -> str:
+    """SAME_HASHES where every finished seed of the two entries ended with the same parameters
+    (run.json's params_sha256), else "" (also for a merged experiment: its parts keep no hashes)."""
+    if not isinstance(exp, Experiment):
+        return ""
+
+    def hashes(entry: str) -> dict:
+        return {(r.spec.env_id, r.spec.seed): r.params_sha256 for e in envs for r in exp.select(e, entry)}
+
+    return SAME_HASHES if same_runs(hashes(label), hashes(base)) else ""
 
 
 def _versus_baseline(final: np.ndarray, base: np.ndarray, margin: float, reps: int, seed: int) -> dict:
@@ -312,15 +403,20 @@ def summary_table(exp: Experiment, reps: int = stats.BOOTSTRAP_REPS) -> list[dic
     (`baseline_of`: ppo, or the plain dqn / sac entry for an off-policy trainer's signals,
     named in "baseline") also carry their comparison with it ("vs_ppo", the name kept for
     every baseline: better, worse, equivalent within the env's margin, inconclusive, or "too
-    few seeds" under MIN_SEEDS_FOR_CI on either side), Holm-corrected over every comparison
-    in the table and taken at each of stats.VERDICT_SEEDS (vs_ppo_stable is False where the
-    seeds disagree)."""
+    few seeds" under MIN_SEEDS_FOR_CI on either side, or "untestable" with the reason in
+    vs_ppo_untestable: `untestable_reason`'s two-sided cases, left out of the family),
+    Holm-corrected over every comparison in the table and taken at each of stats.VERDICT_SEEDS
+    (vs_ppo_stable is False where the seeds disagree). "solved": the seeds whose final return
+    reaches the env's solved score (`solved_count`; None without one); "norm_range": the
+    (floor, ceiling) the env is normalised by; "reference": where it comes from."""
     rows = []
     family: list[tuple[dict, list[dict]]] = []  # (row, one test per verdict seed)
     for env_id in exp.spec.envs:
         bases: dict[str, np.ndarray | None] = {}
         threshold = exp.threshold(env_id)  # None: not recomputed (an experiment merged from its parts' scores)
         margin = margin_of(exp, env_id)
+        norm = env_range(exp, env_id)
+        ref = references.reference_for(env_id)
         for label in exp.spec.algos:
             baseline = baseline_of(exp, label)
             if baseline not in bases:
@@ -350,6 +446,8 @@ def summary_table(exp: Experiment, reps: int = stats.BOOTSTRAP_REPS) -> list[dic
                 "p_improve_ci": None if poi is None else [poi[1], poi[2]],
                 "threshold": threshold,
                 "env_range": list(observed_range(exp, env_id)),
+                "norm_range": list(norm), "reference": references.describe(env_id, observed_range(exp, env_id)),
+                "solved": solved_count(env_id, final[:, 0]), "solved_score": None if ref is None else ref.solved,
                 "margin": margin,
                 "steps_to_threshold_median": (None if reach is None else float(np.median(reach)) if reach
                                               else math.inf),
@@ -359,10 +457,16 @@ def summary_table(exp: Experiment, reps: int = stats.BOOTSTRAP_REPS) -> list[dic
             rows.append(row)
             if base is not None and base.shape[0] >= 2 and final.shape[0] >= 2 and label != baseline:
                 row["vs_ppo_diff"] = f[0] - stats.iqm(base)
+                row["vs_ppo_diff_normalised"] = row["vs_ppo_diff"] / (norm[1] - norm[0])
+                why = untestable_reason(TWO_SIDED, [env_id], final, base,
+                                        _identical_words(exp, label, baseline, [env_id]))
                 if min(base.shape[0], final.shape[0]) < MIN_SEEDS_FOR_CI:
                     # a bootstrap over 2-4 seeds would call a difference "significant" that a rank test
                     # over them never could (3 vs 3 seeds: the smallest two-sided p is 0.1)
                     row.update({"vs_ppo": "too few seeds", "vs_ppo_stable": True,
+                                "vs_ppo_ci": _versus_baseline(final, base, margin, reps, 0)["ci"]})
+                elif why:  # decided before any test: out of the Holm family
+                    row.update({"vs_ppo": UNTESTABLE, "vs_ppo_untestable": why, "vs_ppo_stable": True,
                                 "vs_ppo_ci": _versus_baseline(final, base, margin, reps, 0)["ci"]})
                 else:
                     family.append((row, [_versus_baseline(final, base, margin, reps, seed)
@@ -384,7 +488,8 @@ def summary_table(exp: Experiment, reps: int = stats.BOOTSTRAP_REPS) -> list[dic
 
 def per_run_scores(exp: Experiment) -> list[dict]:
     """Every run's own scores, from which the summary table is computed (published with it):
-    final return, AUC and early AUC (raw returns), steps to the env's threshold, and the
+    final return, AUC and early AUC (raw returns), steps to the env's threshold, the final
+    parameters' hash (params_sha256, from run.json: identical runs have equal hashes) and the
     exploration metrics it logged last (None where it logged none)."""
     out = []
     thresholds = {env_id: exp.threshold(env_id) for env_id in exp.spec.envs}
@@ -394,6 +499,7 @@ def per_run_scores(exp: Experiment) -> list[dict]:
         reach = stats.steps_to_threshold(exp.grid, _fill(r.curve), thresholds[env_id], window=GRID // 10)
         out.append({"env": env_id, "algo": r.spec.entry.label, "seed": r.spec.seed, "status": r.status,
                     **run_scores(r), "steps_to_threshold": reach if math.isfinite(reach) else None,
+                    "params_sha256": r.params_sha256,
                     "unique_states_total": last.get("unique_states_total"),
                     "first_reward_step": last.get("first_reward_step"), "rooms_visited": last.get("rooms_visited")})
     return out
@@ -407,13 +513,13 @@ def few_seed_rows(table: list[dict]) -> list[dict]:
 # ------------------------------------------------------------------------------- claims
 
 # The words a claim's verdict is one of (users' scripts read them from stats.json).
-VERDICTS = ("supported", "not supported", "equivalent", "inconclusive", "not tested")
+VERDICTS = ("supported", "not supported", "equivalent", "inconclusive", "not tested", "untestable")
 
 
 @dataclass
 class Claim:
     statement: str
-    verdict: str  # one of VERDICTS: supported | not supported | equivalent | inconclusive | not tested
+    verdict: str  # one of VERDICTS: supported | not supported | equivalent | inconclusive | not tested | untestable
     evidence: str
     # what the experiment lacks to test the claim at all ("gear", "a sparse-reward env");
     # "" for a claim it can test (a "not tested" claim with "" lacks data: finished seeds, 5 per entry)
@@ -430,6 +536,8 @@ class Claim:
     envs: list[str] = field(default_factory=list)     # the envs the claim is tested on
     seeds: list[int] = field(default_factory=list)    # finished seeds of each entry in `entries` (runs: a ratio)
     estimate: list[float] | None = None  # [point, 95% CI low, high] at bootstrap seed 0
+    untestable: str = ""  # why the data cannot inform the claim ("untestable: both at the floor"); "" where they can
+    raw_difference: list[float] | None = None  # per env, the IQM difference of raw returns (method - baseline)
 
     @property
     def testable(self) -> bool:
@@ -536,6 +644,7 @@ class _Test:
     entries: list[str] = field(default_factory=list)
     envs: list[str] = field(default_factory=list)
     seeds: list[int] = field(default_factory=list)
+    raw_difference: list[float] | None = None
 
     def ci(self, j: int) -> tuple[float, float, float]:
         lo, hi = np.percentile(self.samples[j], [100 * ALPHA / 2, 100 * (1 - ALPHA / 2)])
@@ -584,6 +693,13 @@ def claims_intro(claims: list[Claim], reps: int) -> str:
     if few or not tested:
         text += (f" A claim with fewer than {MIN_SEEDS_FOR_CI} finished seeds of an entry is 'not tested': its "
                  "estimate is shown, no verdict is drawn.")
+    untestable = [c for c in claims if c.verdict == UNTESTABLE]
+    if untestable:
+        text += (f" {len(untestable)} claim(s) 'untestable', decided before any test and left out of the Holm "
+                 "families: the data cannot inform them (both entries within the margin of the env's fixed floor or "
+                 "ceiling, every run of both scoring the same, the baseline at the floor for a non-inferiority claim "
+                 "or at the ceiling for a superiority one, identical runs, or a calibration loss where no run saw a "
+                 "reward); each says why.")
     return text
 
 
@@ -610,7 +726,7 @@ def evaluate_claims(exp: Experiment, reps: int = stats.BOOTSTRAP_REPS, margin: f
         lo, hi = np.percentile(samples, [100 * ALPHA / 2, 100 * (1 - ALPHA / 2)])
         return point, float(lo), float(hi)
 
-    def compare(statement, algo, key, envs_, decide, what, null, units="", any_trainer=False):
+    def compare(statement, algo, key, envs_, decide, what, null, units="", any_trainer=False, kind=SUPERIORITY):
         label, base = _method_and_baseline(exp, algo, any_trainer)
         if label is None or base not in exp.spec.algos:
             needs = [a for a, ok in ((algo, label is not None), (BASELINE, has_base)) if not ok]
@@ -625,23 +741,37 @@ def evaluate_claims(exp: Experiment, reps: int = stats.BOOTSTRAP_REPS, margin: f
             return untested(statement, f"needs at least {MIN_SEEDS_FOR_CI} finished seeds of '{label}' and of "
                             f"'{base}' in every env tested (has {n_a} and {n_b})", **known)
 
+        raw_a = _complete(score_matrix(exp, label, key, False, envs_))
+        raw_b = _complete(score_matrix(exp, base, key, False, envs_))
+        raw = [stats.iqm(raw_a[:, j]) - stats.iqm(raw_b[:, j]) for j in range(len(envs_))]
+        known["raw_difference"] = raw
+        raw_text = "; raw IQM difference in return: " + ", ".join(
+            f"{d:+.4g}" + (f" on {e}" if len(envs_) > 1 else "") for d, e in zip(raw, envs_))
+
         def evidence(ci, label=label, base=base, n_a=n_a, n_b=n_b):
             return (f"IQM difference in normalised {what}, {label} - {base}: {_fmt(ci)} (95% stratified "
                     f"bootstrap CI; {n_a} vs {n_b} seeds x {len(envs_)} env(s){units}"
-                    f"{_few_seeds_reason(min(n_a, n_b))})")
+                    f"{_few_seeds_reason(min(n_a, n_b))}){raw_text}")
 
         point = stats.iqm_difference(a, b)
         if min(n_a, n_b) < MIN_SEEDS_FOR_CI:
             ci = ci_of(stats.stratified_bootstrap([a, b], stats.iqm_difference, reps, 0), point)
             return untested(statement, evidence(ci), estimate=list(ci), **known)
+        why = untestable_reason(kind, envs_, raw_a, raw_b, _identical_words(exp, label, base, envs_), margin=margin)
+        if why:  # decided before any test: no verdict, out of the Holm families
+            ci = ci_of(stats.stratified_bootstrap([a, b], stats.iqm_difference, reps, 0), point)
+            claims.append(Claim(statement, UNTESTABLE, f"{why}; {evidence(ci)}", estimate=list(ci), untestable=why,
+                                **known))
+            return
         pending(_Test(statement, point, bootstrap([a, b], stats.iqm_difference), decide, null, True, evidence,
-                      0.0, margin, **known))
+                      0.0, margin, entries=known["entries"], envs=known["envs"], seeds=known["seeds"],
+                      raw_difference=raw))
 
     compare("RefGRPO learns faster early than PPO", "refgrpo", "early_auc", envs, _verdict_greater,
             "area under the first 25% of the learning curve", 0.0)
     compare(f"RefGRPO's final return >= PPO's (margin {margin:.0%} of each env's range)", "refgrpo", "final", envs,
             lambda ci: _verdict_non_inferior(ci, margin), "final return", -margin,
-            units=f"; margin: {_margin_units(exp, envs)}" if margin == MARGIN_SHARE else "")
+            units=f"; margin: {_margin_units(exp, envs)}" if margin == MARGIN_SHARE else "", kind=NON_INFERIORITY)
 
     statement = "RefGRPO's calibration loss falls and settles"
     label = _method_label(exp, "refgrpo")
@@ -668,9 +798,17 @@ def evaluate_claims(exp: Experiment, reps: int = stats.BOOTSTRAP_REPS, margin: f
                     f"[{ci[1]:.3f}, {ci[2]:.3f}] over {n} runs{_few_seeds_reason(n_seeds)}")
 
         point = stats.iqm(ratios)
+        runs = [r for r in exp.finished if r.spec.entry.label == label]
+        saw_reward = any(last_logged(r, "first_reward_step") is not None
+                         or any(row.get("episodic_return") for row in r.rows) for r in runs)
+        why = untestable_reason(RATIO, loss_envs, saw_reward=saw_reward)
         if n_seeds < MIN_SEEDS_FOR_CI:
             ci = ci_of(stats.stratified_bootstrap([ratios], stats.iqm, reps, 0), point)
             untested(statement, ratio_evidence(ci), estimate=list(ci), **known)
+        elif why:
+            ci = ci_of(stats.stratified_bootstrap([ratios], stats.iqm, reps, 0), point)
+            claims.append(Claim(statement, UNTESTABLE, f"{why}; {ratio_evidence(ci)}", estimate=list(ci),
+                                untestable=why, **known))
         else:
             pending(_Test(statement, point, bootstrap([ratios], stats.iqm), _verdict_falls, 1.0, False,
                           ratio_evidence, 1.0, margin, **known))
@@ -710,4 +848,5 @@ def _decide(claims: list[Claim], tests: list[tuple[int, _Test]]) -> None:
                           t.evidence(ci) + note, "", raw["for"][k], adjusted["for"][k], len(set(seen)) == 1, seen,
                           p_against=raw["against"][k], p_against_holm=adjusted["against"][k],
                           p_equiv=raw["equiv"][k], p_equiv_holm=adjusted["equiv"][k],
-                          entries=list(t.entries), envs=list(t.envs), seeds=list(t.seeds), estimate=list(ci))
+                          entries=list(t.entries), envs=list(t.envs), seeds=list(t.seeds), estimate=list(ci),
+                          raw_difference=t.raw_difference)

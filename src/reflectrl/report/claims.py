@@ -55,15 +55,24 @@ from pathlib import Path
 import numpy as np
 
 from reflectrl.errors import UserError
-from reflectrl.report import stats
+from reflectrl.report import references, stats
 from reflectrl.report.analysis import (
+    MARGIN_SHARE,
     MIN_SEEDS_FOR_CI,
+    NON_INFERIORITY,
+    RATIO,
+    SAME_HASHES,
+    SAME_SCORES,
     SPARSE_ENV_PREFIXES,
+    SUPERIORITY,
+    UNTESTABLE,
     Claim,
     _decide,
     _Test,
     _verdict_greater,
     _verdict_non_inferior,
+    same_runs,
+    untestable_reason,
 )
 
 STATS_FILE = "stats.json"
@@ -102,6 +111,9 @@ class Row:
     today_p: str = ""             # the Holm-corrected p-value that decided it
     archived: bool = False
     part_of: str | None = None    # the merged report (`reflectrl report PART... --out`) this report is a part of
+    raw_effect: float | None = None  # today's IQM difference of raw returns (one env), method - baseline
+    also: list[str] = field(default_factory=list)  # the other reports holding this row's very runs (merged here)
+    runs_key: tuple | None = field(default=None, repr=False, compare=False)  # the row's per-run scores, for merging
 
 
 @dataclass
@@ -112,7 +124,8 @@ class Ledger:
     not_recomputed: dict[str, str] = field(default_factory=dict)    # folder -> why today's verdicts are missing
 
     def to_dict(self) -> dict:
-        return {"command": self.command, "rows": [asdict(r) for r in self.rows], "untestable": self.untestable,
+        rows = [{k: v for k, v in asdict(r).items() if k != "runs_key"} for r in self.rows]
+        return {"command": self.command, "rows": rows, "untestable": self.untestable,
                 "not_recomputed": self.not_recomputed}
 
 
@@ -358,12 +371,13 @@ def _stored_p(claim: dict) -> tuple[float, float, float]:
     return (1.0 if p is None else p, 1.0 if against is None else against, 1.0 if equiv is None else equiv)
 
 
-def _matrix(runs: list[dict], label: str, key: str, envs: list[str], ranges: dict[str, tuple[float, float]]):
-    """(seeds, envs) normalised scores of one entry: the seeds finished and scored in every env."""
+def _matrix(runs: list[dict], label: str, key: str, envs: list[str], ranges: dict[str, tuple[float, float]] | None):
+    """(seeds, envs) scores of one entry, the seeds finished and scored in every env: normalised by
+    each env's fixed reference, else its stored observed range (analysis.env_range); raw where
+    `ranges` is None."""
     per_env = []
     for env in envs:
-        lo, hi = ranges[env]
-        hi = hi if hi > lo else lo + 1.0  # analysis.env_range
+        lo, hi = references.norm_range(env, ranges[env]) if ranges is not None else (0.0, 1.0)
         values = {}
         for r in runs:
             if r.get("env") == env and r.get("algo") == label and r.get("status") == "finished":
@@ -373,6 +387,59 @@ def _matrix(runs: list[dict], label: str, key: str, envs: list[str], ranges: dic
         per_env.append(values)
     seeds = sorted(set.intersection(*(set(v) for v in per_env))) if per_env else []
     return np.array([[v[s] for v in per_env] for s in seeds], dtype=float).reshape(len(seeds), len(envs))
+
+
+SCORE_COLUMNS = ("final", "auc", "early_auc", "unique_states_total", "first_reward_step")  # a run's fingerprint
+
+
+def _entry_runs(runs: list[dict], label: str, envs: list[str]) -> list[dict]:
+    return [r for r in runs if r.get("algo") == label and r.get("env") in envs and r.get("status") == "finished"]
+
+
+def _identical(runs: list[dict], entries: list[str], envs: list[str]) -> str:
+    """The words of identical runs where the two entries' runs are the same seed by seed: equal
+    params_sha256 where every run keeps one, else equal per-run scores (every score column); "" otherwise."""
+    a, b = (_entry_runs(runs, label, envs) for label in entries)
+    if all(r.get("params_sha256") for r in a + b):
+        def hashes(rs):
+            return {(r["env"], str(r.get("seed"))): r["params_sha256"] for r in rs}
+        return SAME_HASHES if same_runs(hashes(a), hashes(b)) else ""
+
+    def scores(rs):
+        return {(r["env"], str(r.get("seed"))): tuple(_round(r.get(k)) for k in SCORE_COLUMNS) for r in rs}
+    return SAME_SCORES if same_runs(scores(a), scores(b)) else ""
+
+
+def _round(x):
+    v = _float(x)
+    return None if not math.isfinite(v) else round(v, 9)
+
+
+def _saw_reward(runs: list[dict], label: str, envs: list[str]) -> bool:
+    """Whether any finished run of the entry saw a reward (a first reward step, or a non-zero
+    return); True where the report keeps no runs of it (nothing to decide from)."""
+    mine = _entry_runs(runs, label, envs)
+    if not mine:
+        return True
+    return any(_float(r.get("first_reward_step")) >= 0 or _float(r.get("auc")) != 0 or _float(r.get("final")) != 0
+               for r in mine)
+
+
+def _raw_effect(runs: list[dict], p: _Parsed) -> float | None:
+    """The IQM difference of raw returns, method - baseline, on a one-env claim (None otherwise)."""
+    if p.ratio or p.key is None or len(p.entries) != 2 or len(p.envs) != 1:
+        return None
+    a, b = (_matrix(runs, label, p.key, p.envs, None) for label in p.entries)
+    return stats.iqm(a) - stats.iqm(b) if a.size and b.size else None
+
+
+def _runs_key(runs: list[dict], p: _Parsed) -> tuple | None:
+    """The row's claim with its entries' per-run scores: equal keys are one comparison reported twice."""
+    if not p.entries or not p.envs:
+        return None
+    rows = sorted((r["algo"], r["env"], str(r.get("seed")), tuple(_round(r.get(k)) for k in SCORE_COLUMNS))
+                  for label in p.entries for r in _entry_runs(runs, label, p.envs))
+    return (p.claim["statement"], tuple(p.entries), tuple(p.envs), tuple(rows)) if rows else None
 
 
 def _today(parsed: list[_Parsed], data: dict, folder: Path, reps: int) -> tuple[dict[int, tuple[str, str]], str]:
@@ -398,6 +465,9 @@ def _today(parsed: list[_Parsed], data: dict, folder: Path, reps: int) -> tuple[
     for p in parsed:
         if p.index in out:
             continue
+        if p.ratio and p.entries and not _saw_reward(runs, p.entries[0], p.envs):
+            out[p.index] = (UNTESTABLE, untestable_reason(RATIO, p.envs, saw_reward=False))  # out of the family
+            continue
         if p.ratio:
             tests.append((len(family), _Stored(p.claim["statement"], _stored_p(p.claim))))
             family.append(Claim(p.claim["statement"], "", ""))
@@ -411,6 +481,13 @@ def _today(parsed: list[_Parsed], data: dict, folder: Path, reps: int) -> tuple[
         a, b = (_matrix(runs, label, p.key, p.envs, ranges) for label in p.entries)
         if min(a.shape[0], b.shape[0]) < MIN_SEEDS_FOR_CI:
             out[p.index] = ("not tested", f"{min(a.shape[0], b.shape[0])} seeds")
+            continue
+        raw_a, raw_b = (_matrix(runs, label, p.key, p.envs, None) for label in p.entries)
+        kind = NON_INFERIORITY if p.margin is not None else SUPERIORITY
+        reason = untestable_reason(kind, p.envs, raw_a, raw_b, _identical(runs, p.entries, p.envs),
+                                   margin=p.margin or MARGIN_SHARE)
+        if reason:  # decided before any test: out of the report's Holm families
+            out[p.index] = (UNTESTABLE, reason)
             continue
         if p.margin is not None:
             decide, null = (lambda ci, m=p.margin: _verdict_non_inferior(ci, m)), -p.margin
@@ -451,12 +528,14 @@ def _report_rows(path: Path, dirs: list[Path], reps: int) -> tuple[list[Row], li
         else:
             untestable.append(f"{claim['statement']} (needs {claim.get('missing') or _old_needs(claim, spec)})")
     today, why = _today(parsed, data, folder, reps)
+    runs = _per_run_scores(data, folder) or []
     rows = []
     for p in parsed:
         verdict, p_text = today.get(p.index, (None, ""))
         rows.append(Row(shown, p.claim["statement"], p.envs, p.entries, p.seeds, _tuned_text(p.entries, tuned),
                         p.estimate, p.ratio, p.claim.get("p_holm"), str(p.claim.get("verdict", "")),
-                        _rule_of(p.claim), verdict, p_text, archived))
+                        _rule_of(p.claim), verdict, p_text, archived, raw_effect=_raw_effect(runs, p),
+                        runs_key=_runs_key(runs, p)))
     return rows, untestable, why
 
 
@@ -497,7 +576,26 @@ def build_ledger(dirs: list[Path], command: str, reps: int = stats.BOOTSTRAP_REP
             ledger.untestable[shown] = untestable
         if why and rows:
             ledger.not_recomputed[shown] = why
+    ledger.rows = merge_duplicates(ledger.rows)
     return ledger
+
+
+def merge_duplicates(rows: list[Row]) -> list[Row]:
+    """One row for a claim that several reports test on the very same runs (identical per-run
+    scores of its entries: a report re-made, or re-run with the same seeds and code), the first
+    report's, naming the others in `also`; rows of different sections (current, parts, archived)
+    are not merged with each other."""
+    first: dict[tuple, Row] = {}
+    out = []
+    for row in rows:
+        key = None if row.runs_key is None else (row.archived, row.part_of, row.runs_key)
+        if key is not None and key in first:
+            first[key].also.append(row.folder)
+            continue
+        if key is not None:
+            first[key] = row
+        out.append(row)
+    return out
 
 
 # ------------------------------------------------------------------------------- writing
@@ -521,7 +619,13 @@ def _today_cell(row: Row) -> str:
     if row.today is None:
         return NONE
     mark = f" {DIFFERS}" if row.today != row.verdict else ""
+    if row.today == UNTESTABLE:
+        return f"{row.today_p}{mark}"  # the reason in words: "untestable: both at the floor"
     return f"{row.today}{mark}" + (f" ({row.today_p})" if row.today_p else "")
+
+
+def _raw(row: Row) -> str:
+    return NONE if row.raw_effect is None or not math.isfinite(row.raw_effect) else f"{row.raw_effect:+.4g}"
 
 
 def _link(folder: str, base: Path | None) -> str:
@@ -555,19 +659,33 @@ an entry is *not tested*. {differs} marks a verdict that differs from the stored
 where it cannot be recomputed (the reports without per-run scores, and the calibration-loss
 ratio, whose per-iteration losses a report does not keep: its stored p-values stand in for
 it in its report's Holm families). Under 5 seeds a claim is *not tested* today whether or
-not its per-run scores are kept.
+not its per-run scores are kept. Today's scores are normalised by each env's fixed reference
+(0 at its floor, 1 at its ceiling: `reflectrl.report.references`, docs/evidence.md's "Fixed
+references"), by the report's observed return range only for an env with none.
 
-**effect [95% CI]**: the IQM difference of normalised scores, method - baseline (each env
-normalised to its observed return range; final return, AUC or early AUC as the claim says),
-or the calibration loss's ratio, last 10% / first 10% of training. **seeds**: finished seeds
+*untestable* (today): decided from the per-run scores before any test, and left out of the
+Holm families and of the supported / equivalent counts, where the data cannot inform the
+claim; the cell says why: *both at the floor* / *both at the ceiling* (both entries' IQMs
+within the margin, 5% of ceiling - floor, of the reference's floor or ceiling), *no spread in either entry*
+(every run of both scores the same), *the baseline is at the floor (non-inferiority)*, *the
+baseline is at the ceiling (superiority)*, *identical runs* (equal parameter hashes, or,
+where a report keeps none, equal per-run scores), *no run saw a reward (calibration loss)*.
+Rows of reports holding the very same runs (the same per-run scores of the claim's entries)
+are one row naming every such report.
+
+**effect [95% CI]**: the IQM difference of normalised scores, method - baseline, as the report
+stored it (an older report normalised each env by its observed return range; final return,
+AUC or early AUC as the claim says), or the calibration loss's ratio, last 10% / first 10% of
+training. **raw effect**: the IQM difference of raw returns, from the per-run scores (one-env
+claims). **seeds**: finished seeds
 of each entry (runs, for an older report's ratio). **tuned**: from files beside the report:
 *yes* where each entry's knobs came from a sweep (a `sweeps/*/best.json` per entry, as
 examples/experiments/tuned_vs_tuned.py leaves, or a `reflectrl sweep` re-run), *only X* where some did, *no*
 otherwise.
 """
 
-COLUMNS = ["claim", "env(s)", "entries", "seeds", "tuned", "effect [95% CI]", "Holm p", "verdict", "rule",
-           "today", "results"]
+COLUMNS = ["claim", "env(s)", "entries", "seeds", "tuned", "effect [95% CI]", "raw effect", "Holm p", "verdict",
+           "rule", "today", "results"]
 
 
 def _table(rows: list[Row], base: Path | None) -> list[str]:
@@ -575,15 +693,17 @@ def _table(rows: list[Row], base: Path | None) -> list[str]:
     for r in rows:
         cells = [r.statement, ", ".join(r.envs) or NONE,
                  (" vs ".join(r.entries) if len(r.entries) == 2 else ", ".join(r.entries)) or NONE,
-                 _seeds(r), r.tuned, _effect(r), NONE if r.p_holm is None else f"{r.p_holm:.4f}",
-                 f"**{r.verdict}**", r.rule, _today_cell(r), _link(r.folder, base)]
+                 _seeds(r), r.tuned, _effect(r), _raw(r), NONE if r.p_holm is None else f"{r.p_holm:.4f}",
+                 f"**{r.verdict}**", r.rule, _today_cell(r),
+                 ", ".join(_link(f, base) for f in [r.folder, *r.also])
+                 + (" (the same runs: one row)" if r.also else "")]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return lines
 
 
 def _counts(rows: list[Row], attr: str) -> str:
     words = [getattr(r, attr) for r in rows if getattr(r, attr) is not None]
-    order = ["supported", "not supported", "equivalent", "inconclusive", "not tested"]
+    order = ["supported", "not supported", "equivalent", "inconclusive", "not tested", UNTESTABLE]
     return ", ".join(f"{words.count(w)} {w}" for w in order if words.count(w))
 
 
@@ -594,11 +714,22 @@ def to_markdown(ledger: Ledger, dirs: list[str], base: Path | None = None) -> st
     current = [r for r in ledger.rows if not r.archived and r.part_of is None]
     parts = [r for r in ledger.rows if not r.archived and r.part_of is not None]
     archived = [r for r in ledger.rows if r.archived]
-    reports = len({r.folder for r in current})
-    md += [f"{len(current)} claims in {reports} reports (the claims each report could test). "
+    reports = len({f for r in current for f in [r.folder, *r.also]})
+    merged = sum(len(r.also) for r in current)
+    untestable = [r for r in current if r.today == UNTESTABLE]
+    reasons = {}
+    for r in untestable:
+        reasons[r.today_p] = reasons.get(r.today_p, 0) + 1
+    md += [f"{len(current)} claims in {reports} reports (the claims each report could test"
+           + (f"; {merged} rows of reports holding the same runs merged into the rows that name them" if merged
+              else "") + "). "
            f"Stored: {_counts(current, 'verdict')}. "
            f"Today: {_counts(current, 'today')}; {sum(r.today is None for r in current)} not recomputed; "
            f"{sum(r.today is not None and r.today != r.verdict for r in current)} differ ({DIFFERS}).", ""]
+    if untestable:
+        md += [f"{len(untestable)} untestable today, decided before any test and left out of the Holm families and "
+               "of the supported / equivalent counts: "
+               + "; ".join(f"{n} {reason.removeprefix(UNTESTABLE + ': ')}" for reason, n in reasons.items()) + ".", ""]
     md += _table(current, base)
     if parts:
         merged = ", ".join(_link(m, base) for m in dict.fromkeys(r.part_of for r in parts))

@@ -6,7 +6,8 @@ session's finished entries each). Each part's report keeps every run's scores (s
 "runs", runs.csv) and each env's observed return range. Merged, they give the report the whole
 experiment would have had: the summary table, its vs-ppo verdicts and the seed claims over the
 finished runs of every part, Holm-corrected together, the scores normalised by each env's
-range over all the parts (the union of the parts' ranges is the range over all their runs).
+fixed reference (report/references.py), or for an env with none by its range over all the parts
+(the union of the parts' ranges is the range over all their runs).
 
 A PART is a report folder (holding stats.json: an experiment's DIR/report, or a published
 docs/results/NAME) or an experiment directory whose report has been written. What needs the
@@ -258,8 +259,9 @@ def _write(m: Merged, tmp: Path, out: Path, table: list[dict], claims: list[Clai
                                                                           if spec.sets else ""))
     notes = ("Merged from the parts' per-run scores (each part's runs.csv), as if one experiment: final return "
              "(mean true episodic return over the last 10% of training) and AUC (mean of the learning curve, "
-             "min-max normalised per env over every run of every part: the union of the parts' observed return "
-             "ranges). IQM and 95% stratified-bootstrap CIs over seeds. P(improve): probability that a run of the "
+             "normalised per env by its fixed reference (0: its floor, 1: its ceiling), or min-max over every run "
+             "of every part (the union of the parts' observed return ranges) for an env with none). IQM and 95% "
+             "stratified-bootstrap CIs over seeds. P(improve): probability that a run of the "
              "algo ends above a run of ppo. Steps to threshold are not recomputed: the threshold (80% of the way "
              "from the worst to the best return seen) moves with the merged range and needs the learning curves; "
              "each part's report has its own.")

@@ -6,10 +6,12 @@ tree had uncommitted changes; "unknown" outside a git checkout or without git), 
 makes the experiment's runs (rebuilt from DIR/experiment.json) and the command that wrote the
 report, the versions of reflectrl, Python and the libraries the numbers depend on, the machine,
 the date (UTC), the statistics settings (read from the report code's own constants), and what the
-runs themselves recorded when they started (their reflectrl / torch / Python versions).
+runs themselves recorded when they started (their reflectrl / torch / Python versions) and at each
+start and resume (run.json's sessions, runs/provenance.py): which runs came from which commit, tree
+state and package versions (runs_recorded.sources; the report says so in one line where they differ).
 
 Everything is cheap and local: package versions from the installed metadata (nothing is
-imported), git through two short subprocesses with a timeout, no network.
+imported), git through three short subprocesses with a timeout, no network.
 """
 
 from __future__ import annotations
@@ -21,77 +23,33 @@ import os
 import platform
 import shlex
 import socket
-import subprocess
 import sys
 from collections import Counter
-from importlib import metadata
 from pathlib import Path
 
-from reflectrl._version import __version__
 from reflectrl.experiments.spec import SPEC_FILE, ExperimentSpec
 from reflectrl.report import BOOTSTRAP_REPS, stats
 from reflectrl.report.analysis import ALPHA, MARGIN_SHARE, MIN_SEEDS_FOR_CI
+from reflectrl.runs import provenance as run_provenance
 from reflectrl.runs.files import run_status
+from reflectrl.runs.provenance import (  # noqa: F401 (the git state and versions a run records: importers find them here)
+    GIT_TIMEOUT_S,
+    MAX_CHANGED_FILES,
+    OPTIONAL_PACKAGES,
+    PACKAGES,
+    SESSIONS,
+    UNKNOWN,
+    versions,
+)
 
 FILE = "provenance.json"
-SOURCE_DIR = Path(__file__).resolve().parents[1]  # the reflectrl package that is running (report/..)
-GIT_TIMEOUT_S = 5.0
-UNKNOWN = "unknown"
-PACKAGES = ("torch", "gymnasium", "numpy")  # always listed (None where not installed)
-# listed where installed; the JAX backend's too, whose versions change its programs' float rounding and speed
-OPTIONAL_PACKAGES = ("ale-py", "minigrid", "envpool",
-                     "jax", "jaxlib", "flax", "optax", "navix", "gymnax", "xminigrid", "craftax")
-MAX_CHANGED_FILES = 20  # uncommitted paths listed by name; the rest are counted
-
-
-def _git(source: Path, *args: str) -> str | None:
-    """`git -C source ARGS` stdout, or None (no git, not a checkout, an error, too slow)."""
-    env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C"}  # status takes no index lock
-    try:
-        done = subprocess.run(["git", "-C", str(source), *args], capture_output=True, text=True,
-                              timeout=GIT_TIMEOUT_S, env=env, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout if done.returncode == 0 else None
+SOURCE_DIR = run_provenance.SOURCE_DIR  # the reflectrl package that is running
+SHORT_COMMIT = 7  # hex digits of a commit in the report's line
 
 
 def git_state(source: Path | None = None) -> dict:
-    """The commit of the git checkout holding `source` (the reflectrl package) and whether its
-    files there differ from that commit; commit "unknown" (and uncommitted_changes None) when
-    `source` is in no checkout, is not tracked by the one around it (an installed copy inside
-    an ignored virtualenv), or git is missing. `source` defaults to SOURCE_DIR."""
-    source = SOURCE_DIR if source is None else Path(source)
-    unknown = {"commit": UNKNOWN, "uncommitted_changes": None, "source": str(source)}
-    head = _git(source, "rev-parse", "HEAD")
-    tracked = _git(source, "ls-files", "--", ".") if head else None
-    if not head or not tracked or not tracked.strip():
-        return unknown
-    status = _git(source, "status", "--porcelain", "--", ".")
-    if status is None:
-        return {**unknown, "commit": head.strip()}
-    changed = [line[3:] for line in status.splitlines() if line.strip()]
-    out = {"commit": head.strip(), "uncommitted_changes": bool(changed), "source": str(source)}
-    if changed:
-        out["changed_files"] = changed[:MAX_CHANGED_FILES]
-        if len(changed) > MAX_CHANGED_FILES:
-            out["changed_files_not_listed"] = len(changed) - MAX_CHANGED_FILES
-    return out
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def versions() -> dict:
-    """reflectrl, Python and the libraries' installed versions (none of them imported)."""
-    out = {"reflectrl": __version__,
-           "python": f"{platform.python_implementation()} {platform.python_version()}"}
-    out.update({name: _version(name) for name in PACKAGES})
-    out.update({name: v for name in OPTIONAL_PACKAGES if (v := _version(name)) is not None})
-    return out
+    """runs/provenance.py's git_state of `source`, by default this module's SOURCE_DIR."""
+    return run_provenance.git_state(SOURCE_DIR if source is None else source)
 
 
 def _cpu_model() -> str | None:
@@ -148,9 +106,79 @@ def process_command() -> str:
     return shlex.join([Path(argv[0]).name or sys.executable, *argv[1:]])
 
 
+def run_sources(statuses: dict[str, dict]) -> dict:
+    """Which runs came from which source: {run directory: its run.json} -> the runs counted by the commit
+    (and tree state) of their sessions, the package versions that differ between runs (with the runs of each
+    version), the runs resumed under another commit or other versions than they started with, and the runs
+    that recorded no session (made before runs recorded theirs). `run_dirs` are listed where there is more
+    than one source to tell apart."""
+    commits: dict[tuple, list[str]] = {}
+    by_version: dict[str, dict[str, list[str]]] = {}
+    mixed, without = [], []
+    for name, status in statuses.items():
+        sessions = [s for s in status.get(SESSIONS) or [] if isinstance(s, dict)]
+        if not sessions:
+            without.append(name)
+            continue
+        keys = {(str((s.get("git") or {}).get("commit", UNKNOWN)), (s.get("git") or {}).get("uncommitted_changes"))
+                for s in sessions}
+        for key in sorted(keys, key=str):
+            commits.setdefault(key, []).append(name)
+        found = [s.get("versions") or {} for s in sessions]
+        for package in sorted({k for v in found for k in v}):
+            for version in sorted({str(v.get(package)) for v in found}):
+                by_version.setdefault(package, {}).setdefault(version, []).append(name)
+        if len(keys) > 1 or any(v != found[0] for v in found):
+            mixed.append(name)
+    differ = {package: runs for package, runs in by_version.items() if len(runs) > 1}
+    several = len(commits) + bool(without) > 1
+    return {
+        "runs_with_sessions": len(statuses) - len(without),
+        "runs_without_sessions": len(without),
+        "commits": [{"commit": commit, "uncommitted_changes": dirty, "runs": len(runs),
+                     **({"run_dirs": runs} if several else {})}
+                    for (commit, dirty), runs in sorted(commits.items(), key=lambda kv: (-len(kv[1]), str(kv[0])))],
+        "versions_differ": differ,
+        "mixed_runs": mixed,
+        **({"runs_without_sessions_dirs": without} if several else {}),
+    }
+
+
+def sources_line(sources: dict) -> str | None:
+    """The report's line saying which runs came from which commit, where they did not all come from one
+    clean commit with the same package versions; None where they did (or there are no runs)."""
+    commits, without = sources.get("commits") or [], sources.get("runs_without_sessions", 0)
+    differ, mixed = sources.get("versions_differ") or {}, sources.get("mixed_runs") or []
+    clean = len(commits) == 1 and commits[0]["commit"] != UNKNOWN and commits[0]["uncommitted_changes"] is False
+    if (clean or not commits) and not without and not differ and not mixed:
+        return None
+
+    def plural(n: int, word: str) -> str:
+        return f"{n} {word}{'' if n == 1 else 's'}"
+
+    parts = []
+    if commits:
+        named = [(c["commit"][:SHORT_COMMIT] if c["commit"] != UNKNOWN else UNKNOWN)
+                 + (" with uncommitted changes" if c["uncommitted_changes"] else "")
+                 + (" (tree state unknown)" if c["uncommitted_changes"] is None and c["commit"] != UNKNOWN else "")
+                 + f" ({plural(c['runs'], 'run')})" for c in commits]
+        parts.append(f"runs from {plural(len({c['commit'] for c in commits}), 'commit')}: " + ", ".join(named))
+    if without:
+        parts.append(f"{plural(without, 'run')} recorded no commit (made before runs recorded one)")
+    for package, found in differ.items():
+        parts.append(f"{package} versions differ: " + ", ".join(f"{v} ({plural(len(runs), 'run')})"
+                                                              for v, runs in found.items()))
+    if mixed:
+        parts.append(f"{plural(len(mixed), 'run')} resumed under another commit or other package versions")
+    text = "; ".join(parts)
+    return f"{text[0].upper()}{text[1:]}."
+
+
 def _runs_recorded(spec: ExperimentSpec, root: Path) -> dict:
-    """What the runs' status files say about the software they started with."""
-    found = [s for run in spec.runs(root) if (s := run_status(run.path))]
+    """What the runs' status files say about the software they started with, and which runs came from
+    which commit (their sessions: runs/provenance.py)."""
+    statuses = {_run_name(run.path, root): s for run in spec.runs(root) if (s := run_status(run.path))}
+    found = list(statuses.values())
     out: dict = {"runs": len(found)}
     for key in ("reflectrl_version", "torch_version", "jax_version", "python"):
         counts = Counter(str(s[key]) for s in found if s.get(key) is not None)
@@ -158,7 +186,15 @@ def _runs_recorded(spec: ExperimentSpec, root: Path) -> dict:
             out[key] = dict(sorted(counts.items()))
     created = sorted(str(s["created"]) for s in found if s.get("created"))
     out["created"] = [created[0], created[-1]] if created else []
+    out["sources"] = run_sources(statuses)
     return out
+
+
+def _run_name(path: Path, root: Path) -> str:
+    try:
+        return Path(path).relative_to(root).as_posix()
+    except ValueError:
+        return Path(path).as_posix()
 
 
 def collect(root: Path, spec: ExperimentSpec, reps: int, source: Path | None = None) -> dict:

@@ -87,7 +87,7 @@ def _table_rows(table: list[dict]) -> list[list[str]]:
     return out
 
 
-SOLVED_TITLE = "Which entries solve each env (seeds reaching the threshold):"
+SOLVED_TITLE = "Which entries solve each env (seeds whose final policy solves it: final return >= the solved score):"
 NOT_RECOMPUTED = "– (not recomputed across parts)"
 
 
@@ -117,7 +117,9 @@ def _versus_text(r: dict) -> str:
     holm = ""
     if r["vs_ppo"] == "inconclusive" and (lo > 0 or hi < 0) and r.get("vs_ppo_p_holm") is not None:
         holm = f"; Holm p {r['vs_ppo_p_holm']:.3g} over {r['vs_ppo_tests']} comparisons"
-    return f"{r['vs_ppo']}{versus} ({r['vs_ppo_diff']:+.3g} [{lo:+.3g}, {hi:+.3g}]{holm}){mark}"
+    norm = "" if r.get("vs_ppo_diff_normalised") is None else f"; normalised {r['vs_ppo_diff_normalised']:+.3g}"
+    verdict = r.get("vs_ppo_untestable") or r["vs_ppo"]
+    return f"{verdict}{versus} ({r['vs_ppo_diff']:+.3g} [{lo:+.3g}, {hi:+.3g}]{norm}{holm}){mark}"
 
 
 def versus_note(table: list[dict]) -> str:
@@ -128,7 +130,7 @@ def versus_note(table: list[dict]) -> str:
                 "are shown, no verdict is drawn." if few else "")
     rows = [r for r in table if r.get("vs_ppo") is not None and r.get("vs_ppo_tests")]
     if not rows:
-        return few_text.strip()
+        return (untestable_note(table) + few_text).strip()
     margins = {r["env"]: r["margin"] for r in rows}
     flips = [f"{r['algo']} on {r['env']}" for r in rows if not r["vs_ppo_stable"]]
     others = sorted({r["baseline"] for r in rows if r.get("baseline", BASELINE) != BASELINE})
@@ -145,15 +147,35 @@ def versus_note(table: list[dict]) -> str:
             f"{list(stats.VERDICT_SEEDS)}")
     text += (f"; {UNSTABLE_MARK} marks one that changes with the seed ({'; '.join(flips)}), written inconclusive."
              if flips else "; none changes with the seed.")
-    return text + few_text
+    return text + untestable_note(table) + few_text
+
+
+def reference_note(table: list[dict]) -> str:
+    """What each env is normalised by (the table's "reference" lines), or "" for a table without them."""
+    lines = list(dict.fromkeys(r["reference"] for r in table if r.get("reference")))
+    return (" Normalised by: " + "; ".join(lines) + ".") if lines else ""
+
+
+def untestable_note(table: list[dict]) -> str:
+    """How many of the table's comparisons are untestable (decided before any test, out of Holm), or ""."""
+    rows = [r for r in table if r.get("vs_ppo") == "untestable"]
+    if not rows:
+        return ""
+    return (f" {len(rows)} comparison(s) 'untestable', decided before any test and left out of the Holm family: the "
+            "data cannot inform them (both entries within the margin of the env's fixed floor or ceiling, every run "
+            "of both scoring the same, or identical runs); each says why.")
 
 
 def runs_csv(scores: list[dict], extra: list[str] | None = None) -> bytes:
     """Every run's scores as CSV (env, entry, seed, final score, AUC, steps to threshold,
-    status, ...): what the summary table is computed from (unfinished runs are listed, and
-    excluded from the table). `extra`: more columns, last (a merged report's "part")."""
+    status, ..., each run's params_sha256 where the runs recorded one): what the summary table is computed
+    from (unfinished runs are listed, and excluded from the table). `extra`: more columns, last (a merged
+    report's "part")."""
     fields = ["env", "algo", "seed", "status", "final", "auc", "early_auc", "steps_to_threshold",
-              "unique_states_total", "first_reward_step", "rooms_visited", *(extra or [])]
+              "unique_states_total", "first_reward_step", "rooms_visited"]
+    if any(row.get("params_sha256") for row in scores):  # (reports from before issue 59 kept no hashes: their
+        fields.append("params_sha256")                   # files stay as they were published)
+    fields += list(extra or [])
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
@@ -206,7 +228,7 @@ def claims_text(claims: list[Claim]) -> str:
     if tested:
         width = max(len(c.statement) for c in tested)
         lines.append(f"{'claim':<{width}}  verdict")
-        lines += [f"{c.statement:<{width}}  {c.verdict}" for c in tested]
+        lines += [f"{c.statement:<{width}}  {c.untestable or c.verdict}" for c in tested]
     else:
         lines.append("no claim can be tested by this experiment")
     line = not_testable_text(claims)
@@ -219,24 +241,24 @@ def _count(value) -> str:
 
 
 def solved_text(table: list[dict]) -> str:
-    """Which entries solve each env: how many of their seeds' returns reach the report's
-    threshold (80% of the way from the worst to the best return seen in the env) and stay
-    there (steps to threshold)."""
+    """Which entries solve each env: how many of their seeds' final policies do (the final return,
+    the mean over the last 10% of training, at or above the solved score of the env's fixed
+    reference: references.REFERENCES), never a share of the best return seen, never "reached once".
+    An env with no solved score says so; a table written before solved counts (no "solved") is skipped."""
     lines = []
     for env_id in dict.fromkeys(r["env"] for r in table):
         rows = [r for r in table if r["env"] == env_id and r.get("seeds")]
-        if not rows or rows[0].get("threshold", math.inf) is None:
+        if not rows or "solved" not in rows[0]:
             continue
-        lo, hi = rows[0].get("env_range", (math.nan, math.nan))
-        if not hi - lo > 1e-9:
-            lines.append(f"{env_id}: every run's return is {_num(lo)}: no entry solves it")
+        score = rows[0].get("solved_score")
+        if score is None:
+            lines.append(f"{env_id}: no solved score (no fixed reference with one): no entry is counted as solving it")
             continue
         groups = {"every seed": [], "some seeds": [], "no seed": []}
         for r in rows:
-            which = "every seed" if r["reached"] >= r["seeds"] else "some seeds" if r["reached"] else "no seed"
-            groups[which].append(f"{r['algo']} ({r['reached']}/{r['seeds']})")
-        lines.append(f"{env_id}: return >= {_num(rows[0]['threshold'])} (80% of the way from the worst return seen, "
-                     f"{_num(lo)}, to the best, {_num(hi)}) reached by")
+            which = "every seed" if r["solved"] >= r["seeds"] else "some seeds" if r["solved"] else "no seed"
+            groups[which].append(f"{r['algo']} ({r['solved']}/{r['seeds']})")
+        lines.append(f"{env_id}: final return >= {_num(score)} (the solved score of its fixed reference) reached by")
         lines += [f"  {name}: {', '.join(entries)}" for name, entries in groups.items() if entries]
     return "\n".join(lines)
 
@@ -343,7 +365,7 @@ STYLE = ("<style>body{font-family:system-ui,sans-serif;max-width:1100px;margin:2
          ".warning{background:#fff4d6;border-left:4px solid #d9a400;padding:6px 10px}"
          "pre{background:#f7f7f7;padding:8px;overflow-x:auto;font-size:12px}</style>")
 VERDICT_CSS = {"supported": "supported", "not supported": "not", "equivalent": "equivalent",
-               "inconclusive": "inconclusive", "not tested": "untested"}
+               "inconclusive": "inconclusive", "not tested": "untested", "untestable": "untested"}
 
 
 def html_table(columns: list[str], rows: list[list[str]]) -> str:
@@ -440,13 +462,16 @@ def _write_report(root: Path, out: Path, reps: int) -> list[Claim]:
              f"{spec.total_steps:,} env steps each; {done} of {len(spec.runs(root))} runs finished"
              + (f"; wrapper {spec.wrapper}" if spec.wrapper else ""))
     notes = ("Final return: mean true episodic return over the last 10% of training. Norm. AUC: mean of the "
-             "learning curve, min-max normalised per env over every run of the experiment. IQM and 95% "
+             "learning curve, normalised per env by its fixed reference (0: its floor, 1: its ceiling), or min-max "
+             "over every run of the experiment for an env with none. IQM and 95% "
              "stratified-bootstrap CIs over seeds. P(improve): probability that a run of the algo ends above a run "
              "of ppo. Steps to threshold: the first step from which the return, averaged over the next 10% of "
-             "training, reaches 80% of the way from the worst to the best return seen in the env. Unique states: "
+             "training, reaches 80% of the way from the worst to the best return seen in the env (how soon, not "
+             "whether a run solves it: the solved counts above are of final returns). Unique states: "
              "the distinct exploration state keys a run visited over training (unique_states_total: the grid "
              "world's or MiniGrid's cell, heading and carried object, Montezuma's room and position, else a "
              "SimHash of the observation).")
+    notes += reference_note(table)
     if headers(table) is not HEADERS:
         notes = notes.replace("ends above a run of ppo", "ends above a run of its baseline")
     parsed = {e.label: parse_algo(e.algo) for e in spec.entries()}
@@ -463,7 +488,10 @@ def _write_report(root: Path, out: Path, reps: int) -> list[Claim]:
     remarks = [identical] if identical else []
 
     # ---- Markdown
-    md = [f"# reflectrl experiment report: {root.name}", "", intro, "", PROVENANCE_LINE, "", "## Results", ""]
+    prov = provenance.collect(root, spec, reps)
+    sources = provenance.sources_line(prov["runs_recorded"]["sources"])  # runs of several commits say so
+    md = [f"# reflectrl experiment report: {root.name}", "", intro, "",
+          PROVENANCE_LINE + (f" {sources}" if sources else ""), "", "## Results", ""]
     md += results_markdown(table, claims, reps, notes, excluded, remarks)
     md += ["", "## Plots", ""] + figures_markdown(figures, figure_notes)
     scores = per_run_scores(exp)
@@ -486,10 +514,11 @@ def _write_report(root: Path, out: Path, reps: int) -> list[Claim]:
             f"<pre>{e(json.dumps(r.config, indent=2))}</pre></details>" for r in exp.runs]
     atomic_write_bytes(out / "index.html", html_page(
         f"reflectrl experiment report: {root.name}", intro, table, claims, reps, notes, excluded, figures,
-        figure_notes=figure_notes, remarks=remarks, after=["<h2>Runs</h2>", *runs]))
+        figure_notes=figure_notes, remarks=remarks, before=[f"<p>{e(sources)}</p>"] if sources else None,
+        after=["<h2>Runs</h2>", *runs]))
 
     atomic_write_bytes(out / "runs.csv", runs_csv(scores))
-    atomic_write_bytes(out / provenance.FILE, provenance.to_json(provenance.collect(root, spec, reps)))
+    atomic_write_bytes(out / provenance.FILE, provenance.to_json(prov))
     data = {"spec": spec.to_dict(), "table": table, "runs": scores, "claims": [c.__dict__ for c in claims],
             "bootstrap": {"reps": reps, "verdict_seeds": list(stats.VERDICT_SEEDS), "alpha": ALPHA,
                           "margin_share": MARGIN_SHARE},

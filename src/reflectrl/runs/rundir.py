@@ -1,7 +1,9 @@
 """The run directory, the unit every command reads and writes.
 
     DIR/config.json      the resolved RunConfig (every default filled in)
-    DIR/run.json         status (running | finished | failed | interrupted), command, versions
+    DIR/run.json         status (running | finished | failed | interrupted), command, versions, and
+                         `sessions`: the commit, tree state and package versions of each start and
+                         resume (runs/provenance.py)
     DIR/metrics.jsonl    one JSON object per iteration
     DIR/tb/              TensorBoard event files
     DIR/checkpoint.pt    the latest checkpoint, replaced atomically
@@ -29,7 +31,7 @@ from typing import Any
 import torch
 
 from reflectrl.errors import UserError
-from reflectrl.runs import jsonfile
+from reflectrl.runs import jsonfile, provenance
 from reflectrl.runs.files import (  # noqa: F401 (the file names: files.py spells them; importers find them here too)
     CHECKPOINT,
     CONFIG,
@@ -155,6 +157,7 @@ class RunDir:
             "reflectrl_version": __version__,
             "torch_version": torch.__version__,
             "python": platform.python_version(),
+            provenance.SESSIONS: [provenance.session(from_step=0)],
         }
         run.write_json(STATUS, status)
         return run
@@ -231,7 +234,12 @@ class RunDir:
         self.write_json(STATUS, data)
 
     def set_status(self, status: str, **extra: Any) -> None:
+        """Set run.json's status. A run set `running` again is resumed (`train --resume`, a JAX group's
+        resume): that records a new session, from the step of the checkpoint it loaded."""
         data = self.status()
+        if status == "running":
+            step = self.checkpoint_step if self.checkpoint_step is not None else data.get("global_step")
+            data[provenance.SESSIONS] = [*data.get(provenance.SESSIONS, []), provenance.session(from_step=step)]
         data.update(status=status, updated=time.strftime("%Y-%m-%dT%H:%M:%S%z"), **extra)
         self.write_json(STATUS, data)
 

@@ -193,7 +193,7 @@ def resume_run(path: str, given: list[tuple[str, object]], kind: str, build: Cal
         trainer = build(run)
         trainer.load_state_dict(state)
         _prepared(trainer)  # refused before the run is marked running again
-        run.set_status("running")
+        run.set_status("running")  # records this resume's session (commit, tree state, versions) in run.json
         return _train_and_finish(trainer, run, finish, progress, resume_command)
     finally:
         run.unlock()
