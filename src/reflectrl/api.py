@@ -396,6 +396,7 @@ class Policy:
         group.load_seed_states([state])
         params = jax.tree_util.tree_map(lambda x: x[0], group.states["params"])
         setup, env = group.setup, group.env
+        normalise = ppo.frozen_obs_normaliser(setup.knobs, group.states.get("normalizer"))  # as eval's
         self.global_step = int(state["global_step"])
         self.params_sha256 = group.params_sha256(0)
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (env.obs_dim,), np.float32)
@@ -404,7 +405,7 @@ class Policy:
         keys = [jax.random.PRNGKey(cfg.seed)]
 
         def act(x: np.ndarray, deterministic: bool) -> np.ndarray:
-            out, _ = ppo.policy_out(params, jnp.asarray(x))
+            out, _ = ppo.policy_out(params, normalise(jnp.asarray(x)))
             if deterministic:
                 action = jnp.argmax(out, -1) if env.discrete else out
             else:

@@ -1,5 +1,7 @@
 """`reflectrl eval` of a backend=jax run: its latest checkpoint's policy on fresh episodes of the
-JAX env, all episodes at once (vmapped) in one compiled loop; the same report as the torch side's."""
+JAX env, all episodes at once (vmapped) in one compiled loop; the same report as the torch side's.
+The return is the env's own; with norm_obs the observations are normalised with env 0's statistics
+frozen, as on the torch side."""
 
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ def evaluate_run(run: RunDir, episodes: int, deterministic: bool, seed: int | No
     group.load_seed_states([state])
     params = jax.tree_util.tree_map(lambda x: x[0], group.states["params"])
     setup, env = group.setup, group.env
+    # the observations as the policy saw them in training, the statistics frozen (the torch side's eval_env)
+    normalise = ppo.frozen_obs_normaliser(setup.knobs, group.states.get("normalizer"))
     limit = int(max_steps or getattr(env, "max_steps", 0) or EVAL_MAX_STEPS)
     base = cfg.seed + 1_000_003 if seed is None else seed
 
@@ -36,7 +40,7 @@ def evaluate_run(run: RunDir, episodes: int, deterministic: bool, seed: int | No
         def body(carry):
             obs, env_state, key, ret, steps, done, cut_short = carry
             key, k_act, k_env = jax.random.split(key, 3)
-            out, _ = ppo.policy_out(params, obs)
+            out, _ = ppo.policy_out(params, normalise(obs))
             if deterministic:
                 action = jnp.argmax(out).astype(jnp.int32) if env.discrete else out
             else:

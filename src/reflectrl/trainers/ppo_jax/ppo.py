@@ -15,6 +15,9 @@ see it weighted by k_s = coef / extrinsic_coef in the Batch's intrinsic_* fields
 at collection from the start, its rewards once its signal gave them, its advantages as the
 policy used them in after_update (gear's advantage/select, shaping's distill=total).
 
+With norm_obs / norm_reward, each env's running statistics are in the state and the rollout sees
+the env through the torch side's per-env wrappers (normalise_step; off at the JAX defaults).
+
 Exploration metrics inside the program: `unique_states` (distinct keys among the
 iteration's steps), `unique_states_total` (over training: a visited-table of key_space
 entries), `visitation_entropy` (of the keys of the last WINDOW iterations), and
@@ -187,7 +190,8 @@ def _init_state(setup: Setup, seed_key) -> dict:
     obs, env_state, keys = jax.vmap(env.reset)(jax.random.split(k_env, N))
     signal_states = compose(setup.signals).init(k_sig, setup.context())
     achievements = len(env.achievement_names)
-    return {
+    normalizer, obs = init_normalizer(setup, obs)
+    state = {
         "params": params,
         "opt_state": optimizer(setup.knobs).init(params),
         "env_state": env_state, "obs": obs, "keys": keys.astype(jnp.int32),
@@ -201,6 +205,9 @@ def _init_state(setup: Setup, seed_key) -> dict:
         "achieved_ever": jnp.zeros((achievements,), bool),
         "snapshots": init_snapshots(setup),
     }
+    if normalizer:  # absent at the defaults: their leaves stay as they were
+        state["normalizer"] = normalizer
+    return state
 
 
 SNAPSHOT_OBS_DIM = 64  # observations kept in a state-map snapshot up to this width (state_samples.MAX_OBS_DIM)
@@ -252,6 +259,86 @@ def keep_snapshot(setup: Setup, state: dict, traj: dict, terms: dict, step_befor
     return snaps
 
 
+# --------------------------------------------------------------------------- observation and reward normalisation
+# The torch side's per-env wrappers (envs/__init__.py _make_training_env: NormalizeObservation, ClipObservation,
+# NormalizeReward, ClipReward on each of the N envs; envs/normalize.py), in the program: each env keeps its own
+# running statistics in state["normalizer"], updated one step at a time as Gymnasium does (Chan's parallel
+# update with a batch of one). Off at the defaults on backend=jax (resolve.py); float32, so an env's count
+# stops growing past 2^24 updates and its statistics then move by 1/2^24 a step.
+
+NORM_EPSILON = 1e-8  # Gymnasium's epsilon under the square root (NormalizeObservation, NormalizeReward)
+
+
+def rms_init(envs: int, shape=()) -> dict:
+    """Gymnasium's RunningMeanStd before any data, for each of `envs` envs: mean 0, var 1, count 1e-4."""
+    return {"mean": jnp.zeros((envs, *shape), jnp.float32), "var": jnp.ones((envs, *shape), jnp.float32),
+            "count": jnp.full((envs,), 1e-4, jnp.float32)}
+
+
+def rms_update(rms: dict, x) -> dict:
+    """One sample into one env's statistics (envs/normalize.py's _update_one)."""
+    delta = x - rms["mean"]
+    total = rms["count"] + 1.0
+    return {"mean": rms["mean"] + delta / total,
+            "var": (rms["var"] * rms["count"] + jnp.square(delta) * (rms["count"] / total)) / total,
+            "count": total}
+
+
+def normalise_obs(rms: dict, obs, clip: float):
+    """NormalizeObservation then ClipObservation."""
+    return jnp.clip((obs - rms["mean"]) / jnp.sqrt(rms["var"] + NORM_EPSILON), -clip, clip)
+
+
+def init_normalizer(setup: Setup, obs):
+    """(each env's statistics after Gymnasium's reset has seen its first observation, that observation as
+    the policy sees it); ({}, obs) where the run normalises nothing."""
+    k, N = setup.knobs, setup.N
+    normalizer = {}
+    if k.norm_obs:
+        rms = jax.vmap(rms_update)(rms_init(N, (setup.env.obs_dim,)), obs)
+        normalizer["obs"] = rms
+        obs = normalise_obs(rms, obs, k.clip_obs)
+    if k.norm_reward:
+        normalizer["return"] = rms_init(N)
+        normalizer["discounted_return"] = jnp.zeros((N,), jnp.float32)
+    return normalizer, obs
+
+
+def normalise_step(setup: Setup, normalizer: dict, res):
+    """A vector step through each env's wrappers: (statistics, next observation, final observation, reward)
+    as the policy sees them. An env whose episode ended updates its observation statistics twice, as
+    Gymnasium's step then same-step reset do: with the observation reached, then with the reset's. Its
+    discounted return restarts at a termination (reward normaliser: r / sqrt(var of that return + eps))."""
+    k = setup.knobs
+    normalizer = dict(normalizer)
+    next_obs, final_obs, reward = res.obs, res.final_obs, res.reward
+    if k.norm_obs:
+        done = jnp.logical_or(res.terminated, res.truncated)
+        stepped = jax.vmap(rms_update)(normalizer["obs"], res.final_obs)
+        final_obs = normalise_obs(stepped, res.final_obs, k.clip_obs)
+        reset = jax.vmap(rms_update)(stepped, res.obs)
+        rms = jax.tree_util.tree_map(lambda a, b: jnp.where(done.reshape(done.shape + (1,) * (a.ndim - 1)), a, b),
+                                     reset, stepped)
+        next_obs = jnp.where(done[:, None], normalise_obs(rms, res.obs, k.clip_obs), final_obs)
+        normalizer["obs"] = rms
+    if k.norm_reward:
+        ret = normalizer["discounted_return"] * k.gamma * (1.0 - res.terminated.astype(jnp.float32)) + res.reward
+        rms = jax.vmap(rms_update)(normalizer["return"], ret)
+        reward = jnp.clip(res.reward / jnp.sqrt(rms["var"] + NORM_EPSILON), -k.clip_reward, k.clip_reward)
+        normalizer["return"], normalizer["discounted_return"] = rms, ret
+    return normalizer, next_obs, final_obs, reward
+
+
+def frozen_obs_normaliser(knobs, normalizer: dict | None, seed: int = 0):
+    """obs -> obs as the policy saw it in training, with env 0's statistics frozen (the torch side's eval and
+    checkpoint keep envs[0]'s); the identity where the run did not normalise observations. `normalizer`:
+    state["normalizer"] of the program's seeds (leaves (S, N, ...))."""
+    if not knobs.norm_obs or not normalizer:
+        return lambda obs: obs
+    rms = jax.tree_util.tree_map(lambda x: np.asarray(x)[seed, 0], normalizer["obs"])  # on the host: no gather
+    return lambda obs: normalise_obs(rms, obs, knobs.clip_obs)
+
+
 # --------------------------------------------------------------------------- one iteration
 
 def rollout(setup: Setup, state: dict):
@@ -259,32 +346,38 @@ def rollout(setup: Setup, state: dict):
     params = state["params"]
 
     def step(carry, key):
-        obs, env_state, keys, ep_ret, ep_len = carry
+        obs, env_state, keys, ep_ret, ep_len, normalizer = carry
         k_act, k_env = jax.random.split(key)
         out, features = policy_out(params, obs)
         action = sample_action(setup, params, out, k_act)
         logp, _ = log_prob_entropy(setup, params, out, action)
         v = value(params, obs)
         res = vector_step(env, k_env, env_state, env_action(setup, action))
+        next_obs, final_obs, reward = res.obs, res.final_obs, res.reward
+        if normalizer:
+            normalizer, next_obs, final_obs, reward = normalise_step(setup, normalizer, res)
         done = jnp.logical_or(res.terminated, res.truncated)
-        ep_ret = ep_ret + res.reward
+        ep_ret = ep_ret + res.reward  # the env's own return, as torch's RecordEpisodeStatistics below the wrappers
         ep_len = ep_len + 1
         record = {"obs": obs, "actions": action, "logprobs": logp, "values": v, "features": features,
-                  "rewards": res.reward, "terminations": res.terminated.astype(jnp.float32),
-                  "truncations": res.truncated.astype(jnp.float32), "next_obs": res.final_obs,
+                  "rewards": reward, "terminations": res.terminated.astype(jnp.float32),
+                  "truncations": res.truncated.astype(jnp.float32), "next_obs": final_obs,
                   "state_keys": keys, "next_state_keys": res.reached_key.astype(jnp.int32),
                   "done": done, "episode_return": ep_ret, "episode_length": ep_len,
                   "achievements": res.achievements}
         ep_ret = jnp.where(done, 0.0, ep_ret)
         ep_len = jnp.where(done, 0, ep_len)
-        return (res.obs, res.env_state, res.key.astype(jnp.int32), ep_ret, ep_len), record
+        return (next_obs, res.env_state, res.key.astype(jnp.int32), ep_ret, ep_len, normalizer), record
 
     rng, key = jax.random.split(state["rng"])
-    carry = (state["obs"], state["env_state"], state["keys"], state["ep_return"], state["ep_length"])
+    carry = (state["obs"], state["env_state"], state["keys"], state["ep_return"], state["ep_length"],
+             state.get("normalizer", {}))
     carry, traj = jax.lax.scan(step, carry, jax.random.split(key, T))
-    obs, env_state, keys, ep_ret, ep_len = carry
+    obs, env_state, keys, ep_ret, ep_len, normalizer = carry
     state = {**state, "rng": rng, "obs": obs, "env_state": env_state, "keys": keys, "ep_return": ep_ret,
              "ep_length": ep_len}
+    if normalizer:
+        state["normalizer"] = normalizer
     return state, traj
 
 

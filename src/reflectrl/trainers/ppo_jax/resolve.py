@@ -48,10 +48,6 @@ def check(cfg: RunConfig) -> None:
     for name, allowed in mlp_only.items():
         if getattr(knobs, name) not in allowed:
             raise UserError(f"{name}={getattr(knobs, name)} is torch-only ({FIX}); backend=jax runs MLP policies")
-    for name in ("norm_obs", "norm_reward"):
-        if getattr(knobs, name):
-            raise UserError(f"{name}=true is torch-only ({FIX}); backend=jax learns from the env's own "
-                            f"observations and rewards (set {name}=false)")
     if knobs.target_kl is not None:
         raise UserError(f"target_kl={knobs.target_kl} is torch-only ({FIX}): the compiled update runs every epoch")
     for name, section in cfg.sections.items():
@@ -60,7 +56,8 @@ def check(cfg: RunConfig) -> None:
 
 def resolve(cfg: RunConfig) -> RunConfig:
     """The JAX PPO's knobs resolved for the env (PPOConfig's discrete or continuous defaults), after
-    refusing what the backend lacks."""
+    refusing what the backend lacks. norm_obs and norm_reward stay off unless the run sets them: PPOConfig's
+    continuous defaults turn them on, and the JAX envs' results at the defaults stay what they were."""
     from reflectrl.envs.jax_ids import check_jax_env_id
 
     check(cfg)
@@ -69,9 +66,8 @@ def resolve(cfg: RunConfig) -> RunConfig:
 
     knobs = trainer_knobs(cfg)
     env = make_env(cfg.env_id, cfg.env)
-    resolved = knobs.resolved(not env.discrete)
-    cfg.knobs = dataclasses.replace(resolved, norm_obs=False, norm_reward=False, encoder="mlp",
-                                    stream_heads="separate")
+    knobs = dataclasses.replace(knobs, norm_obs=bool(knobs.norm_obs), norm_reward=bool(knobs.norm_reward))
+    cfg.knobs = dataclasses.replace(knobs.resolved(not env.discrete), encoder="mlp", stream_heads="separate")
     build_signals(cfg)  # what only building the signals finds is refused here, before a run directory exists
     return cfg
 

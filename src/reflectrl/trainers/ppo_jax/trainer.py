@@ -211,9 +211,14 @@ class JaxGroup:
 
     def seed_state(self, i: int, leaves: list[np.ndarray] | None = None) -> dict:
         leaves = self.host_leaves() if leaves is None else leaves
-        return {"format": CHECKPOINT_FORMAT, "config": self.cfgs[i].to_dict(), "global_step": self.global_step,
-                "iteration": self.iteration, "leaves": [leaf[i].copy() for leaf in leaves],
-                "recent_returns": list(self.recent[i])}
+        state = {"format": CHECKPOINT_FORMAT, "config": self.cfgs[i].to_dict(), "global_step": self.global_step,
+                 "iteration": self.iteration, "leaves": [leaf[i].copy() for leaf in leaves],
+                 "recent_returns": list(self.recent[i])}
+        if self.knobs.norm_obs:  # as the torch PPO's checkpoint: env 0's statistics, which eval freezes
+            rms = self._jax.device_get(self.states["normalizer"]["obs"])
+            state["obs_normalizer"] = {"mean": np.asarray(rms["mean"][i, 0]), "var": np.asarray(rms["var"][i, 0]),
+                                       "count": float(rms["count"][i, 0])}
+        return state
 
     def load_seed_states(self, states: list[dict]) -> None:
         import jax.numpy as jnp
