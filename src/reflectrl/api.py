@@ -68,15 +68,9 @@ def set_items(knobs: dict[str, Any]) -> list[str]:
 
 def _text(key: str, value: Any) -> str:
     """A value as the text --set reads back into it (an env's keyword: JSON, which env.NAME reads first)."""
-    if key.startswith("env."):
-        return json.dumps(value)
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "none"
-    if isinstance(value, (list, tuple)):
-        return ",".join(_text(key, v) for v in value)
-    return str(value)
+    from reflectrl.overrides import value_text
+
+    return json.dumps(value) if key.startswith("env.") else value_text(value)
 
 
 def _env_source(env):

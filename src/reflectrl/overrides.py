@@ -91,6 +91,18 @@ def parse_value(key: str, raw: str, like: Any, *, annotation: bool = True) -> An
     return text
 
 
+def value_text(value: Any) -> str:
+    """A Python value as the text of a KEY=VALUE item, which parse_value reads back into it: booleans as
+    true/false, None as none, a list or tuple comma-separated (the Python API's keyword knobs)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "none"
+    if isinstance(value, (list, tuple)):
+        return ",".join(value_text(v) for v in value)
+    return str(value)
+
+
 def parse_free(raw: str) -> Any:
     """A free-form value (an env's constructor keyword): a JSON literal, else true/false (none:
     None, as the typed knobs read it), else the text."""

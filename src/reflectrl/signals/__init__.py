@@ -92,6 +92,34 @@ def make_signal(cfg, family: str = "control") -> Signal | None:
     return members[0] if len(members) == 1 else SignalStack(members)
 
 
+def jax_signal_names() -> list[str]:
+    """The signals with a JAX form (their registry entries name it), in the registry's order."""
+    from reflectrl.registry import signals
+
+    return [name for name, spec in signals().items() if spec.jax]
+
+
+def jax_signal_class(name: str) -> type | None:
+    """The JAX form of a signal (its registry entry's `jax`, NAME/jax.py), imported; None where it has none."""
+    import importlib
+
+    from reflectrl.registry import signal_spec
+
+    target = signal_spec(name).jax
+    if not target:
+        return None
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def torch_only_knobs(name: str, section) -> list[tuple[str, str]]:
+    """The knobs of a signal's section, as set, that only its torch form runs: [(the knob as said, why)]."""
+    from reflectrl.registry import signal_spec
+
+    listed = signal_spec(name).jax_torch_only
+    return [(knob, why) for refused, knob, why in (listed(section) if listed else ()) if refused]
+
+
 def signal_terms(signal: Signal, reward, output) -> dict:
     """The per-step terms each signal gave this iteration, by "NAME KIND" (a stack keeps its
     members' apart); `reward` and `output` are what the trainer got from shape_rewards and

@@ -176,14 +176,12 @@ def signals(names: str, **knobs) -> Transform:
     from its knobs' defaults and `knobs`, checked as `--set` checks them: a knob by its name where one of
     the signals has it (beta=0.01), by SIGNAL.KNOB (**{"count.beta": 0.01}), or a signal's knobs as a dict
     or its config dataclass (count={"beta": 0.01}, gear=GEARConfig(...))."""
-    import importlib
-
     from reflectrl import overrides
     from reflectrl.registry import signal_spec
-    from reflectrl.registry import signals as registered
+    from reflectrl.signals import jax_signal_class, jax_signal_names, torch_only_knobs
 
     order = [n.strip() for n in names.split("+")] if isinstance(names, str) else []
-    jax_forms = [n for n, spec in registered().items() if spec.jax]
+    jax_forms = jax_signal_names()
     for name in order or [repr(names)]:
         if name not in jax_forms:
             raise UserError(f"signal {name!r} has no JAX form; JAX signals: {', '.join(jax_forms)} "
@@ -214,23 +212,11 @@ def signals(names: str, **knobs) -> Transform:
             if not owners and len(order) > 1:
                 raise UserError(f"no signal of {names!r} has a knob {key!r} (their knobs: reflectrl knobs)")
             items.append((f"{owners[0] if owners else order[0]}.{key}", value))
-    overrides.apply([f"{key}={as_text(value)}" for key, value in items], bare=[], prefixed=sections)
+    overrides.apply([f"{key}={overrides.value_text(value)}" for key, value in items], bare=[], prefixed=sections)
     built = []
     for name in order:
-        module, _, attr = signal_spec(name).jax.partition(":")
-        torch_only = signal_spec(name).jax_torch_only
-        for refused, knob, why in torch_only(sections[name]) if torch_only else ():
-            if refused:
-                raise UserError(f"{knob} is torch-only{f' ({why})' if why else ''}; leave it at its default "
-                                "for the JAX form")
-        built.append(getattr(importlib.import_module(module), attr)(sections[name]))
+        for knob, why in torch_only_knobs(name, sections[name])[:1]:
+            raise UserError(f"{knob} is torch-only{f' ({why})' if why else ''}; leave it at its default "
+                            "for the JAX form")
+        built.append(jax_signal_class(name)(sections[name]))
     return compose(built)
-
-
-def as_text(value) -> str:
-    """A Python value as `--set` writes it (tuples comma-separated, booleans true/false)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (tuple, list)):
-        return ",".join(as_text(v) for v in value)
-    return str(value)

@@ -7,14 +7,11 @@ import dataclasses
 
 from reflectrl.config import RunConfig, trainer_knobs
 from reflectrl.errors import UserError
-from reflectrl.registry import parse_algo, signal_spec, signals
+from reflectrl.registry import parse_algo, signal_spec
+from reflectrl.signals import jax_signal_class as jax_form
+from reflectrl.signals import jax_signal_names, torch_only_knobs
 
 FIX = "use backend=gymnasium for it"
-
-
-def jax_signal_names() -> list[str]:
-    """The signals with a JAX form (their registry entries name it), in the registry's order."""
-    return [name for name, spec in signals().items() if spec.jax]
 
 
 def torch_only(knob: str, why: str = "") -> UserError:
@@ -26,10 +23,8 @@ def torch_only(knob: str, why: str = "") -> UserError:
 
 def check_signal_knobs(name: str, section) -> None:
     """A JAX signal's section: refused where it sets a knob only the torch signal runs."""
-    torch_only_knobs = signal_spec(name).jax_torch_only
-    for refused, knob, why in torch_only_knobs(section) if torch_only_knobs else ():
-        if refused:
-            raise torch_only(knob, why)
+    for knob, why in torch_only_knobs(name, section)[:1]:
+        raise torch_only(knob, why)
 
 
 def check(cfg: RunConfig) -> None:
@@ -102,15 +97,12 @@ def check_streams(signals: tuple) -> None:
 
 
 def jax_signal_class(name: str) -> type:
-    """The JAX form of a signal (its registry entry's `jax`), imported; one line where it has none."""
-    import importlib
-
-    target = signal_spec(name).jax
-    if not target:
+    """The JAX form of a signal (signals.jax_signal_class), imported; one line where it has none."""
+    cls = jax_form(name)
+    if cls is None:
         raise UserError(f"signal '{name}' has no JAX implementation; backend=jax runs "
                         f"{', '.join(jax_signal_names())} ({FIX})")
-    module, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module), attr)
+    return cls
 
 
 def make_signal(name: str, cfg):
