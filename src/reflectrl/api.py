@@ -383,14 +383,11 @@ class Policy:
         import jax
         import jax.numpy as jnp
 
-        from reflectrl.trainers.ppo_jax import ppo
-        from reflectrl.trainers.ppo_jax.trainer import JaxGroup
+        from reflectrl.trainers.ppo_jax.evaluate import act as jax_act
+        from reflectrl.trainers.ppo_jax.evaluate import load_actor
 
-        group = JaxGroup([cfg], [None])
-        group.load_seed_states([state])
-        params = jax.tree_util.tree_map(lambda x: x[0], group.states["params"])
+        group, params, normalise = load_actor(cfg, state)  # as eval's
         setup, env = group.setup, group.env
-        normalise = ppo.frozen_obs_normaliser(setup.knobs, group.states.get("normalizer"))  # as eval's
         self.global_step = int(state["global_step"])
         self.params_sha256 = group.params_sha256(0)
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (env.obs_dim,), np.float32)
@@ -399,13 +396,10 @@ class Policy:
         keys = [jax.random.PRNGKey(cfg.seed)]
 
         def act(x: np.ndarray, deterministic: bool) -> np.ndarray:
-            out, _ = ppo.policy_out(params, normalise(jnp.asarray(x)))
-            if deterministic:
-                action = jnp.argmax(out, -1) if env.discrete else out
-            else:
+            key = None
+            if not deterministic:
                 keys[0], key = jax.random.split(keys[0])
-                action = ppo.sample_action(setup, params, out, key)
-            action = np.asarray(ppo.env_action(setup, action))
+            action = np.asarray(jax_act(setup, params, normalise, jnp.asarray(x), deterministic, key))
             return action.astype(np.int64) if env.discrete else action
 
         self._act = act

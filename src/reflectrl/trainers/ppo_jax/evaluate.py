@@ -16,20 +16,13 @@ from reflectrl.runs import RunDir
 
 def evaluate_run(run: RunDir, episodes: int, deterministic: bool, seed: int | None, video: str | None,
                  max_steps: int | None) -> dict:
-    from reflectrl.trainers.ppo_jax import ppo
-    from reflectrl.trainers.ppo_jax.trainer import JaxGroup
-
     if video is not None:
         raise UserError("--video is torch-only: backend=jax envs (gymnax, navix, xminigrid, craftax) are not rendered "
                         "by eval")
     cfg = RunConfig.from_dict(run.config())
-    group = JaxGroup([cfg], [None])
     state = run.load_checkpoint()
-    group.load_seed_states([state])
-    params = jax.tree_util.tree_map(lambda x: x[0], group.states["params"])
+    group, params, normalise = load_actor(cfg, state)
     setup, env = group.setup, group.env
-    # the observations as the policy saw them in training, the statistics frozen (the torch side's eval_env)
-    normalise = ppo.frozen_obs_normaliser(setup.knobs, group.states.get("normalizer"))
     limit = int(max_steps or getattr(env, "max_steps", 0) or EVAL_MAX_STEPS)
     base = cfg.seed + 1_000_003 if seed is None else seed
 
@@ -40,12 +33,7 @@ def evaluate_run(run: RunDir, episodes: int, deterministic: bool, seed: int | No
         def body(carry):
             obs, env_state, key, ret, steps, done, cut_short = carry
             key, k_act, k_env = jax.random.split(key, 3)
-            out, _ = ppo.policy_out(params, normalise(obs))
-            if deterministic:
-                action = jnp.argmax(out).astype(jnp.int32) if env.discrete else out
-            else:
-                action = ppo.sample_action(setup, params, out, k_act)
-            res = env.step(k_env, env_state, ppo.env_action(setup, action))
+            res = env.step(k_env, env_state, act(setup, params, normalise, obs, deterministic, k_act))
             ended = jnp.logical_or(res.terminated, res.truncated)
             return (res.obs, res.env_state, key, ret + res.reward, steps + 1, ended, res.truncated & ~res.terminated)
 
@@ -68,3 +56,28 @@ def evaluate_run(run: RunDir, episodes: int, deterministic: bool, seed: int | No
         "truncated_episodes": int(truncated.sum()) + capped, "video": None,
         "returns": [float(r) for r in returns], "params_sha256": group.params_sha256(0),
     }
+
+
+def load_actor(cfg: RunConfig, state: dict):
+    """A run's policy at a checkpoint: (its JaxGroup of one seed, that seed's parameters, the observation
+    normaliser with its statistics frozen: the observations as the policy saw them in training, as the
+    torch side's eval_env gives them)."""
+    from reflectrl.trainers.ppo_jax import ppo
+    from reflectrl.trainers.ppo_jax.trainer import JaxGroup
+
+    group = JaxGroup([cfg], [None])
+    group.load_seed_states([state])
+    params = jax.tree_util.tree_map(lambda x: x[0], group.states["params"])
+    return group, params, ppo.frozen_obs_normaliser(group.setup.knobs, group.states.get("normalizer"))
+
+
+def act(setup, params, normalise, obs, deterministic: bool, key):
+    """The env's action(s) for one observation or a batch: the greedy / mean action, or a sample."""
+    from reflectrl.trainers.ppo_jax import ppo
+
+    out, _ = ppo.policy_out(params, normalise(obs))
+    if deterministic:
+        action = jnp.argmax(out, -1).astype(jnp.int32) if setup.env.discrete else out
+    else:
+        action = ppo.sample_action(setup, params, out, key)
+    return ppo.env_action(setup, action)
