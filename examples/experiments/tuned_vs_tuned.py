@@ -10,7 +10,10 @@ search covers PPO's base knobs (learning_rate, ent_coef) as well as its own sign
 with the same trial budget (issue 40: tuned vs tuned done right); --own-knobs-only is the earlier
 protocol (PPO tunes the base knobs, each method only its own, over PPO's defaults). On
 backend=jax shaping's modes are direct and potential (advice is torch-only). Sweeps run two at
-a time (one process each); everything resumes: re-run the same command after a stop.
+a time (one process each); everything resumes: re-run the same command after a stop. An algo given
+twice (a signal's seed form and its exploration form, e.g. ppo+calibration and
+ppo+calibration[mode=uncertainty]) carries its winner's knobs in its own brackets in the re-run
+(its label there lists them), since --set ALGO.KNOB would reach both.
 
 The searches' table (per entry: trials done and pruned, trials that earned any reward, the best
 trial's AUC, final return and knobs) goes to OUT/searches.md once the sweeps end; --searches-table
@@ -48,6 +51,10 @@ SPACES = {
                                           "calibration.schedule=choice(constant,linear)"],
     "ppo+count+shaping[mode=potential;distill=total]": [*COUNT, "shaping.scale=loguniform(0.02,0.5)"],
     "ppo+rnd+gear[advantage=total]": [*RND, "gear.temperature=loguniform(0.5,8)"],
+    # issue 59: the exploration forms on the tuned count bonus
+    "ppo+count+calibration[mode=uncertainty]": [*COUNT, "calibration.alpha=loguniform(0.01,2)",
+                                                "calibration.schedule=choice(constant,linear)"],
+    "ppo+count+gear[advantage=total]": [*COUNT, "gear.temperature=loguniform(0.5,8)"],
 }
 
 
@@ -144,8 +151,9 @@ def main() -> None:
     if unknown or "ppo" not in algos:
         raise SystemExit(f"--algos: give ppo and any of {', '.join(SPACES)} (unknown: {', '.join(unknown) or '-'})")
     names = [entry_of(a)[0] for a in algos]
-    if len(set(names)) < len(names):  # the re-run's --set ALGO.KNOB reaches every entry of an algo
-        raise SystemExit(f"--algos: {', '.join(algos)} run the same algo twice; give each algo once")
+    # the re-run's --set ALGO.KNOB reaches every entry of an algo: an algo given twice (its seed form and its
+    # exploration form) carries its winner's knobs in its own brackets instead, and is labelled so
+    shared = {n for n in names if names.count(n) > 1}
 
     if args.searches_table:
         print(searches_table(algos, args), end="")
@@ -155,13 +163,18 @@ def main() -> None:
         dirs = dict(zip(algos, pool.map(lambda a: sweep(a, args), algos)))
     (Path(args.out) / "searches.md").write_text(searches_table(algos, args))
 
-    sets = list(args.set)
+    sets, labels = list(args.set), []
     for algo, where in dirs.items():
         best = json.loads((where / "best.json").read_text())
         print(f"{algo}: best trial {best['trial']} ({best['objective']} {best['value']:.4g}): "
               + ", ".join(best["set"]), flush=True)
-        sets += [f"{entry_of(algo)[0]}.{item}" for item in best["set"]]
-    cmd = [*reflectrl(), "compare", "--env", args.env, "--algos", ",".join(algos), "--seeds", str(args.rerun_seeds),
+        name, fixed = entry_of(algo)
+        if name in shared:
+            labels.append(f"{name}[{';'.join([*fixed, *best['set']])}]")
+        else:
+            labels.append(algo)
+            sets += [f"{name}.{item}" for item in best["set"]]
+    cmd = [*reflectrl(), "compare", "--env", args.env, "--algos", ",".join(labels), "--seeds", str(args.rerun_seeds),
            "--first-seed", str(args.trial_seeds + 1), "--total-steps", str(args.total_steps),
            "--workers", str(args.workers), "--no-progress", "--out", str(Path(args.out) / "rerun"), "--set", *sets]
     if args.wrapper:
