@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
+from _jobs import run_jobs  # bench/_jobs.py, beside this script
 
 SUITE = {
     "cartpole": dict(env="CartPole-v1", steps=500_000, set=[], reference="CleanRL ppo.py: 490.04 +- 6.12",
@@ -55,18 +54,7 @@ def run_all(out: Path, names: list[str], seeds: int, parallel: int) -> None:
                 if spec["set"]:
                     cmd += ["--set", *spec["set"]]
             jobs.append(cmd)
-    running: list[tuple[subprocess.Popen, list[str], float]] = []
-    while jobs or running:
-        while jobs and len(running) < parallel:
-            cmd = jobs.pop(0)
-            print("start:", " ".join(cmd[2:]), flush=True)
-            running.append((subprocess.Popen(cmd), cmd, time.time()))
-        for item in list(running):
-            proc, cmd, start = item
-            if proc.poll() is not None:
-                running.remove(item)
-                print(f"done ({proc.returncode}) in {time.time() - start:.0f}s:", " ".join(cmd[2:]), flush=True)
-        time.sleep(2)
+    run_jobs(jobs, parallel, shown_from=2)
 
 
 def curve(run: Path) -> tuple[np.ndarray, np.ndarray]:

@@ -5,7 +5,7 @@ of each iteration.
                              [--steps 20480] [--repeats 3] [--json FILE]
     python bench/overhead.py --fraction [--algos refgrpo]
                              [--envs LunarLander-v3,reflectrl/GridWorld-v0@env.size=12]
-                             [--steps 50000] [--repeats 1] [--json FILE]
+                             [--steps 50000] [--repeats 1] [--json FILE] [--baseline-src DIR]
 
 Per-step mode: each (env, algo) trains `--steps` env steps with the algo's defaults,
 in-process, no run directory; algos run interleaved, `--repeats` times, and the fastest run
@@ -17,7 +17,10 @@ which on a shared machine is far steadier than wall time; both are printed.
 line does (run directory, logs, checkpoints) and reads `signal_time_fraction`, the
 signal's share of each iteration's wall time (its hooks and the advantage re-estimates they
 cause, not the estimate the trainer makes anyway), from metrics.jsonl:
-the median over iterations, then over repeats.
+the median over iterations, then over repeats. `--baseline-src DIR` (the `src` folder of another
+checkout, e.g. `git worktree add /tmp/before HEAD~1` then `/tmp/before/src`) also runs each one
+from that code, interleaved with this tree's (before, after, before, after, ...: the same load on
+both), and prints both medians: a change's before/after on a shared machine.
 
 An env may carry its own knobs: `ID@key=value@key=value` (e.g. the grid world's size).
 """
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -58,13 +62,15 @@ def seconds_per_step(algo: str, env_id: str, steps: int, sets: list[str]) -> tup
     return cpu / trainer.global_step, wall / trainer.global_step
 
 
-def signal_time_fraction(algo: str, env_id: str, steps: int, sets: list[str]) -> float:
-    """Median `signal_time_fraction` of one `reflectrl train` run."""
+def signal_time_fraction(algo: str, env_id: str, steps: int, sets: list[str], src: str | None = None) -> float:
+    """Median `signal_time_fraction` of one `reflectrl train` run (of the package in `src` when given)."""
+    env = None if src is None else {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(Path(src).resolve()), *filter(None, [os.environ.get("PYTHONPATH")])])}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
         cmd = [sys.executable, "-m", "reflectrl", "train", "--algo", algo, "--env", env_id, "--total-steps", str(steps),
                "--out", str(out), "--no-progress"] + (["--set", *sets] if sets else [])
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env)
         rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return statistics.median(r["signal_time_fraction"] for r in rows if r.get("signal_time_fraction") is not None)
 
@@ -101,10 +107,21 @@ def fractions(args) -> list[dict]:
         for algo in args.algos.split(","):
             if algo == "ppo":
                 continue
-            runs = [signal_time_fraction(algo, env_id, args.steps, args.set + env_sets) for _ in range(args.repeats)]
+            runs, before = [], []
+            for _ in range(args.repeats):
+                if args.baseline_src:
+                    before.append(signal_time_fraction(algo, env_id, args.steps, args.set + env_sets,
+                                                       args.baseline_src))
+                runs.append(signal_time_fraction(algo, env_id, args.steps, args.set + env_sets))
             median = statistics.median(runs)
             results.append(dict(env=spec, algo=algo, steps=args.steps, signal_time_fraction=round(median, 4),
                                 runs=[round(r, 4) for r in runs]))
+            if before:
+                results[-1].update(baseline_src=args.baseline_src,
+                                   baseline_fraction=round(statistics.median(before), 4),
+                                   baseline_runs=[round(r, 4) for r in before])
+                print(f"{spec:40s} {algo:10s} baseline signal_time_fraction {statistics.median(before):.2%}  (runs: "
+                      f"{', '.join(f'{r:.2%}' for r in before)})", flush=True)
             print(f"{spec:40s} {algo:10s} signal_time_fraction {median:.2%}  (runs: "
                   f"{', '.join(f'{r:.2%}' for r in runs)})", flush=True)
     return results
@@ -121,6 +138,8 @@ def main():
     parser.add_argument("--repeats", type=int, default=None, help="default: 3 (per step), 1 (--fraction)")
     parser.add_argument("--set", nargs="*", default=[], help="knobs for every run")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--baseline-src", default=None,
+                        help="--fraction: also run the package in this src folder (another checkout's), interleaved")
     args = parser.parse_args()
     defaults = (dict(algos="refgrpo", envs="LunarLander-v3,reflectrl/GridWorld-v0@env.size=12", steps=50000, repeats=1)
                 if args.fraction else dict(algos="ppo,refgrpo", envs="HalfCheetah-v5,LunarLander-v3", steps=20480,

@@ -137,6 +137,13 @@ def test_the_update_batch_layout_is_channels_last_and_changes_no_value():
     action = torch.tensor([0, 1, 2, 3, 4])
     for got, want in zip(agent.evaluate(batch[idx], action), agent.evaluate(flat[idx], action)):
         torch.testing.assert_close(got, want, rtol=0, atol=0)  # bit for bit: the same convolution inputs
+    assert batch.dtype == torch.uint8  # whole pixel values: a quarter of the bytes per gather (issue 61)
+    for odd in (0.5, 256.0, -1.0):  # a fraction or a value out of 0..255 keeps the batch in floats
+        changed = flat.clone()
+        changed[11, -1] = odd
+        kept = agent.batch_layout(changed)
+        assert kept.dtype == torch.float32 and kept.is_contiguous(memory_format=torch.channels_last)
+        torch.testing.assert_close(kept, changed.reshape(12, 4, 84, 84), rtol=0, atol=0)
     mlp = make_policy((6,), 2, False, "mlp")
     obs = torch.rand(3, 6)
     assert mlp.batch_layout(obs) is obs

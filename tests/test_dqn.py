@@ -202,3 +202,37 @@ def test_dqn_runs_on_atari_pixels(cli, tmp_path):
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["gradient_steps"] == (1200 - 600) // 4
     assert np.isfinite(rows[-1]["td_loss"])
+
+
+def test_adam_step_and_reused_sampling_are_bit_identical():
+    """AdamStep (the replay trainers' fused-Adam step without Adam.step's wrapper) gives Adam.step's
+    weights bit for bit, also after the optimiser's state is reloaded; sample(reuse=True) gives
+    sample()'s batch."""
+    import copy
+
+    from reflectrl.trainers.replay.base import AdamStep, adam
+
+    torch.manual_seed(0)
+    nets = [torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)) for _ in range(2)]
+    nets[1].load_state_dict(nets[0].state_dict())
+    opts = [adam(net.parameters(), 1e-2) for net in nets]
+    fast = AdamStep(opts[1])
+    x = torch.randn(16, 4)
+    for step in range(6):
+        for i, (net, opt) in enumerate(zip(nets, opts)):
+            (fast.zero_grad if i else opt.zero_grad)()
+            net(x).square().mean().backward()
+            (fast.step if i else opt.step)()
+        if step == 3:  # a reloaded state (a copy: load_state_dict keeps the tensors it is given): AdamStep must
+            opts[1].load_state_dict(copy.deepcopy(opts[0].state_dict()))  # not keep stepping the old ones
+    for a, b in zip(nets[0].parameters(), nets[1].parameters()):
+        assert torch.equal(a, b)
+
+    buf = ReplayBuffer(20, (3,), np.float32)
+    for i in range(12):
+        buf.add(np.full((1, 3), i, np.float32), np.full((1, 3), i + 1, np.float32), np.array([i % 2]),
+                np.array([float(i)], np.float32), np.array([0.0], np.float32))
+    g1, g2 = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
+    for _ in range(3):
+        plain, reused = buf.sample(5, g1), buf.sample(5, g2, reuse=True)
+        assert all(torch.equal(plain[k], reused[k]) and plain[k].dtype == reused[k].dtype for k in plain)

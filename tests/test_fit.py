@@ -241,6 +241,19 @@ def test_one_hot_fit_matches_the_dense_fit_to_rounding(minibatch_size):
     torch.testing.assert_close(together[1], dense_prediction[:50], rtol=0, atol=1e-6)
 
 
+def test_dense_rows_of_one_width_share_one_prediction_pass_with_the_same_numbers():
+    torch.manual_seed(0)
+    fitter = fit_module.HeadFitter(relu_mlp(12, (64, 64), near_zero_output=False), lr=1e-3)
+    current, previous = torch.randn(512, 12), torch.randn(300, 12)
+    calls = []
+    original = fitter._mlp_forward
+    fitter._mlp_forward = lambda layers, x: calls.append(x.shape[0]) or original(layers, x)
+    together = fitter.predict_many([current, previous])
+    assert calls == [812]  # one pass over both (issue 61: fewer, larger kernels in the calibration bonus)
+    for got, alone in zip(together, (current, previous)):
+        torch.testing.assert_close(got, fitter.predict(alone), rtol=0, atol=0)  # bit for bit
+
+
 def test_the_signals_fit_their_heads_with_it_and_keep_their_checkpoint_keys():
     from reflectrl.signals.base import SignalContext
     from reflectrl.signals.calibration.torch import CalibrationBonus, CalibrationConfig

@@ -339,6 +339,7 @@ class Policy:
         self._mtime = _checkpoint_mtime(run_dir)
         cfg = RunConfig.from_dict(run_dir.config())
         self._transforms: list = []
+        self.recurrent = False  # a policy with a memory (policy=gru, lstm): predict takes and gives it
         if not trainer_form(cfg).load_policy:  # a compiled trainer (backend=jax): its own actor
             self._jax_actor(cfg, run_dir.load_checkpoint())
         else:
@@ -352,7 +353,8 @@ class Policy:
         from reflectrl.trainers.policies import params_sha256
 
         cfg, agent, state = load_policy(run_dir)
-        if getattr(agent, "observe", None) is not None:
+        self.recurrent = getattr(agent, "recurrent", False)
+        if getattr(agent, "observe", None) is not None and not self.recurrent:
             raise UserError(f"predict: a {cfg.algo} agent keeps a state of its own between steps (its sub-goal); "
                             "evaluate it with run.evaluate()")
         self.global_step = int(state["global_step"])
@@ -369,15 +371,42 @@ class Policy:
         self.observation_space = wrappers[-1].env.observation_space if wrappers else env.observation_space
         generator = torch.Generator().manual_seed(cfg.seed)
 
-        def act(x: np.ndarray, deterministic: bool) -> np.ndarray:
-            with torch.no_grad():
-                t = torch.as_tensor(x)
-                action = agent.deterministic_action(t) if deterministic else agent.act(t, generator)[0]
+        def numpy_action(action) -> np.ndarray:
             if continuous:
                 return np.clip(action.numpy(), self.action_space.low, self.action_space.high)
             return action.numpy().astype(np.int64)
 
+        def act(x: np.ndarray, deterministic: bool) -> np.ndarray:
+            with torch.no_grad():
+                t = torch.as_tensor(x)
+                action = agent.deterministic_action(t) if deterministic else agent.act(t, generator)[0]
+            return numpy_action(action)
+
+        def act_recurrent(x: np.ndarray, state, episode_start, deterministic: bool):
+            from reflectrl.trainers.policies import sample
+
+            n = len(x)
+            if state is None:
+                memory = agent.initial_memory(n)
+            else:
+                memory = torch.as_tensor(np.asarray(state, dtype=np.float32))
+                if tuple(memory.shape) != (agent.memory_rows, n, agent.memory_width):
+                    raise UserError(f"predict: a state of shape {tuple(memory.shape)}; this policy's is "
+                                    f"({agent.memory_rows}, {n}, {agent.memory_width}) for {n} observation(s) "
+                                    "(None at the first step)")
+            starts = torch.zeros(n, dtype=torch.bool) if episode_start is None else torch.as_tensor(
+                np.asarray(episode_start, dtype=bool).reshape(n))
+            with torch.no_grad():
+                out, memory = agent.step(torch.as_tensor(x), memory, starts)
+                logits = agent.actor(out)
+                if deterministic:
+                    action = logits if continuous else logits.argmax(-1)
+                else:
+                    action = sample(logits, agent.actor_logstd if continuous else None, generator)[0]
+            return numpy_action(action), memory.numpy()
+
         self._act = act
+        self._act_recurrent = act_recurrent
 
     def _jax_actor(self, cfg, state: dict) -> None:
         import jax
@@ -402,13 +431,39 @@ class Policy:
             action = np.asarray(jax_act(setup, params, normalise, jnp.asarray(x), deterministic, key))
             return action.astype(np.int64) if env.discrete else action
 
-        self._act = act
+        def act_recurrent(x: np.ndarray, state, episode_start, deterministic: bool):
+            from reflectrl.trainers.ppo_jax.evaluate import act_with_state
 
-    def predict(self, observation, deterministic: bool = False) -> np.ndarray:
-        """The action for one observation, or the actions (N, ...) for a batch of N, as numpy (SB3's name; the
-        actions alone, no recurrent state). deterministic: the greedy / mean action, else a sample."""
+            key = None
+            if not deterministic:
+                keys[0], key = jax.random.split(keys[0])
+            action, state = act_with_state(setup, params, normalise, x, state, episode_start, deterministic, key)
+            return (action.astype(np.int64) if env.discrete else action), state
+
+        self._act = act
+        self.recurrent = setup.recurrent  # policy=gru: predict takes and gives its hidden state
+        self._act_recurrent = act_recurrent
+
+    def predict(self, observation, state=None, episode_start=None, deterministic: bool = False):
+        """The action for one observation, or the actions (N, ...) for a batch of N, as numpy (SB3's name).
+        deterministic: the greedy / mean action, else a sample.
+
+        A feed-forward policy's predict gives the actions alone. A recurrent one's (policy=gru, lstm) takes and
+        gives its memory, as sb3-contrib's RecurrentPPO: `actions, state = predict(obs, state, episode_start)`,
+        `state` None at the first step, then what the last call gave (numpy, (1, N, width) for gru, h and c
+        stacked (2, N, width) for lstm; N is 1 for one observation), `episode_start` (N,) bool where an episode
+        begins (its memory is cleared first; None: none does)."""
+        if isinstance(state, bool) and episode_start is None:  # predict(obs, True): the earlier (obs, deterministic)
+            state, deterministic = None, state
         rows, single = self._rows(observation)
-        actions = self._act(np.stack([self._transform(o) for o in rows]).astype(np.float32), deterministic)
+        x = np.stack([self._transform(o) for o in rows]).astype(np.float32)
+        if self.recurrent:
+            actions, state = self._act_recurrent(x, state, episode_start, deterministic)
+            return (np.asarray(actions[0]) if single else actions), state
+        if state is not None or episode_start is not None:
+            raise UserError("predict: this run's policy is feed-forward (policy=mlp) and keeps no state; call "
+                            "predict(observation) without state and episode_start")
+        actions = self._act(x, deterministic)
         return np.asarray(actions[0]) if single else actions
 
     def _transform(self, observation):

@@ -32,7 +32,8 @@ ENV_HELP = ("env id: a Gymnasium id (CartPole-v1, HalfCheetah-v5, LunarLander-v3
             "gym.register), or reflectrl/GridWorld-v0, the built-in maze")
 BACKEND_HELP = "where the runs go: local subprocesses (default local), or ray: one Ray task per run"
 RUN_DIR_HELP = "a run directory (the --out of 'reflectrl train')"
-WRAPPER_HELP = "reward wrapper: sparse, delayed:K or velocity-cost[:V] (a cost channel), or several joined by commas"
+WRAPPER_HELP = ("env wrapper: sparse, delayed:K, velocity-cost[:V] (a cost channel) or mask_velocity (velocities "
+                "hidden: a memory task), or several joined by commas")
 
 
 class _Parser(argparse.ArgumentParser):

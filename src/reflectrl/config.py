@@ -80,8 +80,8 @@ class RunConfig:
     total_steps: int = 100_000
     """env steps to train for (--total-steps)"""
     wrapper: str | None = None
-    """reward wrapper: sparse, delayed:K or velocity-cost[:V] (a cost channel), or several joined by commas
-    (--wrapper)"""
+    """env wrapper: sparse, delayed:K, velocity-cost[:V] (a cost channel) or mask_velocity (the velocities hidden: a
+    memory task), or several joined by commas (--wrapper)"""
     env: dict[str, Any] = field(default_factory=dict)
     """keywords for the env's constructor (--set env.NAME=VALUE)"""
     checkpoint_every: int = 50_000

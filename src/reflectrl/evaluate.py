@@ -18,6 +18,7 @@ from reflectrl.config import EVAL_MAX_STEPS, RunConfig, check_seed, env_settings
 from reflectrl.envs import ClipObservation, episode_step_limit, is_continuous, make_env
 from reflectrl.envs.atari import is_atari_env, life_lost
 from reflectrl.envs.headless import prepare_headless_rendering
+from reflectrl.envs.wrappers import observation_wrappers
 from reflectrl.errors import UserError
 from reflectrl.outputs import check_writable, write_error
 from reflectrl.registry import trainer_spec
@@ -57,12 +58,13 @@ def cnn_encoder(cfg: RunConfig) -> bool:
 
 
 def eval_env(cfg: RunConfig, state: dict, agent=None, render_mode: str | None = None) -> gym.Env:
-    """The env a policy is evaluated in: as in training without the reward wrappers and the transforms for
-    learning only, wrapped by an agent with a state of its own (hppo's sub-goal), its observations
+    """The env a policy is evaluated in: as in training without the reward wrappers (the observation ones, such
+    as mask_velocity, stay) and the transforms for learning only, wrapped by an agent with a state of its
+    own (hppo's sub-goal; a recurrent policy's memory, cleared at each episode's start), its observations
     normalised with the statistics the checkpoint saved (frozen). The Python API's predict reads the
     same observation wrappers."""
-    env = make_env(cfg.env_id, env_kwargs=cfg.env, render_mode=render_mode, keep_image=cnn_encoder(cfg),
-                   learning=False)
+    env = make_env(cfg.env_id, wrapper=observation_wrappers(cfg.wrapper), env_kwargs=cfg.env,
+                   render_mode=render_mode, keep_image=cnn_encoder(cfg), learning=False)
     if getattr(agent, "observe", None) is not None:  # it sees each info, through the env it wraps for that
         env = agent.wrap_env(env)
     normalizer = state.get("obs_normalizer")

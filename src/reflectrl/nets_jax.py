@@ -66,6 +66,29 @@ def torch_default_mlp(key: jax.Array, sizes: Sequence[int], near_zero_output: bo
     return layers
 
 
+def gru_init(key: jax.Array, in_dim: int, hidden: int) -> dict:
+    """A GRU cell's parameters: {"wi": (in, 3H), "wh": (H, 3H), "bi": (3H,), "bh": (3H,)}, the gates in the
+    order reset, update, candidate (torch's nn.GRU: r, z, n). Orthogonal weights (gain 1) for each gate's
+    block and zero biases, as CleanRL's ppo_atari_lstm inits its LSTM."""
+    keys = list(jax.random.split(key, 6))
+    blocks = orthogonal_many(keys, [(in_dim, hidden)] * 3 + [(hidden, hidden)] * 3, 1.0)
+    return {"wi": jnp.concatenate(blocks[:3], axis=1), "wh": jnp.concatenate(blocks[3:], axis=1),
+            "bi": jnp.zeros((3 * hidden,)), "bh": jnp.zeros((3 * hidden,))}
+
+
+def gru(params: dict, h: jax.Array, x: jax.Array) -> jax.Array:
+    """One GRU step, h' = (1 - z) n + z h (torch's nn.GRU and flax's GRUCell): r and z the reset and update
+    gates, n = tanh(W_in x + b_in + r (W_hn h + b_hn)) the candidate. h: (..., H), x: (..., in)."""
+    gi = x @ params["wi"] + params["bi"]
+    gh = h @ params["wh"] + params["bh"]
+    i_r, i_z, i_n = jnp.split(gi, 3, axis=-1)
+    h_r, h_z, h_n = jnp.split(gh, 3, axis=-1)
+    r = jax.nn.sigmoid(i_r + h_r)
+    z = jax.nn.sigmoid(i_z + h_z)
+    n = jnp.tanh(i_n + r * h_n)
+    return (1.0 - z) * n + z * h
+
+
 def mlp(params: Params, x: jax.Array, activation: Callable = jax.nn.relu) -> jax.Array:
     """The MLP's output; `activation` between layers, none after the last."""
     for layer in params[:-1]:

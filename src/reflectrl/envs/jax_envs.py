@@ -215,7 +215,7 @@ def import_with_stand_ins(package: str, stand_ins: dict, keep: bool):
     import sys
     import types
 
-    if package in sys.modules:
+    if sys.modules.get(package) is not None:  # (None: an import of it is to fail, as Python's own import says)
         return sys.modules[package]
     placed = {}
     for name, attributes in stand_ins.items():
@@ -559,7 +559,7 @@ def _make_env(env_id: str, kwargs: dict | None = None) -> JaxEnv:
     try:
         import jax  # noqa: F401
 
-        __import__(family)
+        {"gymnax": import_gymnax, "navix": import_navix}.get(family, lambda: __import__(family))()  # (their stand-ins)
     except ImportError:
         raise UserError(f"--env {env_id} needs {family} and JAX: {install_hint(env_id)}") from None
     return {"gymnax": GymnaxEnv, "navix": NavixEnv, "xminigrid": XMinigridEnv,

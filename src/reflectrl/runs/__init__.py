@@ -4,8 +4,8 @@ __all__ = ["RunDir", "MetricsLogger", "atomic_write_bytes"]
 
 
 def __getattr__(name: str):
-    # from rundir.py, which imports torch, on first use: reading a run's JSON files (jsonfile.py, files.py),
-    # as checking a command line does, imports none
+    # from rundir.py on first use: reading a run's JSON files (jsonfile.py, files.py), as checking a command
+    # line does, needs none of it
     if name in __all__:
         from reflectrl.runs import rundir
 

@@ -6,7 +6,9 @@
                          resume (runs/provenance.py)
     DIR/metrics.jsonl    one JSON object per iteration
     DIR/tb/              TensorBoard event files
-    DIR/checkpoint.pt    the latest checkpoint, replaced atomically
+    DIR/checkpoint.pt    the latest checkpoint, replaced atomically: torch.save's file where it holds torch
+                         tensors (the torch trainers'), else (a JAX run's numpy leaves) a pickle behind a
+                         one-line header, written and read with no torch imported
     DIR/checkpoint.pt.staged  a JAX group's next checkpoint, written whole before any seed's is put in place
 
 Checkpoints are written to a temporary file, flushed to disk and renamed over the old one,
@@ -21,14 +23,13 @@ import contextlib
 import io
 import json
 import os
+import pickle
 import platform
 import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from reflectrl.errors import UserError
 from reflectrl.runs import jsonfile, provenance
@@ -109,10 +110,52 @@ def _json_default(value: Any):
     raise TypeError(f"cannot serialise {type(value).__name__}")
 
 
+PICKLE_HEADER = b"reflectrl checkpoint: pickle\n"  # what a checkpoint written without torch starts with
+
+
+def _holds_torch(value) -> bool:
+    """Whether a checkpoint's state holds a torch object (a tensor, a module's state) anywhere."""
+    if isinstance(value, dict):
+        return any(_holds_torch(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_holds_torch(v) for v in value)
+    return type(value).__module__.split(".", 1)[0] == "torch"
+
+
 def _write_checkpoint(path: Path, state: dict) -> None:
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    atomic_write_bytes(path, buf.getvalue())
+    """torch.save where the state holds torch objects (the torch trainers'); else, with no torch imported (a
+    JAX run's numpy leaves and Python values), PICKLE_HEADER and a pickle. Read back by _read_checkpoint."""
+    if _holds_torch(state):
+        import torch
+
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        data = buf.getvalue()
+    else:
+        data = PICKLE_HEADER + pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+    atomic_write_bytes(path, data)
+
+
+def _read_checkpoint(path: Path):
+    """A checkpoint's state, whichever way _write_checkpoint wrote it (told apart by the file's first bytes:
+    a JAX run's checkpoint from before PICKLE_HEADER is torch.save's file, and loads with torch)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if data.startswith(PICKLE_HEADER):
+        return pickle.loads(data[len(PICKLE_HEADER):])
+    import torch
+
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+
+
+def _torch_version() -> str | None:
+    """The installed torch's version, read without importing torch (None where none is installed)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return None
 
 
 class RunDir:
@@ -155,7 +198,7 @@ class RunDir:
             "command": command if command is not None else sys.argv,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "reflectrl_version": __version__,
-            "torch_version": torch.__version__,
+            "torch_version": _torch_version(),
             "python": platform.python_version(),
             provenance.SESSIONS: [provenance.session(from_step=0)],
         }
@@ -279,7 +322,7 @@ class RunDir:
         if not path.is_file():
             return None
         try:
-            state = torch.load(path, map_location="cpu", weights_only=False)
+            state = _read_checkpoint(path)
         except Exception:  # a damaged staged checkpoint is as good as none: the committed one stands
             return None
         return state if isinstance(state, dict) and "global_step" in state else None
@@ -292,8 +335,8 @@ class RunDir:
             raise UserError(f"no checkpoint in {self.path} ({CHECKPOINT} missing); "
                             "the run cannot be resumed or evaluated")
         try:
-            state = torch.load(self.checkpoint_path, map_location="cpu", weights_only=False)
-        except Exception as err:  # torch raises many types for a damaged file
+            state = _read_checkpoint(self.checkpoint_path)
+        except Exception as err:  # torch and pickle raise many types for a damaged file
             raise UserError(f"checkpoint {self.checkpoint_path} is corrupt ({type(err).__name__}); "
                             "delete the run directory and train again") from None
         if not isinstance(state, dict) or "global_step" not in state:
@@ -302,17 +345,44 @@ class RunDir:
         return state
 
 
+class ScalarEvents:
+    """TensorBoard's event file of a run's scalars, written by the tensorboard package's own writer (what
+    torch.utils.tensorboard.SummaryWriter wraps; no torch imported), the same events SummaryWriter.add_scalar
+    writes. `purge_step`: a resumed run's first step again; TensorBoard hides the events logged at or after it
+    by the killed process (SummaryWriter's purge_step)."""
+
+    def __init__(self, folder: Path, purge_step: int | None = None):
+        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+        from tensorboard.compat.proto.summary_pb2 import Summary
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+        self._event, self._summary = Event, Summary
+        self.writer = EventFileWriter(str(folder), max_queue_size=10, flush_secs=120)
+        if purge_step is not None:
+            self._add(Event(step=purge_step, file_version="brain.Event:2"))
+            self._add(Event(step=purge_step, session_log=SessionLog(status=SessionLog.START)))
+
+    def _add(self, event) -> None:
+        event.wall_time = time.time()
+        self.writer.add_event(event)
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        summary = self._summary(value=[self._summary.Value(tag=tag, simple_value=float(value))])
+        self._add(self._event(summary=summary, step=int(step)))
+
+    def close(self) -> None:
+        self.writer.close()  # flushes
+
+
 class MetricsLogger:
     """Writes each iteration's metrics to metrics.jsonl and TensorBoard."""
 
     def __init__(self, run: RunDir, resume_step: int | None = None):
-        from torch.utils.tensorboard import SummaryWriter
-
         self.path = run.path / METRICS
         if resume_step is not None:
             self._truncate_after(resume_step)
         purge = resume_step + 1 if resume_step is not None else None
-        self.writer = SummaryWriter(log_dir=str(run.path / TENSORBOARD), purge_step=purge)
+        self.writer = ScalarEvents(run.path / TENSORBOARD, purge_step=purge)
         self.file = open(self.path, "a")
 
     def _truncate_after(self, step: int) -> None:

@@ -25,7 +25,6 @@ import io
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from reflectrl.runs.rundir import STATE_SAMPLES, atomic_write_bytes
 
@@ -55,18 +54,20 @@ class StateSampler:
     def wants(self, iteration: int) -> bool:
         return self.path is not None and iteration in self.at
 
-    def record(self, iteration: int, global_step: int, obs: torch.Tensor, state_keys: torch.Tensor,
-               rewards: torch.Tensor, terms: dict[str, torch.Tensor]) -> None:
-        n = rewards.numel()
+    def record(self, iteration: int, global_step: int, obs, state_keys, rewards, terms: dict) -> None:
+        """One snapshot of a rollout: `obs` (steps, envs, ...), `state_keys` and `rewards` (steps, envs), and each
+        signal term's (steps, envs) values; numpy arrays or torch tensors (the torch trainers' rollout)."""
+        obs, state_keys, rewards = _numpy(obs), _numpy(state_keys), _numpy(rewards)
+        n = rewards.size
         rng = np.random.default_rng([self.seed, iteration])
         rows = np.sort(rng.choice(n, size=min(SAMPLES, n), replace=False))
-        sample = {"global_step": np.array(global_step), "state_keys": state_keys.reshape(-1).numpy()[rows],
-                  "rewards": rewards.reshape(-1).numpy()[rows].astype(np.float32)}
+        sample = {"global_step": np.array(global_step), "state_keys": state_keys.reshape(-1)[rows],
+                  "rewards": rewards.reshape(-1)[rows].astype(np.float32)}
         flat = obs.reshape(n, -1)
-        if obs.dim() == 3 and flat.shape[1] <= MAX_OBS_DIM:
-            sample["obs"] = flat.numpy()[rows].astype(np.float32)
+        if obs.ndim == 3 and flat.shape[1] <= MAX_OBS_DIM:
+            sample["obs"] = flat[rows].astype(np.float32)
         for name, values in terms.items():
-            sample[f"term:{name}"] = values.detach().reshape(-1).float().numpy()[rows]
+            sample[f"term:{name}"] = _numpy(values).reshape(-1).astype(np.float32)[rows]
         self.kept[iteration] = sample
         self._save()
 
@@ -76,6 +77,15 @@ class StateSampler:
         buf = io.BytesIO()
         np.savez_compressed(buf, **arrays)
         atomic_write_bytes(self.path, buf.getvalue())
+
+
+def _numpy(values) -> np.ndarray:
+    """A numpy array of a numpy array or (on the torch trainers' side) a tensor, with no torch imported here; a
+    floating tensor as float32 (what every floating array is kept as; numpy has no bfloat16)."""
+    if hasattr(values, "detach"):
+        values = values.detach().cpu()
+        values = (values.float() if values.is_floating_point() else values).numpy()
+    return np.asarray(values)
 
 
 def load_samples(path: str | Path) -> dict[int, dict[str, np.ndarray]]:

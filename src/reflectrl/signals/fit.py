@@ -293,8 +293,12 @@ class HeadFitter:
 
     @torch.no_grad()
     def predict_many(self, xs: list) -> list[torch.Tensor]:
-        """`predict` on each of `xs`; one-hot row sets of one width share one pass."""
+        """`predict` on each of `xs`; one-hot row sets of one width share one pass, and so do dense
+        rows of one width (a row's prediction does not depend on the rows beside it: the same numbers)."""
         xs = [self.prepare(x) for x in xs]
+        if (self._own_passes() and len(xs) > 1 and all(isinstance(x, torch.Tensor) and x.dim() == 2 for x in xs)
+                and len({x.shape[1] for x in xs}) == 1):
+            return list(self._mlp_forward(self._layers(), torch.cat(xs))[-1].view(-1).split([x.shape[0] for x in xs]))
         if not (self._own_passes() and len(xs) > 1 and all(isinstance(x, OneHotRows) for x in xs)
                 and len({(x.width, len(x.columns)) for x in xs}) == 1):
             return [self.predict(x) for x in xs]

@@ -68,8 +68,9 @@ def load_actor_critic(cfg: RunConfig, state: dict, env):
     from reflectrl.trainers.cnn import make_policy
 
     obs_shape, action_dim, continuous, _ = policy_space(env)
+    knobs = trainer_knobs(cfg)
     agent = make_policy(obs_shape, action_dim, continuous, "cnn" if env_settings(cfg).encoder == "cnn" else "mlp",
-                        trainer_knobs(cfg).hidden_sizes)
+                        knobs.hidden_sizes, getattr(knobs, "policy", "mlp"))  # PPO's policy=gru/lstm: recurrent
     agent.load_state_dict(state["agent"])
     return agent
 

@@ -16,6 +16,7 @@ from reflectrl.errors import UserError
 from reflectrl.trainers.onpolicy.config import OnPolicyConfig
 
 STREAM_HEADS = ("auto", "shared", "separate")
+POLICIES = ("mlp", "gru", "lstm")
 
 
 @dataclass
@@ -40,6 +41,9 @@ class PPOConfig(OnPolicyConfig):
     """actor and critic MLP widths, e.g. 64,64 (also above the small CNN; the Nature CNN's heads are linear)"""
     encoder: str = "auto"
     """mlp, cnn, or auto: cnn for pixel images (Atari's Nature CNN), mlp otherwise (MiniGrid's view flattened)"""
+    policy: str = "mlp"
+    """mlp (feed-forward), or a recurrent policy: gru, lstm (one recurrent layer above the encoder, its hidden
+    state kept through the rollout and reset at episode starts; minibatches are whole per-env sequences)"""
     stream_heads: str = "auto"
     """value heads of signals' reward streams (RND's): shared (on the CNN trunk, as CleanRL), separate, or auto"""
     # Continuous control: observation/reward normalisation and clipping (CleanRL's wrappers).
@@ -81,6 +85,12 @@ class PPOConfig(OnPolicyConfig):
                 raise UserError(f"{name}={getattr(self, name)}: must be > 0")
         if self.encoder not in ENCODERS:
             raise UserError(f"encoder='{self.encoder}': use one of {', '.join(ENCODERS)}")
+        if self.policy not in POLICIES:
+            raise UserError(f"policy='{self.policy}': use one of {', '.join(POLICIES)}")
+        if self.policy != "mlp" and self.num_envs % self.num_minibatches:
+            raise UserError(f"policy={self.policy} splits the num_envs={self.num_envs} envs into num_minibatches="
+                            f"{self.num_minibatches} minibatches of whole sequences: make num_envs a multiple of "
+                            "num_minibatches")
         if self.stream_heads not in STREAM_HEADS:
             raise UserError(f"stream_heads='{self.stream_heads}': use one of {', '.join(STREAM_HEADS)}")
         if self.stream_heads == "shared" and self.encoder == "mlp":

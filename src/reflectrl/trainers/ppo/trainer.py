@@ -6,6 +6,10 @@ epochs, optional target-KL stop, orthogonal init, obs/reward normalisation for c
 control) with one correction: at a time-limit truncation the TD target bootstraps from
 V(final observation) instead of treating the cut as a termination (see gae.py).
 
+A recurrent policy (`policy=gru`, `lstm`: trainers/policies.py RecurrentActorCritic) carries its memory
+through the rollouts, zeroed where an episode begins, and its update takes whole per-env sequences,
+re-run from the memory the rollout began with (`update_sequences`; CleanRL's ppo_atari_lstm.py).
+
 Everything random in training draws from the trainer's own `torch.Generator` (action
 sampling, minibatch order), so a checkpoint holding that generator, the networks, the
 optimiser and an exact snapshot of the envs resumes to bit-identical weights on CPU.
@@ -79,6 +83,8 @@ class Rollout:
                                                # in that order (kept for value heads on the trunk: streams.py)
     costs: torch.Tensor | None = None          # info["cost"] of each step, where the env has a cost channel
     stream_values: dict | None = None          # the reward streams' values over the rollout (streams.py, cached)
+    memory: torch.Tensor | None = None         # a recurrent policy's memory before the rollout's first step
+    starts: torch.Tensor | None = None         # ... and where an episode begins, bool (T, N) (its memory zeroed)
 
 
 class PPOTrainer(EnvStepTrainer):
@@ -101,7 +107,12 @@ class PPOTrainer(EnvStepTrainer):
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
-        self.agent = make_policy(self.obs_shape, action_dim, self.continuous, p.encoder, p.hidden_sizes)
+        self.agent = make_policy(self.obs_shape, action_dim, self.continuous, p.encoder, p.hidden_sizes, p.policy)
+        # policy=gru/lstm: the memory carried from step to step, and which envs' next observation begins an episode
+        self.recurrent = p.policy != "mlp"
+        if self.recurrent:
+            self.memory = self.agent.initial_memory(p.num_envs)
+            self.episode_starts = torch.ones(p.num_envs, dtype=torch.bool)
         self.flat_params = flatten_parameters(self.agent)
         self.optimizer = torch.optim.Adam([self.flat_params], lr=p.learning_rate, eps=1e-5, fused=True)
         self.generator = torch.Generator().manual_seed(cfg.seed)
@@ -161,6 +172,11 @@ class PPOTrainer(EnvStepTrainer):
         shared = getattr(self.agent, "values_with_actions", False)
         step_values = torch.zeros((T, N)) if shared else None
         keep_trunk = self.streams is not None and self.streams.shared  # reward streams' heads read the trunk
+        recurrent = self.recurrent  # its outputs are kept (what signals' features and stream heads read)
+        keep_trunk = keep_trunk or recurrent
+        if recurrent:
+            memory, starts = self.memory, torch.zeros((T, N), dtype=torch.bool)
+            first_memory, final_memory = memory, {}  # the memory of each truncated step, for V(final obs)
         step_trunk = torch.zeros((T, N, self.agent.head_in_dim)) if keep_trunk else None
         # the MLP policy samples in numpy (policies.NumpySampler: a few us where act() is ~50)
         sampler = self.agent.numpy_sampler() if self.agent.numpy_acting and not (shared or keep_trunk) else None
@@ -171,6 +187,10 @@ class PPOTrainer(EnvStepTrainer):
             obs[t] = next_obs
             if sampler is not None:
                 action, logprob = sampler(obs[t], self.generator)
+            elif recurrent:
+                starts[t] = self.episode_starts
+                action, logprob, step_values[t], step_trunk[t], memory = self.agent.act_value(
+                    torch.from_numpy(obs[t]), memory, starts[t], self.generator)
             elif keep_trunk:
                 action, logprob, step_values[t], step_trunk[t] = self.agent.act_value(
                     torch.from_numpy(obs[t]), self.generator, with_trunk=True)
@@ -189,9 +209,13 @@ class PPOTrainer(EnvStepTrainer):
             rewards[t], terminations[t], truncations[t] = reward, term, trunc
             self.keys.record(t, next_obs, info)
             self.cost_tracker.record(t, info, term | trunc)
+            if recurrent:
+                self.episode_starts = torch.from_numpy(term | trunc)
             if "final_obs" in info:
                 for i in np.flatnonzero(info["_final_obs"]):
                     ended_at.append((t, int(i), info["final_obs"][i]))
+                    if recurrent and not term[i]:
+                        final_memory[t, int(i)] = memory[:, i]
                 final = info["final_info"]
                 if "episode" in final:
                     for i in np.flatnonzero(final["_episode"]):
@@ -209,7 +233,14 @@ class PPOTrainer(EnvStepTrainer):
             self._check_finite(final_obs, "observation")
             inputs.append(final_obs)
         trunk = None
-        if keep_trunk:
+        if recurrent:  # V(s_T) from the memory carried on, V(final obs) from the memory its episode ended with
+            self.memory = memory
+            memories = torch.cat([memory, *(final_memory[t, i].unsqueeze(1) for t, i, _ in truncated_at)], 1)
+            tail_starts = torch.cat([self.episode_starts, torch.zeros(len(truncated_at), dtype=torch.bool)])
+            trunk = self.agent.step(torch.cat(inputs), memories, tail_starts)[0]
+            all_values = self.agent.value_from_trunk(trunk)
+            trunk = torch.cat([step_trunk.reshape(T * N, -1), trunk])
+        elif keep_trunk:
             trunk = self.agent.encode(torch.cat(inputs))
             all_values = self.agent.value_from_trunk(trunk)
             trunk = torch.cat([step_trunk.reshape(T * N, -1), trunk])
@@ -240,6 +271,8 @@ class PPOTrainer(EnvStepTrainer):
                           truncated_final=([(t, i) for t, i, _ in truncated_at], final_obs) if truncated_at else None,
                           trunk=trunk,
                           costs=torch.from_numpy(self.cost_tracker.costs) if self.cost_tracker.seen else None)
+        if recurrent:
+            rollout.memory, rollout.starts = first_memory, starts
         return rollout, episodes
 
     # ------------------------------------------------------------------ estimate
@@ -261,7 +294,9 @@ class PPOTrainer(EnvStepTrainer):
         """Call the signal's hooks around advantage estimation (see signals/base.py)."""
         signal = self.signal
         features = None
-        if signal.wants_features:
+        if signal.wants_features and self.recurrent:  # the recurrent outputs the heads read in the rollout
+            features = rollout.trunk[:rollout.values.numel()].reshape(*rollout.values.shape, -1)
+        elif signal.wants_features:
             with torch.no_grad():
                 features = self.agent.features(rollout.obs.reshape(-1, self.obs_dim)).reshape(
                     *rollout.values.shape, -1)
@@ -273,7 +308,7 @@ class PPOTrainer(EnvStepTrainer):
                       features_fn=self.agent.features,
                       state_keys=rollout.state_keys, next_state_keys=rollout.next_state_keys,
                       costs=rollout.costs, episode_costs=list(self.cost_tracker.finished),
-                      act_fn=lambda obs, generator: self.agent.act(obs, generator)[0])
+                      act_fn=None if self.recurrent else lambda obs, generator: self.agent.act(obs, generator)[0])
         if self.streams is not None:
             batch.stream_weights = self.streams.weights()
             batch.stream_values = lambda: self.streams.rollout_values(rollout)
@@ -291,6 +326,8 @@ class PPOTrainer(EnvStepTrainer):
     def update(self, rollout: Rollout) -> dict:
         """The clipped update (trainers/onpolicy/update.py), with the signal's auxiliary loss and the
         reward streams' value heads added to each minibatch's loss."""
+        if self.recurrent:
+            return self.update_sequences(rollout)
         p = self.cfg.ppo
         b_obs = self.agent.batch_layout(rollout.obs.reshape(-1, self.obs_dim))
         b_actions = rollout.actions.reshape(-1, *self.action_shape)
@@ -318,6 +355,42 @@ class PPOTrainer(EnvStepTrainer):
             if streams is not None:
                 extras.append(p.vf_coef * streams.value_loss(trunk if on_trunk else b_obs[idx], idx))
             return newlogprob, entropy, newvalue, extras
+
+        flats = [self.flat_params] if streams is None else [self.flat_params, streams.flat]
+        norm = None if streams is None else (lambda: streams.global_norm(self.flat_params.grad))
+        stats = clipped_update(flats, self.optimizer, evaluate, b, ClipKnobs.of(p), self.generator,
+                               self.global_step, grad_norm=norm)
+        return {**({} if streams is None else streams.metrics()), **stats}
+
+    def update_sequences(self, rollout: Rollout) -> dict:
+        """A recurrent policy's update: the clipped update over whole per-env sequences, each minibatch a
+        set of envs (CleanRL's ppo_atari_lstm.py), the recurrence re-run over their T steps from the memory
+        the rollout began with. The update's rows are envs (each holds its T steps), so the minibatches split
+        the envs; a signal's auxiliary loss and the stream heads see the steps by their flat index t*N + env."""
+        p = self.cfg.ppo
+        T, N = rollout.values.shape
+        steps = torch.arange(T * N).reshape(T, N).T  # (N, T): each env's steps by their flat index
+        rows = lambda x: None if x is None else x.T  # noqa: E731  (T, N) -> (N, T): a row per env
+        b = {"logprobs": rows(rollout.logprobs), "advantages": rows(rollout.advantages),
+             "returns": rows(rollout.returns), "values": rows(rollout.values), "weights": rows(rollout.weights)}
+        aux = self.signal is not None and self.signal.wants_feature_grad
+        streams = self.streams
+        on_trunk = streams is not None and streams.shared
+        flat_obs = rollout.obs.reshape(T * N, -1)
+
+        def evaluate(envs):
+            idx = steps[envs].reshape(-1)
+            newlogprob, entropy, newvalue, out = self.agent.evaluate_sequences(
+                rollout.obs[:, envs], rollout.actions[:, envs], rollout.memory[:, envs], rollout.starts[:, envs])
+            out = out.transpose(0, 1).reshape(len(idx), -1)  # in the order of idx
+            extras = []
+            if aux:
+                extra = self.signal.auxiliary_loss(out, idx)
+                if extra is not None:
+                    extras.append(extra)
+            if streams is not None:
+                extras.append(p.vf_coef * streams.value_loss(out if on_trunk else flat_obs[idx], idx))
+            return newlogprob.T, entropy.T, newvalue.T, extras
 
         flats = [self.flat_params] if streams is None else [self.flat_params, streams.flat]
         norm = None if streams is None else (lambda: streams.global_norm(self.flat_params.grad))
@@ -426,6 +499,9 @@ class PPOTrainer(EnvStepTrainer):
             "streams": None if self.streams is None else self.streams.state_dict(),
             "exploration": exploration_state(self),
             "cost_tracker": self.cost_tracker.state_dict(),
+            # a recurrent policy's memory, carried into the next rollout
+            **({"memory": self.memory.clone(), "episode_starts": self.episode_starts.clone()}
+               if self.recurrent else {}),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -448,8 +524,12 @@ class PPOTrainer(EnvStepTrainer):
         if state.get("cost_tracker") is not None:
             self.cost_tracker.load_state_dict(state["cost_tracker"])
         self.next_obs = state["next_obs"].clone()
+        if self.recurrent:
+            self.memory, self.episode_starts = state["memory"].clone(), state["episode_starts"].clone()
         for i, obs in restore_envs(self, state["envs"]):
             self.next_obs[i] = torch.as_tensor(obs, dtype=torch.float32)
+            if self.recurrent:
+                self.episode_starts[i] = True  # its episode restarted: so does its memory
 
     def save_checkpoint(self) -> None:
         assert self.run is not None

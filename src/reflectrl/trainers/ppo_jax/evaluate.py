@@ -1,7 +1,8 @@
 """`reflectrl eval` of a backend=jax run: its latest checkpoint's policy on fresh episodes of the
 JAX env, all episodes at once (vmapped) in one compiled loop; the same report as the torch side's.
 The return is the env's own; with norm_obs the observations are normalised with env 0's statistics
-frozen, as on the torch side."""
+frozen, as on the torch side. A recurrent policy (policy=gru) carries its hidden state through each episode
+from zeros at its start."""
 
 from __future__ import annotations
 
@@ -31,17 +32,24 @@ def evaluate_run(run: RunDir, episodes: int, deterministic: bool, seed: int | No
         obs, env_state, _ = env.reset(k_reset)
 
         def body(carry):
-            obs, env_state, key, ret, steps, done, cut_short = carry
+            obs, env_state, key, ret, steps, done, cut_short, hidden = carry
             key, k_act, k_env = jax.random.split(key, 3)
-            res = env.step(k_env, env_state, act(setup, params, normalise, obs, deterministic, k_act))
+            if setup.recurrent:
+                action, hidden = act(setup, params, normalise, obs, deterministic, k_act, hidden)
+            else:
+                action = act(setup, params, normalise, obs, deterministic, k_act)
+            res = env.step(k_env, env_state, action)
             ended = jnp.logical_or(res.terminated, res.truncated)
-            return (res.obs, res.env_state, key, ret + res.reward, steps + 1, ended, res.truncated & ~res.terminated)
+            return (res.obs, res.env_state, key, ret + res.reward, steps + 1, ended, res.truncated & ~res.terminated,
+                    hidden)
 
         def cond(carry):
             return jnp.logical_and(~carry[5], carry[4] < limit)
 
-        carry = (obs, env_state, k_loop, jnp.zeros(()), jnp.zeros((), jnp.int32), jnp.array(False), jnp.array(False))
-        _, _, _, ret, steps, done, truncated = jax.lax.while_loop(cond, body, carry)
+        hidden = initial_hidden(setup)  # (): none, for a feed-forward policy
+        carry = (obs, env_state, k_loop, jnp.zeros(()), jnp.zeros((), jnp.int32), jnp.array(False), jnp.array(False),
+                 hidden)
+        _, _, _, ret, steps, done, truncated, _ = jax.lax.while_loop(cond, body, carry)
         return ret, steps, done, truncated
 
     keys = jnp.stack([jax.random.PRNGKey(np.uint32((base + i) % 2**32)) for i in range(episodes)])
@@ -71,13 +79,49 @@ def load_actor(cfg: RunConfig, state: dict):
     return group, params, ppo.frozen_obs_normaliser(group.setup.knobs, group.states.get("normalizer"))
 
 
-def act(setup, params, normalise, obs, deterministic: bool, key):
-    """The env's action(s) for one observation or a batch: the greedy / mean action, or a sample."""
+def initial_hidden(setup, batch_shape=()):
+    """A recurrent policy's hidden state at an episode's start for one observation (or a batch of
+    `batch_shape`): zeros; () for a feed-forward policy, which has none."""
     from reflectrl.trainers.ppo_jax import ppo
 
-    out, _ = ppo.policy_out(params, normalise(obs))
+    return ppo.init_hidden(setup, batch_shape) if setup.recurrent else ()
+
+
+def act(setup, params, normalise, obs, deterministic: bool, key, hidden=None):
+    """The env's action(s) for one observation or a batch: the greedy / mean action, or a sample.
+    A recurrent policy (setup.recurrent) takes the hidden state from the step before (initial_hidden at an
+    episode's start) and returns (action, the next hidden state)."""
+    from reflectrl.trainers.ppo_jax import ppo
+
+    if setup.recurrent:
+        if hidden is None:
+            raise ValueError("a recurrent policy acts from a hidden state: pass initial_hidden(setup) at an "
+                             "episode's start, then the one act returned")
+        hidden = ppo.recurrent_features(params, hidden, normalise(obs))
+        out = ppo.head_out(params, hidden, "actor")
+    else:
+        out, _ = ppo.policy_out(params, normalise(obs))
     if deterministic:
         action = jnp.argmax(out, -1).astype(jnp.int32) if setup.env.discrete else out
     else:
         action = ppo.sample_action(setup, params, out, key)
-    return ppo.env_action(setup, action)
+    action = ppo.env_action(setup, action)
+    return (action, hidden) if setup.recurrent else action
+
+
+def act_with_state(setup, params, normalise, obs, state, episode_start, deterministic: bool, key):
+    """A recurrent policy's act in the Python API's convention (sb3-contrib's RecurrentPPO, as the torch
+    side's predict): obs (N, obs_dim); `state` None at the first step, else the (1, N, width) the last call
+    gave; `episode_start` (N,) bool where an episode begins (its hidden state zeroed first), None: none does.
+    Returns (actions, state) as numpy."""
+    from reflectrl.errors import UserError
+
+    n, width = obs.shape[0], setup.knobs.hidden_sizes[-1]
+    hidden = np.zeros((1, n, width), np.float32) if state is None else np.asarray(state, np.float32)
+    if hidden.shape != (1, n, width):
+        raise UserError(f"predict: a state of shape {hidden.shape}; this policy's is (1, {n}, {width}) for {n} "
+                        "observation(s) (None at the first step)")
+    if episode_start is not None:
+        hidden = np.where(np.asarray(episode_start, bool).reshape(1, n, 1), 0.0, hidden).astype(np.float32)
+    action, hidden = act(setup, params, normalise, jnp.asarray(obs), deterministic, key, jnp.asarray(hidden[0]))
+    return np.asarray(action), np.asarray(hidden)[None]

@@ -15,6 +15,10 @@ see it weighted by k_s = coef / extrinsic_coef in the Batch's intrinsic_* fields
 at collection from the start, its rewards once its signal gave them, its advantages as the
 policy used them in after_update (gear's advantage/select, shaping's distill=total).
 
+With policy=gru the policy is PureJaxRL's ppo_rnn.py shape: a GRU above the encoder, linear heads on its
+output (the Batch's features); its hidden state is in the state ("hidden"), zeroed where an episode starts, and
+the update re-runs whole per-env sequences from the rollout's initial hidden state (minibatches split the envs).
+
 With norm_obs / norm_reward, each env's running statistics are in the state and the rollout sees
 the env through the torch side's per-env wrappers (normalise_step; off at the JAX defaults).
 
@@ -65,6 +69,11 @@ class Setup:
                                 # their values in each seed's state["hyper"]
 
     @property
+    def recurrent(self) -> bool:
+        """policy=gru: a GRU above the encoder, its hidden state carried in state["hidden"]."""
+        return getattr(self.knobs, "policy", "mlp") == "gru"
+
+    @property
     def T(self) -> int:
         return self.knobs.num_steps
 
@@ -111,6 +120,8 @@ def signal_knobs(state: dict) -> dict | None:
 # --------------------------------------------------------------------------- the policy
 
 def init_params(setup: Setup, key) -> dict:
+    if setup.recurrent:
+        return init_recurrent_params(setup, key)
     env, sizes = setup.env, tuple(setup.knobs.hidden_sizes)
     k_actor, k_critic, k_stream = jax.random.split(key, 3)
     params = {"actor": nets.orthogonal_mlp(k_actor, (env.obs_dim, *sizes, env.action_dim), 0.01),
@@ -139,6 +150,68 @@ def policy_out(params, obs):
 
 def value(params, obs, head: str = "critic"):
     return nets.mlp(params[head], obs, jnp.tanh)[..., 0]
+
+
+# --------------------------------------------------------------------------- the recurrent policy (policy=gru)
+# PureJaxRL's ppo_rnn.py shape: one encoder (the tanh MLP of hidden_sizes), a GRU of width hidden_sizes[-1] above
+# it, and linear actor, critic (and stream critic) heads on the GRU's output, which is also Batch.features. The
+# hidden state is zeroed where an episode starts: the rollout zeroes it after a step that ended its episode, and
+# the update re-runs each env's sequence from the rollout's initial hidden state, zeroing it at the same steps.
+
+def init_recurrent_params(setup: Setup, key) -> dict:
+    env, sizes = setup.env, tuple(setup.knobs.hidden_sizes)
+    width = sizes[-1]
+    k_enc, k_gru, k_actor, k_critic, k_stream = jax.random.split(key, 5)
+    params = {"encoder": nets.orthogonal_mlp(k_enc, (env.obs_dim, *sizes), math.sqrt(2.0)),
+              "gru": nets.gru_init(k_gru, width, width),
+              "actor": nets.orthogonal_mlp(k_actor, (width, env.action_dim), 0.01),
+              "critic": nets.orthogonal_mlp(k_critic, (width, 1), 1.0)}
+    if not env.discrete:
+        params["log_std"] = jnp.zeros((env.action_dim,))
+    if setup.stream is not None:
+        params["stream_critic"] = nets.orthogonal_mlp(k_stream, (width, 1), 1.0)
+    return params
+
+
+def init_hidden(setup: Setup, batch_shape=()) -> jax.Array:
+    """The hidden state at an episode's start: zeros (..., hidden_sizes[-1])."""
+    return jnp.zeros((*batch_shape, setup.knobs.hidden_sizes[-1]), jnp.float32)
+
+
+def encode(params, obs):
+    """The recurrent policy's encoder: tanh after every layer."""
+    x = obs
+    for layer in params["encoder"]:
+        x = jnp.tanh(x @ layer["w"] + layer["b"])
+    return x
+
+
+def recurrent_features(params, hidden, obs):
+    """The GRU's output for `obs` from `hidden` (the features: the heads' input, and the next hidden state)."""
+    return nets.gru(params["gru"], hidden, encode(params, obs))
+
+
+def unroll(params, hidden, obs, starts):
+    """The features of a rollout's sequences (T, n, H) from their initial hidden state (n, H), zeroed before
+    each step where `starts` (T, n): the step's observation begins an episode."""
+    def step(h, x):
+        o, start = x
+        h = recurrent_features(params, jnp.where(start[:, None], 0.0, h), o)
+        return h, h
+
+    _, features = jax.lax.scan(step, hidden, (obs, starts))
+    return features
+
+
+def head_out(params, features, head: str):
+    """A linear head's output on the features ((..., out))."""
+    return nets.mlp(params[head], features)
+
+
+def episode_starts(done):
+    """(T, N): whether step t's observation begins an episode (step t - 1 ended one); False at t = 0,
+    whose hidden state the rollout already zeroed where the last rollout's final step ended an episode."""
+    return jnp.concatenate([jnp.zeros_like(done[:1]), done[:-1]], axis=0)
 
 
 def log_prob_entropy(setup: Setup, params, out, actions):
@@ -205,6 +278,8 @@ def _init_state(setup: Setup, seed_key) -> dict:
         "achieved_ever": jnp.zeros((achievements,), bool),
         "snapshots": init_snapshots(setup),
     }
+    if setup.recurrent:  # absent with policy=mlp: its leaves stay as they were
+        state["hidden"] = init_hidden(setup, (N,))
     if normalizer:  # absent at the defaults: their leaves stay as they were
         state["normalizer"] = normalizer
     return state
@@ -346,12 +421,16 @@ def rollout(setup: Setup, state: dict):
     params = state["params"]
 
     def step(carry, key):
-        obs, env_state, keys, ep_ret, ep_len, normalizer = carry
+        obs, env_state, keys, ep_ret, ep_len, normalizer, hidden = carry
         k_act, k_env = jax.random.split(key)
-        out, features = policy_out(params, obs)
+        if setup.recurrent:
+            features = recurrent_features(params, hidden, obs)
+            out = head_out(params, features, "actor")
+        else:
+            out, features = policy_out(params, obs)
         action = sample_action(setup, params, out, k_act)
         logp, _ = log_prob_entropy(setup, params, out, action)
-        v = value(params, obs)
+        v = head_out(params, features, "critic")[..., 0] if setup.recurrent else value(params, obs)
         res = vector_step(env, k_env, env_state, env_action(setup, action))
         next_obs, final_obs, reward = res.obs, res.final_obs, res.reward
         if normalizer:
@@ -367,17 +446,23 @@ def rollout(setup: Setup, state: dict):
                   "achievements": res.achievements}
         ep_ret = jnp.where(done, 0.0, ep_ret)
         ep_len = jnp.where(done, 0, ep_len)
-        return (next_obs, res.env_state, res.key.astype(jnp.int32), ep_ret, ep_len, normalizer), record
+        if setup.recurrent:  # the next step's hidden state: zeroed where the next observation begins an episode
+            hidden = jnp.where(done[:, None], 0.0, features)
+        return (next_obs, res.env_state, res.key.astype(jnp.int32), ep_ret, ep_len, normalizer, hidden), record
 
     rng, key = jax.random.split(state["rng"])
     carry = (state["obs"], state["env_state"], state["keys"], state["ep_return"], state["ep_length"],
-             state.get("normalizer", {}))
+             state.get("normalizer", {}), state.get("hidden", ()))
     carry, traj = jax.lax.scan(step, carry, jax.random.split(key, T))
-    obs, env_state, keys, ep_ret, ep_len, normalizer = carry
+    obs, env_state, keys, ep_ret, ep_len, normalizer, hidden = carry
+    if setup.recurrent:  # the rollout's initial hidden state, from which the update re-runs its sequences
+        traj = {**traj, "initial_hidden": state["hidden"]}
     state = {**state, "rng": rng, "obs": obs, "env_state": env_state, "keys": keys, "ep_return": ep_ret,
              "ep_length": ep_len}
     if normalizer:
         state["normalizer"] = normalizer
+    if setup.recurrent:
+        state["hidden"] = hidden
     return state, traj
 
 
@@ -405,11 +490,21 @@ def exploration_metrics(setup: Setup, state: dict, traj: dict):
                    "first_reward_step": first}
 
 
+def recurrent_next_features(params, traj: dict):
+    """(T, N, H): the GRU's output on the state each step reached, from that step's hidden state (its
+    features): what the critic bootstraps a truncated step from, and V of the next step where none ended.
+    No recurrence across steps, so one batched call."""
+    return recurrent_features(params, traj["features"], traj["next_obs"])
+
+
 def make_batch(traj: dict, state: dict, params, iteration, global_step, streamed=None) -> Batch:
     """The signals' Batch of a rollout; `streamed`: the reward stream's (values, next values) at
     collection (stream_values), given to the signals weighted by the stream's k_s."""
     not_term = 1.0 - traj["terminations"]
-    next_values = value(params, traj["next_obs"]) * not_term
+    if "next_features" in traj:  # policy=gru: the critic on the state reached, from the step's hidden state
+        next_values = head_out(params, traj["next_features"], "critic")[..., 0] * not_term
+    else:
+        next_values = value(params, traj["next_obs"]) * not_term
     zeros = jnp.zeros_like(traj["rewards"])
     batch = Batch(obs=traj["obs"], actions=traj["actions"], rewards=traj["rewards"],
                   terminations=traj["terminations"], truncations=traj["truncations"], values=traj["values"],
@@ -438,8 +533,12 @@ def apply_signals(setup: Setup, state: dict, batch: Batch, key):
 def stream_values(setup: Setup, params, traj: dict):
     """(V_s(obs), V'_s) of the reward stream under its value head as it collected: V'_s the value of
     the state reached, 0 where an episodic stream's episode terminated (a non-episodic stream runs on)."""
-    values = value(params, traj["obs"], "stream_critic")
-    next_values = value(params, traj["next_obs"], "stream_critic")
+    if "next_features" in traj:  # policy=gru: the head on the features at collection (recurrent_next_features)
+        values = head_out(params, traj["features"], "stream_critic")[..., 0]
+        next_values = head_out(params, traj["next_features"], "stream_critic")[..., 0]
+    else:
+        values = value(params, traj["obs"], "stream_critic")
+        next_values = value(params, traj["next_obs"], "stream_critic")
     if setup.stream.episodic:
         next_values = next_values * (1.0 - traj["terminations"])
     return values, next_values
@@ -466,13 +565,23 @@ def update(setup: Setup, state: dict, traj: dict, advantages, returns, weights, 
             "advantages": advantages.reshape(B), "returns": returns.reshape(B),
             "weights": (jnp.ones((B,)) if weights is None else weights.reshape(B)),
             "stream_returns": (jnp.zeros((B,)) if stream_returns is None else stream_returns.reshape(B))}
+    if setup.recurrent:  # whole per-env sequences (T, N, ...): minibatches split the envs, not the steps
+        flat = {"obs": traj["obs"], "actions": traj["actions"], "logprobs": traj["logprobs"],
+                "values": traj["values"], "advantages": advantages, "returns": returns,
+                "weights": jnp.ones_like(advantages) if weights is None else weights,
+                "stream_returns": jnp.zeros_like(advantages) if stream_returns is None else stream_returns,
+                "starts": episode_starts(traj["done"])}
     opt = optimizer(k)
     frac = 1.0 - jnp.asarray(it, jnp.float32) / setup.total_iterations if k.anneal_lr else 1.0
     opt_state = state["opt_state"]
     opt_state[1].hyperparams["learning_rate"] = frac * k.learning_rate
 
     def loss_fn(params, b):
-        out, _ = policy_out(params, b["obs"])
+        if setup.recurrent:
+            features = unroll(params, b["initial_hidden"], b["obs"], b["starts"])
+            out = head_out(params, features, "actor")
+        else:
+            out, _ = policy_out(params, b["obs"])
         logp, entropy = log_prob_entropy(setup, params, out, b["actions"])
         logratio = logp - b["logprobs"]
         ratio = jnp.exp(logratio)
@@ -481,14 +590,16 @@ def update(setup: Setup, state: dict, traj: dict, advantages, returns, weights, 
             adv = (adv - adv.mean()) / (adv.std(ddof=1) + 1e-8)
         adv = adv * b["weights"]
         pg_loss = jnp.maximum(-adv * ratio, -adv * jnp.clip(ratio, 1 - k.clip_coef, 1 + k.clip_coef)).mean()
-        newvalue = value(params, b["obs"])
+        newvalue = head_out(params, features, "critic")[..., 0] if setup.recurrent else value(params, b["obs"])
         if k.clip_vloss:
             clipped = b["values"] + jnp.clip(newvalue - b["values"], -k.clip_coef, k.clip_coef)
             v_loss = 0.5 * jnp.maximum((newvalue - b["returns"]) ** 2, (clipped - b["returns"]) ** 2).mean()
         else:
             v_loss = 0.5 * ((newvalue - b["returns"]) ** 2).mean()
         if setup.stream is not None:
-            v_loss = v_loss + 0.5 * ((value(params, b["obs"], "stream_critic") - b["stream_returns"]) ** 2).mean()
+            stream_value = (head_out(params, features, "stream_critic")[..., 0] if setup.recurrent
+                            else value(params, b["obs"], "stream_critic"))
+            v_loss = v_loss + 0.5 * ((stream_value - b["stream_returns"]) ** 2).mean()
         loss = pg_loss - k.ent_coef * entropy.mean() + k.vf_coef * v_loss
         approx_kl = ((ratio - 1) - logratio).mean()
         clipfrac = (jnp.abs(ratio - 1.0) > k.clip_coef).mean()
@@ -496,11 +607,17 @@ def update(setup: Setup, state: dict, traj: dict, advantages, returns, weights, 
 
     def epoch(carry, ekey):
         params, opt_state = carry
-        perm = jax.random.permutation(ekey, B).reshape(k.num_minibatches, mb)
+        if setup.recurrent:
+            perm = jax.random.permutation(ekey, setup.N).reshape(k.num_minibatches, setup.N // k.num_minibatches)
+        else:
+            perm = jax.random.permutation(ekey, B).reshape(k.num_minibatches, mb)
 
         def minibatch(carry, idx):
             params, opt_state = carry
-            b = jax.tree_util.tree_map(lambda x: x[idx], flat)
+            if setup.recurrent:  # these envs' sequences, re-run from the rollout's initial hidden state
+                b = {**jax.tree_util.tree_map(lambda x: x[:, idx], flat), "initial_hidden": traj["initial_hidden"][idx]}
+            else:
+                b = jax.tree_util.tree_map(lambda x: x[idx], flat)
             (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, b)
             updates, opt_state = opt.update(grads, opt_state, params)
             return (optax.apply_updates(params, updates), opt_state), (loss, *aux)
@@ -511,6 +628,8 @@ def update(setup: Setup, state: dict, traj: dict, advantages, returns, weights, 
                                               jax.random.split(key, k.update_epochs))
     loss, pg_loss, v_loss, entropy, approx_kl, clipfrac = (x.mean() for x in stats)
     y_pred, y_true = flat["values"], flat["returns"]
+    if setup.recurrent:
+        y_pred, y_true = y_pred.reshape(-1), y_true.reshape(-1)
     var_y = jnp.var(y_true)
     explained = jnp.where(var_y == 0, jnp.nan, 1 - jnp.var(y_true - y_pred) / jnp.where(var_y == 0, 1.0, var_y))
     metrics = {"loss": loss, "policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy,
@@ -527,6 +646,8 @@ def iteration(setup: Setup, state: dict, it=None):
     it = state["iteration"] if it is None else it
     step_before = state["global_step"]
     state, traj = rollout(setup, state)
+    if setup.recurrent:
+        traj = {**traj, "next_features": recurrent_next_features(state["params"], traj)}
     state, explore = exploration_metrics(setup, state, traj)
     rng, k_sig, k_upd, k_after = jax.random.split(state["rng"], 4)
     state = {**state, "rng": rng}
@@ -549,6 +670,10 @@ def iteration(setup: Setup, state: dict, it=None):
     state, metrics = update(setup, state, traj, advantages, returns, weights, stream_returns, k_upd, it)
 
     def value_fn(obs):
+        if setup.recurrent:  # a lone observation: the critic from an episode's start (zero hidden state)
+            params = state["params"]
+            return head_out(params, recurrent_features(params, init_hidden(setup, obs.shape[:-1]), obs),
+                            "critic")[..., 0]
         return value(state["params"], obs)
 
     estimate = lambda rewards: gae(rewards, batch.values, batch.next_values, batch.terminations,  # noqa: E731

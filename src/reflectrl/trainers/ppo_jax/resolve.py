@@ -43,6 +43,8 @@ def check(cfg: RunConfig) -> None:
     for name, allowed in mlp_only.items():
         if getattr(knobs, name) not in allowed:
             raise UserError(f"{name}={getattr(knobs, name)} is torch-only ({FIX}); backend=jax runs MLP policies")
+    if knobs.policy == "lstm":
+        raise UserError("policy=lstm runs on the torch backend; on backend=jax use policy=gru")
     if knobs.target_kl is not None:
         raise UserError(f"target_kl={knobs.target_kl} is torch-only ({FIX}): the compiled update runs every epoch")
     for name, section in cfg.sections.items():
@@ -63,8 +65,17 @@ def resolve(cfg: RunConfig) -> RunConfig:
     env = make_env(cfg.env_id, cfg.env)
     knobs = dataclasses.replace(knobs, norm_obs=bool(knobs.norm_obs), norm_reward=bool(knobs.norm_reward))
     cfg.knobs = dataclasses.replace(knobs.resolved(not env.discrete), encoder="mlp", stream_heads="separate")
+    check_recurrent(cfg.knobs)
     build_signals(cfg)  # what only building the signals finds is refused here, before a run directory exists
     return cfg
+
+
+def check_recurrent(knobs) -> None:
+    """policy=gru's minibatches are whole per-env sequences: the envs split evenly into them."""
+    if knobs.policy == "gru" and knobs.num_envs % knobs.num_minibatches:
+        raise UserError(f"policy=gru splits the num_envs={knobs.num_envs} envs into num_minibatches="
+                        f"{knobs.num_minibatches} minibatches of whole sequences: make num_envs a multiple of "
+                        "num_minibatches")
 
 
 def build_signals(cfg: RunConfig) -> tuple:

@@ -294,24 +294,21 @@ class JaxGroup:
     def record_snapshots(self, before: int) -> None:
         """Hand the state-map snapshots taken in iterations (before, self.iteration] to each seed's
         StateSampler (runs/state_samples.py: it samples the rows and rewrites state_samples.npz)."""
-        import torch
-
         from reflectrl.runs.state_samples import StateSampler
 
         due = [(slot, it) for slot, it in enumerate(self.setup.snapshots) if before < it <= self.iteration]
         if not due:
             return
-        snaps = {k: np.array(v) for k, v in self.states["snapshots"].items()}  # writable copies (torch.from_numpy)
+        snaps = {k: np.asarray(v) for k, v in self._jax.device_get(self.states["snapshots"]).items()}
         for i, run in enumerate(self.runs):
             if run is None or i in self.failed:
                 continue
             sampler = StateSampler(run.path, self.cfgs[i].seed, self.num_iterations, self.cfg.state_map_snapshots)
             for slot, it in due:
-                terms = {k[5:]: torch.from_numpy(v[i, slot]) for k, v in snaps.items() if k.startswith("term:")}
+                terms = {k[5:]: v[i, slot] for k, v in snaps.items() if k.startswith("term:")}
                 obs = snaps["obs"][i, slot] if "obs" in snaps else np.zeros(snaps["rewards"][i, slot].shape + (65,))
-                sampler.record(it, int(snaps["global_step"][i, slot]), torch.from_numpy(np.ascontiguousarray(obs)),
-                               torch.from_numpy(snaps["state_keys"][i, slot].astype(np.int64)),
-                               torch.from_numpy(snaps["rewards"][i, slot]), terms)
+                sampler.record(it, int(snaps["global_step"][i, slot]), obs,
+                               snaps["state_keys"][i, slot].astype(np.int64), snaps["rewards"][i, slot], terms)
 
     def open_loggers(self) -> None:
         for i, run in enumerate(self.runs):

@@ -5,7 +5,9 @@ uint8 frames stay uint8) and become float32 only in a sampled batch. `s'` is the
 observation: at a time-limit truncation the episode's last observation (Gymnasium's
 `final_obs`), not the next episode's first, so a truncated step still bootstraps (as
 CleanRL's `real_next_obs`). Sampling draws from a `torch.Generator`, so a checkpoint holding
-the buffer (`state_dict`) and that generator resumes bit-identically.
+the buffer (`state_dict`) and that generator resumes bit-identically. `sample(..., reuse=True)`
+writes the batch into arrays kept from one call to the next (the same values, no allocation per
+gradient step), for a caller that holds no sampled tensor past its next call.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class ReplayBuffer:
         self.terminations = np.zeros(self.capacity, dtype=np.float32)
         self.pos = 0
         self.size = 0
+        self._out: dict | None = None  # sample(reuse=True)'s arrays and tensors over them, for one batch size
 
     def __len__(self) -> int:
         return self.size
@@ -63,8 +66,12 @@ class ReplayBuffer:
         self.pos = int((self.pos + n) % self.capacity)
         self.size = min(self.size + n, self.capacity)
 
-    def sample(self, batch_size: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
-        """`batch_size` transitions drawn uniformly with replacement (as SB3's buffer)."""
+    def sample(self, batch_size: int, generator: torch.Generator, reuse: bool = False) -> dict[str, torch.Tensor]:
+        """`batch_size` transitions drawn uniformly with replacement (as SB3's buffer). With `reuse`
+        the tensors are the same objects at every call, overwritten by the next (the same draws
+        and values as without)."""
+        if reuse:
+            return self._sample_into(batch_size, generator)
         idx = torch.randint(0, self.size, (batch_size,), generator=generator).numpy()
         return {
             "obs": torch.from_numpy(self.obs[idx].astype(np.float32, copy=False)),
@@ -74,6 +81,26 @@ class ReplayBuffer:
             "terminations": torch.from_numpy(self.terminations[idx]),
             "index": torch.from_numpy(idx),
         }
+
+    def _sample_into(self, batch_size: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        out = self._out
+        if out is None or len(out["arrays"]["index"]) != batch_size:
+            arrays = {"index": np.zeros(batch_size, dtype=np.int64),
+                      "obs": np.zeros((batch_size, *self.obs.shape[1:]), dtype=np.float32),
+                      "next_obs": np.zeros((batch_size, *self.obs.shape[1:]), dtype=np.float32),
+                      **{k: np.zeros((batch_size, *getattr(self, k).shape[1:]), dtype=getattr(self, k).dtype)
+                         for k in ("actions", "rewards", "terminations")}}
+            out = self._out = {"arrays": arrays, "tensors": {k: torch.from_numpy(a) for k, a in arrays.items()}}
+        arrays = out["arrays"]
+        idx = arrays["index"]
+        torch.randint(0, self.size, (batch_size,), generator=generator, out=out["tensors"]["index"])
+        for key in ("obs", "next_obs", "actions", "rewards", "terminations"):
+            source = getattr(self, key)
+            if source.dtype == arrays[key].dtype:
+                np.take(source, idx, axis=0, out=arrays[key])
+            else:  # uint8 frames: gathered, then converted into the float32 array
+                arrays[key][...] = source[idx]
+        return out["tensors"]
 
     def state_dict(self) -> dict:
         """The filled part only (a buffer that has not wrapped is its first `size` rows)."""

@@ -27,6 +27,7 @@ replay buffer and an exact snapshot of the envs, so resuming is bit-identical on
 from __future__ import annotations
 
 import copy
+import math
 
 import numpy as np
 import torch
@@ -39,9 +40,24 @@ from reflectrl.nets import image_trunk, mlp, numpy_linear_views, run_trunk, upda
 from reflectrl.runs import RunDir
 from reflectrl.trainers.base import crossed
 from reflectrl.trainers.policies import takes_numpy
-from reflectrl.trainers.replay.base import ReplayTrainer, adam
+from reflectrl.trainers.replay.base import AdamStep, ReplayTrainer, adam
 
 EVAL_EPSILON = 0.05  # CleanRL's dqn_eval: the "stochastic" evaluation policy is epsilon-greedy at 0.05
+
+
+class ActingDraws:
+    """The epsilon coin and the random action of each of `n` envs, drawn (as act() draws them)
+    into tensors kept from step to step, read through numpy views of them."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.coin, self.explore = torch.empty(n), torch.empty(n, dtype=torch.int64)
+        self.coin_np, self.explore_np = self.coin.numpy(), self.explore.numpy()
+
+    def draw(self, generator: torch.Generator, num_actions: int) -> tuple[np.ndarray, np.ndarray]:
+        torch.rand(self.n, generator=generator, out=self.coin)
+        torch.randint(0, num_actions, (self.n,), generator=generator, out=self.explore)
+        return self.coin_np, self.explore_np
 
 
 class QNetwork(nn.Module):
@@ -87,13 +103,20 @@ class QNetwork(nn.Module):
         greedy = self.forward(obs).argmax(dim=1)  # not self(obs): no hooks to run, per env step
         return torch.where(random_, explore, greedy), None
 
-    def act_numpy(self, obs: np.ndarray, generator: torch.Generator, epsilon: float, greedy) -> np.ndarray:
-        """act() on a numpy batch with numpy_greedy()'s `greedy`: the same draws and choice."""
-        coin = torch.rand(len(obs), generator=generator).numpy()
-        explore = torch.randint(0, self.num_actions, (len(obs),), generator=generator).numpy()
+    def act_numpy(self, obs: np.ndarray, generator: torch.Generator, epsilon: float, greedy,
+                  draws: ActingDraws | None = None) -> np.ndarray:
+        """act() on a numpy batch with numpy_greedy()'s `greedy`: the same draws and choice;
+        `draws` holds tensors to draw into (no allocation per step)."""
+        if draws is None or draws.n != len(obs):
+            coin = torch.rand(len(obs), generator=generator).numpy()
+            explore = torch.randint(0, self.num_actions, (len(obs),), generator=generator).numpy()
+        else:
+            coin, explore = draws.draw(generator, self.num_actions)
+        if len(obs) == 1:  # one env (the default): a scalar test, no mask
+            return explore.copy() if coin[0] < epsilon else greedy(np.asarray(obs, dtype=np.float32))
         random_ = coin < epsilon
         if random_.all():  # every env explores: no forward pass needed (the same draws either way)
-            return explore
+            return explore.copy()
         return np.where(random_, explore, greedy(np.asarray(obs, dtype=np.float32)))
 
     @property
@@ -156,9 +179,12 @@ class DQNTrainer(ReplayTrainer):
         self.agent = QNetwork(self.obs_shape, int(act_space.n), d.encoder, d.hidden_sizes)
         self.target = copy.deepcopy(self.agent)
         self.optimizer = adam(self.agent.parameters(), d.learning_rate)
+        self._adam = AdamStep(self.optimizer)
         self.exploration_steps = d.exploration_fraction * cfg.total_steps
         self._epsilon = d.start_e
         self._greedy, self._greedy_ptr = None, None  # select_actions' numpy greedy policy (_numpy_greedy)
+        self._head_weight = self.agent.head.weight  # whose storage _numpy_greedy watches
+        self._draws = ActingDraws(self.num_envs)
         self.bind_signal(int(act_space.n), True, self.agent.feature_dim, d.learning_rate,
                          image_obs=d.encoder == "cnn")
 
@@ -179,11 +205,11 @@ class DQNTrainer(ReplayTrainer):
             with torch.no_grad():
                 actions, _ = self.agent.act(torch.as_tensor(obs, dtype=torch.float32), self.generator, self._epsilon)
             return actions.numpy()
-        return self.agent.act_numpy(obs, self.generator, self._epsilon, greedy)
+        return self.agent.act_numpy(obs, self.generator, self._epsilon, greedy, self._draws)
 
     def _numpy_greedy(self):
         """The MLP's numpy greedy policy, rebuilt if the parameters moved to new storage."""
-        ptr = self.agent.head.weight.data_ptr()
+        ptr = self._head_weight.data_ptr()
         if self._greedy_ptr != ptr:
             self._greedy, self._greedy_ptr = self.agent.numpy_greedy(), ptr
         return self._greedy
@@ -212,7 +238,8 @@ class DQNTrainer(ReplayTrainer):
     def train_step(self) -> dict[str, torch.Tensor]:
         """One gradient step on a sampled batch; its statistics (tensors)."""
         d = self.knobs
-        batch = self.buffer.sample(d.batch_size, self.generator)
+        # without a signal nothing holds the batch past this step: sampled into the same arrays each time
+        batch = self.buffer.sample(d.batch_size, self.generator, reuse=self.signal is None)
         q_all = self.agent(batch["obs"])
         q = q_all.gather(1, batch["actions"].long().unsqueeze(1)).squeeze(1)
         with torch.no_grad():
@@ -233,11 +260,11 @@ class DQNTrainer(ReplayTrainer):
             per = F.mse_loss(q, target, reduction="none") if d.loss == "mse" else \
                 F.smooth_l1_loss(q, target, reduction="none")
             loss = (weights * per).mean()
-        if not torch.isfinite(loss):
+        if not math.isfinite(loss.item()):
             raise NonFiniteError("loss", self.global_step)
-        self.optimizer.zero_grad()
+        self._adam.zero_grad()
         loss.backward()
-        self.optimizer.step()
+        self._adam.step()
         self.updates += 1
         if signal_batch is not None:
             self.signal_after_update(signal_batch)
@@ -263,5 +290,6 @@ class DQNTrainer(ReplayTrainer):
 
     def load_network_state(self, state: dict) -> None:
         self.agent.load_state_dict(state["agent"])
+        self._head_weight, self._greedy_ptr = self.agent.head.weight, None
         self.target.load_state_dict(state["target"])
         self.optimizer.load_state_dict(state["optimizer"])

@@ -36,20 +36,33 @@ from reflectrl.nets import mlp, update_target
 from reflectrl.runs import RunDir
 from reflectrl.trainers.base import crossed
 from reflectrl.trainers.policies import takes_numpy
-from reflectrl.trainers.replay.base import ReplayTrainer, adam
+from reflectrl.trainers.replay.base import AdamStep, ReplayTrainer, adam
 
 LOG_STD_MAX = 2.0
 LOG_STD_MIN = -5.0
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 
 
+def run_mlp(layers: list[nn.Linear], x: torch.Tensor, relu_last: bool = False) -> torch.Tensor:
+    """An nets.mlp's Linear layers (ReLU between them; after the last too with `relu_last`), with the
+    functional ops called directly: the same maths as calling the nn.Sequential, without nn.Module's
+    call machinery (a dozen module calls per network pass, per gradient step and per env step)."""
+    last = len(layers) - 1
+    for i, layer in enumerate(layers):
+        x = F.linear(x, layer.weight, layer.bias)
+        if i < last or relu_last:
+            x = F.relu(x)
+    return x
+
+
 class SoftQNetwork(nn.Module):
     def __init__(self, obs_dim: int, action_dim: int, hidden_sizes=(256, 256)):
         super().__init__()
         self.net = mlp(obs_dim + action_dim, hidden_sizes, 1)  # ReLU, PyTorch's default init (CleanRL's)
+        self._layers = list(self.net[::2])
 
     def forward(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-        return self.net(torch.cat([obs.reshape(len(obs), -1), actions], 1)).squeeze(-1)
+        return run_mlp(self._layers, torch.cat([obs.reshape(len(obs), -1), actions], 1)).squeeze(-1)
 
 
 class Actor(nn.Module):
@@ -64,11 +77,12 @@ class Actor(nn.Module):
         self.fc_logstd = nn.Linear(last, action_dim)
         self.register_buffer("action_scale", torch.tensor((high - low) / 2.0, dtype=torch.float32))
         self.register_buffer("action_bias", torch.tensor((high + low) / 2.0, dtype=torch.float32))
+        self._layers = list(self.trunk[::2])
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = self.trunk(obs.reshape(len(obs), -1))
-        mean = self.fc_mean(x)
-        log_std = torch.tanh(self.fc_logstd(x))
+        x = run_mlp(self._layers, obs.reshape(len(obs), -1), relu_last=True)
+        mean = F.linear(x, self.fc_mean.weight, self.fc_mean.bias)
+        log_std = torch.tanh(F.linear(x, self.fc_logstd.weight, self.fc_logstd.bias))
         log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (log_std + 1)
         return mean, log_std
 
@@ -119,7 +133,11 @@ class SACTrainer(ReplayTrainer):
         self.qf1 = SoftQNetwork(obs_dim, action_dim, d.hidden_sizes)
         self.qf2 = SoftQNetwork(obs_dim, action_dim, d.hidden_sizes)
         self.qf1_target, self.qf2_target = copy.deepcopy(self.qf1), copy.deepcopy(self.qf2)
-        self.q_optimizer = adam([*self.qf1.parameters(), *self.qf2.parameters()], d.q_lr)
+        self._critic_params = [*self.qf1.parameters(), *self.qf2.parameters()]
+        # both critics' (and both targets') parameters in one list each: one fused target update
+        self._critics, self._critic_targets = nn.ModuleList([self.qf1, self.qf2]), \
+            nn.ModuleList([self.qf1_target, self.qf2_target])
+        self.q_optimizer = adam(self._critic_params, d.q_lr)
         self.actor_optimizer = adam(self.actor.parameters(), d.policy_lr)
         self.target_entropy = -float(action_dim) if d.target_entropy is None else float(d.target_entropy)
         if d.autotune:
@@ -129,6 +147,8 @@ class SACTrainer(ReplayTrainer):
         else:
             self.log_alpha, self.alpha_optimizer, self.alpha = None, None, d.alpha
         self._last_actor: dict = {}
+        self._q_adam, self._actor_adam = AdamStep(self.q_optimizer), AdamStep(self.actor_optimizer)
+        self._alpha_adam = None if self.alpha_optimizer is None else AdamStep(self.alpha_optimizer)
         self.bind_signal(action_dim, False, 0, d.policy_lr)
 
     @property
@@ -176,7 +196,8 @@ class SACTrainer(ReplayTrainer):
     def q_step(self) -> tuple[dict, torch.Tensor]:
         """One Q-step on a sampled batch; its statistics, and the batch's observations."""
         d = self.knobs
-        batch = self.buffer.sample(d.batch_size, self.generator)
+        # without a signal nothing holds the batch past this learn(): sampled into the same arrays each time
+        batch = self.buffer.sample(d.batch_size, self.generator, reuse=self.signal is None)
         obs, actions, next_obs = batch["obs"], batch["actions"], batch["next_obs"]
         with torch.no_grad():
             next_actions, next_log_pi = self.actor.sample(next_obs, self.generator)
@@ -198,11 +219,11 @@ class SACTrainer(ReplayTrainer):
         else:
             qf1_loss, qf2_loss = (weights * (q1 - target).square()).mean(), (weights * (q2 - target).square()).mean()
         loss = qf1_loss + qf2_loss
-        if not torch.isfinite(loss):
+        if not math.isfinite(loss.item()):
             raise NonFiniteError("loss", self.global_step)
-        self.q_optimizer.zero_grad()
+        self._q_adam.zero_grad()
         loss.backward()
-        self.q_optimizer.step()
+        self._q_adam.step()
         self.updates += 1
         if signal_batch is not None:
             self.signal_after_update(signal_batch)
@@ -213,7 +234,7 @@ class SACTrainer(ReplayTrainer):
     def actor_step(self, obs: torch.Tensor) -> dict:
         d = self.knobs
         pi, log_pi = self.actor.sample(obs, self.generator)
-        critics = [*self.qf1.parameters(), *self.qf2.parameters()]
+        critics = self._critic_params
         for p in critics:  # the actor's gradient flows through the critics, not into their weights
             p.requires_grad_(False)
         try:
@@ -222,27 +243,27 @@ class SACTrainer(ReplayTrainer):
             for p in critics:
                 p.requires_grad_(True)
         actor_loss = (self.alpha * log_pi - min_q).mean()
-        if not torch.isfinite(actor_loss):
+        if not math.isfinite(actor_loss.item()):
             raise NonFiniteError("actor loss", self.global_step)
-        self.actor_optimizer.zero_grad()
+        self._actor_adam.zero_grad()
         actor_loss.backward()
-        self.actor_optimizer.step()
+        self._actor_adam.step()
         out = {"actor_loss": actor_loss.detach(), "entropy": -log_pi.detach().mean()}
         if d.autotune:
             # DECISION: the temperature's loss reads the actor step's own samples (detached), as
             # SB3 does; CleanRL draws fresh ones (one more actor pass for the same estimate)
             alpha_loss = temperature_loss(self.log_alpha, log_pi, self.target_entropy)
-            self.alpha_optimizer.zero_grad()
+            self._alpha_adam.zero_grad()
             alpha_loss.backward()
-            self.alpha_optimizer.step()
+            self._alpha_adam.step()
             self.alpha = float(self.log_alpha.detach().exp())
             out["alpha_loss"] = alpha_loss.detach()
         return out
 
     def update_targets(self) -> None:
-        # lerp at every tau, 1 included (SAC's arithmetic before the shared helper)
-        for net, target in ((self.qf1, self.qf1_target), (self.qf2, self.qf2_target)):
-            update_target(target, net, self.knobs.tau, copy_at_one=False)
+        # lerp at every tau, 1 included (SAC's arithmetic before the shared helper); both critics in one
+        # fused kernel (elementwise the same as one call per critic)
+        update_target(self._critic_targets, self._critics, self.knobs.tau, copy_at_one=False)
 
     # ------------------------------------------------------------------ row, checkpoints
 
