@@ -356,9 +356,15 @@ class PPOTrainer(EnvStepTrainer):
                 extras.append(p.vf_coef * streams.value_loss(trunk if on_trunk else b_obs[idx], idx))
             return newlogprob, entropy, newvalue, extras
 
+        return self.clipped(evaluate, b)
+
+    def clipped(self, evaluate, b: dict) -> dict:
+        """PPO's clipped update over the batch `b` (rows: steps, or envs for sequences), with the stream
+        heads' parameters beside the policy's where a signal has reward streams."""
+        streams = self.streams
         flats = [self.flat_params] if streams is None else [self.flat_params, streams.flat]
         norm = None if streams is None else (lambda: streams.global_norm(self.flat_params.grad))
-        stats = clipped_update(flats, self.optimizer, evaluate, b, ClipKnobs.of(p), self.generator,
+        stats = clipped_update(flats, self.optimizer, evaluate, b, ClipKnobs.of(self.cfg.ppo), self.generator,
                                self.global_step, grad_norm=norm)
         return {**({} if streams is None else streams.metrics()), **stats}
 
@@ -392,11 +398,7 @@ class PPOTrainer(EnvStepTrainer):
                 extras.append(p.vf_coef * streams.value_loss(out if on_trunk else flat_obs[idx], idx))
             return newlogprob.T, entropy.T, newvalue.T, extras
 
-        flats = [self.flat_params] if streams is None else [self.flat_params, streams.flat]
-        norm = None if streams is None else (lambda: streams.global_norm(self.flat_params.grad))
-        stats = clipped_update(flats, self.optimizer, evaluate, b, ClipKnobs.of(p), self.generator,
-                               self.global_step, grad_norm=norm)
-        return {**({} if streams is None else streams.metrics()), **stats}
+        return self.clipped(evaluate, b)
 
     # ------------------------------------------------------------------ loop
 
