@@ -297,6 +297,7 @@ def _eval(args) -> int:
     import torch
 
     from reflectrl.llm.calibration import calibration_metrics, plot_reliability, relevance_metrics
+    from reflectrl.llm.chat import speak
     from reflectrl.llm.model import load_model
     from reflectrl.llm.tasks import make_task
     from reflectrl.trainers.grpo.trainer import EVAL_SEED, rollout
@@ -309,6 +310,7 @@ def _eval(args) -> int:
         check_writable(args.reliability, "--reliability")  # before the rollouts, not after them
     task = make_task(args.task)
     model, tokenizer = load_model(args.model)
+    speak(task, tokenizer)  # a chat model's instruct form and budget (llm/chat.py), before max_new_tokens is read
     rng = random.Random(EVAL_SEED)
     problems = [task.sample(rng) for _ in range(args.problems)]
     if not args.temperature >= 0 or args.temperature == float("inf"):

@@ -1,7 +1,8 @@
 """Supervised warm start on a task's demonstrations, so that RL has something to improve.
 
 Each example is tokenised piece by piece exactly as an RL episode is laid out (prompt,
-then each agent turn followed by eos, then the tool's reply), and the loss is the
+then each agent turn followed by eos, then the tool's reply; in chat form, for a model with a
+chat template, as user and assistant turns: llm/chat.py), and the loss is the
 cross-entropy of the agent's tokens only: the model learns to act, not to predict the
 prompt or the tool. With a reflection after feedback (`code[reflect=...;reflect_after=feedback]`,
 tasks/reflect.py) a demonstration is the body, the visible tests' output (context), then the
@@ -24,6 +25,7 @@ from pathlib import Path
 import torch
 
 from reflectrl.errors import NonFiniteError, UserError
+from reflectrl.llm import chat
 from reflectrl.llm.tasks.base import Task, reference_hint, turn_pieces, turn_text
 from reflectrl.runs.jsonfile import dumps
 from reflectrl.runs.rundir import atomic_dir
@@ -31,10 +33,10 @@ from reflectrl.runs.rundir import atomic_dir
 
 def demonstration_tokens(tokenizer, task: Task, problem, hint: str | None = None) -> tuple[list[int], list[bool]]:
     """(token ids, agent mask) of a correct episode of `problem` (with `hint`, a reference the
-    model reads after the prompt, in context only)."""
-    ids = tokenizer.encode(problem.prompt)
-    if hint is not None:
-        ids += tokenizer.encode(hint, add_special_tokens=False)
+    model reads after the prompt, in context only), laid out as the rollout lays out an episode
+    (llm/chat.py: in chat form, the agent's turns are assistant turns and only they are learned)."""
+    chat.speak(task, tokenizer)
+    ids = chat.prompt_ids(tokenizer, task, problem, hint)
     agent = [False] * len(ids)
     turns: list[str] = []
     for turn in task.demonstration(problem):
@@ -47,7 +49,7 @@ def demonstration_tokens(tokenizer, task: Task, problem, hint: str | None = None
         agent.append(True)
         reply = task.respond(problem, turns)
         if reply is not None:
-            reply_ids = tokenizer.encode(reply, add_special_tokens=False)
+            reply_ids = chat.reply_ids(tokenizer, reply, ids)
             ids += reply_ids
             agent += [False] * len(reply_ids)
     return ids, agent

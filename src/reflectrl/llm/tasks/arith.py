@@ -13,6 +13,10 @@ byte-level BPE of a few hundred tokens) can learn it from a short SFT on a CPU. 
 With the defaults there are 31*31*2 = 1922 distinct problems; two-digit addition with
 carries is where a tiny model stays at intermediate accuracy after SFT, which leaves RL
 room to improve. Score: 1.0 if the turn, stripped, equals the answer exactly, else 0.0.
+
+Chat form (an instruct model, llm/chat.py): the user turn asks "What is 12 + 7? Give the
+number." and the answer is the number the reply gives (tasks/base.py's `chat_number`: the one
+after "answer", else the last one), so "12 + 7 = 19." scores 1.0.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import operator
 import random
 
 from reflectrl.errors import UserError
-from reflectrl.llm.tasks.base import Problem, Task
+from reflectrl.llm.tasks.base import Problem, Task, chat_number
 
 _OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 
@@ -45,7 +49,13 @@ class ArithTask(Task):
         b = rng.randint(0, self.max_operand)
         return Problem(prompt=f"{a}{op}{b}=", answer=str(_OPS[op](a, b)), meta={"a": a, "op": op, "b": b})
 
+    def instruction(self, problem: Problem) -> str:
+        m = problem.meta
+        return f"What is {m['a']} {m['op']} {m['b']}? Give the number."
+
     def score(self, problem: Problem, turns: list[str]) -> float:
+        if self.chat:
+            return float(bool(turns) and chat_number(turns[-1]) == problem.answer)
         return float(bool(turns) and turns[-1].strip() == problem.answer)
 
     def demonstration(self, problem: Problem) -> list[str]:

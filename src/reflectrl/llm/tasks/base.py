@@ -38,11 +38,19 @@ answer without revealing the outcome (code: the visible tests' output), which a 
 stated after it reads (`reflect_after=feedback`, tasks/reflect.py); the `_batch` forms let a
 task with an expensive environment (the sandbox) serve a batch in parallel, and the rollout
 calls `respond_batch`.
+
+Chat form (llm/chat.py): where the model's tokenizer has a chat template, `use_chat(True)` puts
+the task in its instruct form: the prompt is the user turn `instruction(problem)` (by default the
+raw prompt), the environment's replies are user turns (a task may word them for an instruct
+model where `chat` is set), and the verifier reads answers the way such models write them (a
+number after prose, a fenced code block). The problems themselves (`sample`) are the same in
+both forms, and a tokenizer without a template keeps the raw format, byte for byte.
 """
 
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +66,24 @@ class Task:
     name = "task"
     max_turns = 1
     max_new_tokens = 32     # per agent turn: a good default generation budget for this task
+    chat = False            # the instruct form (use_chat): llm/chat.py sets it from the tokenizer
+    chat_max_new_tokens = 64  # per agent turn in chat form, where an instruct model writes prose around its answer
+
+    def use_chat(self, on: bool) -> None:
+        """Switch the instruct form on or off (the generation budget becomes the chat one, or back)."""
+        on = bool(on)
+        if on == self.chat:
+            return
+        if on:
+            self._raw_max_new_tokens = self.max_new_tokens
+            self.max_new_tokens = max(self.max_new_tokens, self.chat_max_new_tokens)
+        else:
+            self.max_new_tokens = self._raw_max_new_tokens
+        self.chat = on
+
+    def instruction(self, problem: Problem) -> str:
+        """The user turn that asks for `problem` in chat form (by default the raw prompt)."""
+        return problem.prompt
 
     def sample(self, rng: random.Random) -> Problem:
         raise NotImplementedError
@@ -120,3 +146,34 @@ REFERENCE_TEMPLATE = "Reference:\n{}\nSolve:\n"
 def reference_hint(task: Task, problem: Problem, kind: str = "solution") -> str:
     """The text a ground-truth-conditioned teacher reads between the prompt and the completion."""
     return REFERENCE_TEMPLATE.format(task.reference(problem, kind))
+
+
+# ---------------------------------------------------------------------------- answers in chat form
+
+_NUMBER = r"-?\d+(?:\.\d+)?"
+_NUMBERS = re.compile(rf"(?<![\w.]){_NUMBER}")
+_ANSWER_MARK = re.compile(rf"answer(?:\s+is)?[\s:=*$]*({_NUMBER})", re.IGNORECASE)
+_FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
+
+
+def chat_number(text: str) -> str | None:
+    """The number an instruct model's reply gives as its answer: the one after its last "answer"
+    ("answer 19", "The answer is: 19"), else the last number in it; thousands separators and a
+    trailing ".0" dropped ("1,234.0" -> "1234"); None where it has no number."""
+    text = re.sub(r"(?<=\d),(?=\d{3}\b)", "", text)
+    marked = _ANSWER_MARK.findall(text)
+    numbers = marked or _NUMBERS.findall(text)
+    if not numbers:
+        return None
+    value = numbers[-1]
+    return value[:-2] if value.endswith(".0") else value
+
+
+def code_block(text: str) -> str | None:
+    """The code of a reply's fenced block: the first ```python one, else the first of any language
+    (an unclosed fence, a reply cut off by the budget, runs to the end); None without a fence."""
+    blocks = _FENCE.findall(text)
+    if not blocks:
+        return None
+    python = [code for lang, code in blocks if lang.lower() in ("python", "py", "python3")]
+    return (python or [code for _, code in blocks])[0]

@@ -45,6 +45,15 @@ per-token credit can matter (the demonstration's lines are joined by "\\n", each
 
 Use cases >= 5 with them (the default) so that the tests tell a loop from a shortcut.
 
+Chat form (an instruct model, llm/chat.py): the user turn states the spec in words and shows
+the header ("Write a Python function named f that returns this: add 3 to x." then the header
+in a ```python block), and asks for the complete function in a ```python block. The code run
+is the reply's ```python block (else its first fenced block, else the whole reply): where it
+defines `def f(` it is the program as it stands, otherwise the body under the header as above
+(indented 4 spaces where the reply left it flush). The visible tests' output, as feedback, is
+the same lines after "Test results:". SmolLM2-135M-Instruct on the default (short) families in
+this form, 64 problems (seed 0), up to 128 new tokens: 78% solved greedily, 33% sampled at T=1.
+
 The code runs in `reflectrl.sandbox`; `score_batch` and `answer_feedback_batch` run a batch
 in parallel (one process per core), each distinct program once. Without bubblewrap, scoring
 raises `SandboxUnavailable` (a UserError).
@@ -53,10 +62,12 @@ raises `SandboxUnavailable` (a UserError).
 from __future__ import annotations
 
 import random
+import re
+import textwrap
 
 from reflectrl import sandbox
 from reflectrl.errors import UserError
-from reflectrl.llm.tasks.base import Problem, Task
+from reflectrl.llm.tasks.base import Problem, Task, code_block
 
 
 def _int(rng):
@@ -178,12 +189,31 @@ def _short(value, limit: int = 24) -> str:
 
 
 _FEEDBACK_LINE = 72  # an error line in the feedback is cut to this many characters
+_DEF_F = re.compile(r"^[ \t]*def f\(", re.MULTILINE)
+_ANY_DEF_F = re.compile(r"\bdef f\(")
+
+
+def chat_program(header: str, reply: str) -> str:
+    """The program an instruct model's reply gives (see the module's doc, chat form)."""
+    code = code_block(reply)
+    if code is None:
+        code = reply
+        m = _ANY_DEF_F.search(code)
+        if m is not None:  # unfenced: the function from its header on, the prose before it dropped
+            code = code[m.start():]
+    if _DEF_F.search(code):
+        return textwrap.dedent(code)
+    lines = code.strip("\n").split("\n")
+    if lines and lines[0] and not lines[0][0].isspace():  # a flush body: under the header
+        code = _indent(textwrap.dedent("\n".join(lines)))
+    return header + code
 
 
 class CodeTask(Task):
     name = "code"
     max_turns = 1
     max_new_tokens = 32  # the longest reference body, "    return s.count('a')", is 23 bytes
+    chat_max_new_tokens = 128  # a fenced function, and often a sentence about it
     feedback = True      # the visible tests' output (answer_feedback)
 
     def __init__(self, families: str = ",".join(FAMILIES), cases: int = 5, timeout: float = 5.0,
@@ -221,8 +251,19 @@ class CodeTask(Task):
         return Problem(prompt=f"# {comment}\n{header}", answer=_indent(body),
                        meta={"family": family, "header": header, "tests": tests})
 
+    def instruction(self, problem: Problem) -> str:
+        return (f"Write a Python function named f that returns this: {self._comment(problem)}.\n"
+                f"```python\n{problem.meta['header']}```\nReply with the complete function in a ```python block.")
+
+    @staticmethod
+    def _comment(problem: Problem) -> str:
+        return problem.prompt.split("\n", 1)[0][2:]
+
     def program(self, problem: Problem, turns: list[str]) -> str:
-        """The code that is run: the function header plus the agent's body."""
+        """The code that is run: the function header plus the agent's body (in chat form, the
+        reply's code: `chat_program`)."""
+        if self.chat:
+            return chat_program(problem.meta["header"], turns[-1] if turns else "")
         return problem.meta["header"] + (turns[-1] if turns else "")
 
     def _run_kwargs(self) -> dict:
@@ -253,7 +294,7 @@ class CodeTask(Task):
     def _make(self, problem: Problem):
         """(k, the family's make) of a problem, read back from its prompt (k is not in its meta)."""
         _, _, make = _FAMILIES[problem.meta["family"]]
-        comment = problem.prompt.split("\n", 1)[0][2:]
+        comment = self._comment(problem)
         return next(k for k in range(2, 10) if make(k)[0] == comment), make
 
     def visible_tests(self, problem: Problem) -> dict:
@@ -309,7 +350,7 @@ class CodeTask(Task):
         results = self._run_distinct([(self.program(problems[i], episodes[i]), tests[i]) for i in run])
         for i, result in zip(run, results):
             out[i] = self._feedback_text(tests[i], None, result)
-        return out
+        return ["Test results:\n" + text for text in out] if self.chat else out
 
     def demonstration(self, problem: Problem) -> list[str]:
         return [problem.answer]

@@ -70,6 +70,12 @@ reflect options. Options:
     max_hops      the most (default 3, 1..3, at least min_hops)
     top_k         documents a search returns (default 1, 1..20)
     corpus_seed   the corpus's seed (default 0)
+
+Chat form (an instruct model, llm/chat.py): the user turn is the question and the two calls
+explained (with reflect on, also the relevance prefix and the answer reflection asked for); a
+search's result is a user turn; a reply's call is the first `search QUERY` (the rest of its line)
+or `answer X` (X's first word) written in it, prose and markdown around it ignored, and its
+reflections are read as tasks/reflect.py reads them in chat form.
 """
 
 from __future__ import annotations
@@ -100,6 +106,9 @@ _ANSWER = re.compile(r"answer\s+(\S.*)", re.DOTALL)
 _USAGE = "error: write one of: search QUERY | answer X\n"
 _EMPTY = "error: empty query\n"
 _NO_MATCH = "error: no match\n"
+# chat form: the first call written anywhere in a reply
+_CHAT_CALL = re.compile(r"(?i:\b(search))\s+([^\n`*]*\w)|(?i:\b(answer)(?:\s+is)?)\s*[:=]?\s*\**([A-Z]\w*)")
+_CHAT_RELEVANCE = re.compile(r"^\W*(not relevant|relevant)\b\W*", re.IGNORECASE)
 _CACHE_LIMIT = 200_000  # queries remembered before the cache starts afresh (a model may write many)
 
 _ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "q", "dr", "th", "kr")
@@ -214,13 +223,37 @@ class RagTask(Task):
 
     # -- the format -----------------------------------------------------------------------
 
+    def instruction(self, problem: Problem) -> str:
+        text = (f"{problem.prompt[len('Q: '):].strip()} Find out by searching the documents. Write one call per "
+                "message: `search QUERY` searches them, and `answer X` gives your final answer (one name).")
+        if self.reflect != "none":
+            text += (" Start each message after a search with `relevant;` or `not relevant;` (whether its result "
+                     "helps), and end your answer with " + {"verdict": "`solved` or `not solved`.",
+                                                           "confidence": "your confidence from 0 to 1.",
+                                                           "both": "`solved` or `not solved` and your confidence "
+                                                                   "from 0 to 1."}[self.reflect])
+        return text
+
     def _parse(self, turn: str) -> tuple[str, Reflection, Reflection]:
         """A turn -> (its action, its relevance judgement, its answer reflection)."""
         if self.reflect == "none":
-            return turn.strip(), Reflection(final=False), Reflection()
-        head, answer_reflection = split_reflection(turn, self.reflect)
+            return self._chat_call(turn) if self.chat else turn.strip(), Reflection(final=False), Reflection()
+        head, answer_reflection = split_reflection(turn, self.reflect, self.chat)
+        if self.chat:
+            m = _CHAT_RELEVANCE.match(head)
+            relevance = (Reflection(final=False) if m is None else
+                         Reflection(verdict=m.group(1).lower() == "relevant", well_formed=True, final=False))
+            return self._chat_call(head if m is None else head[m.end():]), relevance, answer_reflection
         action, relevance = split_relevance(head)
         return action.strip(), relevance, answer_reflection
+
+    @staticmethod
+    def _chat_call(text: str) -> str:
+        """The first call written in an instruct model's reply, as the raw format writes it."""
+        m = _CHAT_CALL.search(text)
+        if m is None:
+            return text.strip()
+        return f"search {m.group(2).strip()}" if m.group(1) else f"answer {m.group(4)}"
 
     def _action(self, turn: str) -> str:
         return self._parse(turn)[0]

@@ -40,6 +40,12 @@ default) Python's precedence, `/` as floor division and `-(...)` written as a st
 computes. An entry whose steps do not reproduce the dataset's answer (its generator's
 division fallback in the left-to-right mode writes a divisor that is not the one it
 used) is skipped: `sample` draws another index.
+
+Chat form (an instruct model, llm/chat.py): the user turn is the question (with worked=true,
+followed by a request to work it out and end with `answer N`), and the verifier reads the
+reply's answer: where the reference answer is an integer, the number it gives (tasks/base.py's
+`chat_number`: the one after its last "answer", else its last number); otherwise the text after
+its last "answer:" / "answer is" (else the whole reply), stripped of markdown and a final period.
 """
 
 from __future__ import annotations
@@ -52,12 +58,13 @@ import random
 import re
 
 from reflectrl.errors import UserError
-from reflectrl.llm.tasks.base import Problem, Task
+from reflectrl.llm.tasks.base import Problem, Task, chat_number
 
 _DEFAULTS = {"seed": 0, "size": 10_000}
 _OURS = {"worked": False}  # our options, not the dataset's config
 WORKED_DATASETS = ("chain_sum", "basic_arithmetic")
 MARKER = "answer"
+_CHAT_MARKER = re.compile(r"answer\s*(?:is\s*)?[:=]?", re.IGNORECASE)
 _OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.floordiv}
 _TOKEN = re.compile(r"\s*(\d+|[-+*/()])")
 
@@ -229,15 +236,33 @@ class ReasoningGymTask(Task):
         entry = self.dataset[rng.randrange(self.size)]
         return Problem(prompt=entry["question"].rstrip() + "\n", answer=entry["answer"], meta={"entry": entry})
 
-    def final_answer(self, turn: str) -> str | None:
-        """What the verifier reads: the whole turn, or with worked=true the text after its last marker."""
+    def instruction(self, problem: Problem) -> str:
+        question = problem.meta["entry"]["question"].strip()
+        return f"{question}\nWork it out one step at a time, then write `answer N`." if self.worked else question
+
+    def final_answer(self, turn: str, problem: Problem | None = None) -> str | None:
+        """What the verifier reads: the whole turn, or with worked=true the text after its last marker
+        (in chat form, the reply's answer: see the module's doc)."""
+        if self.chat and problem is not None:
+            return self._chat_answer(turn, problem)
         if not self.worked:
             return turn.strip()
         head, sep, tail = turn.rpartition(MARKER)
         return tail.strip() if sep else None
 
+    def _chat_answer(self, turn: str, problem: Problem) -> str | None:
+        marks = list(_CHAT_MARKER.finditer(turn))
+        if self.worked and not marks:
+            return None
+        tail = turn[marks[-1].end():] if marks else turn
+        try:
+            int(str(problem.answer).strip())
+        except ValueError:  # a text answer: what follows the marker, without markdown or a final period
+            return tail.strip().strip("*`").strip().rstrip(".").strip() or None
+        return chat_number(tail)
+
     def score(self, problem: Problem, turns: list[str]) -> float:
-        answer = self.final_answer(turns[-1]) if turns else None
+        answer = self.final_answer(turns[-1], problem) if turns else None
         if answer is None:
             return 0.0
         try:  # a verifier fed arbitrary model output may raise; that answer is simply wrong

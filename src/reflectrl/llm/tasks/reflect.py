@@ -35,6 +35,16 @@ final outcome). Every Reflection records `after_feedback`: whether the agent had
 environment reply in the episode when it stated it (its turn is not the first one); the
 metrics split on it (llm/calibration.py, `..._before_feedback` / `..._after_feedback`).
 
+Chat form (an instruct model, llm/chat.py: `Task.use_chat`): the request to reflect is in the
+user turn (in the instruction, for a reflection in the answer's turn; after the test results,
+for a reflection turn of its own), and the parser tolerates prose around the reflection: the
+raw format first, else the last "solved" / "not solved" / "unsolved" in the turn (case
+ignored) and a confidence after it or after the word "confidence" (a number in [0, 1], or a
+percentage); in the answer's turn the answer is the text before the reflection:
+
+    "The answer is 19.\nSolved, confidence 0.9"   -> ("The answer is 19.", solved, 0.9)
+    "I think it is not solved. Confidence: 30%"   -> not solved, 0.3
+
 `Reflective(task, mode)` wraps any task: the inner task sees its turns with the reflection
 cut off (so its tools and verifier are unchanged), and its demonstrations, for SFT, end with
 a reflection. A share `reflect_negatives` (default 0.5) of demonstrations ends instead in a
@@ -66,6 +76,15 @@ _REFLECTION = re.compile(rf"^\s*(?:(solved|not solved)\s*)?(?:({_NUMBER})\s*)?$"
 _VERDICT_PREFIX = re.compile(r"^\s*(relevant|not relevant)\s*;\s*", re.DOTALL)
 POSITIVE_CONFIDENCES = (0.6, 0.7, 0.8, 0.9)
 NEGATIVE_CONFIDENCES = (0.1, 0.2, 0.3, 0.4)
+# chat form: the reflection in prose (see the module's doc)
+_CHAT_VERDICT = re.compile(r"\b(not\s+solved|unsolved|solved)\b", re.IGNORECASE)
+_CHAT_CONFIDENCE_WORD = re.compile(r"\bconfiden(?:ce|t)\b", re.IGNORECASE)
+_CHAT_CONFIDENCE = re.compile(r"(?<![\w.])(?:(\d{1,3}(?:\.\d+)?)\s*%|(1(?:\.0*)?|0?\.\d+|0)(?![\w%]|\.\d))")
+_CHAT_REFLECTION_TOKENS = 24  # the chat form's generation budget for a reflection in prose
+# what the user turn asks for, by mode
+_ASKED = {"verdict": "`solved` if it is correct, else `not solved`",
+          "confidence": "your confidence that it is correct, a number from 0 to 1",
+          "both": "`solved` or `not solved`, then your confidence from 0 to 1 that it is correct (e.g. `solved 0.8`)"}
 
 
 @dataclass(frozen=True)
@@ -123,22 +142,62 @@ def wants(mode: str) -> tuple[bool, bool]:
     return mode in ("verdict", "both"), mode in ("confidence", "both")
 
 
-def split_reflection(text: str, mode: str) -> tuple[str, Reflection]:
-    """`ANSWER | REFLECTION` -> (ANSWER, Reflection); a turn with no parseable reflection is all answer."""
+def _stated(verdict: bool | None, confidence: float | None, mode: str) -> Reflection:
+    want_verdict, want_confidence = wants(mode)
+    ok = (verdict is not None or not want_verdict) and (confidence is not None or not want_confidence)
+    return Reflection(verdict, confidence, ok)
+
+
+def split_reflection(text: str, mode: str, chat: bool = False) -> tuple[str, Reflection]:
+    """`ANSWER | REFLECTION` -> (ANSWER, Reflection); a turn with no parseable reflection is all
+    answer. `chat`: also prose around the reflection (`chat_reflection`) where the format is not met."""
     head, sep, tail = text.rpartition(SEPARATOR.strip())
     m = _REFLECTION.match(tail) if sep else None
     if m is None or not (m.group(1) or m.group(2)):
-        return text, Reflection()
+        return chat_reflection(text, mode) if chat else (text, Reflection())
     verdict = None if m.group(1) is None else m.group(1) == "solved"
     confidence = None if m.group(2) is None else float(m.group(2))
-    want_verdict, want_confidence = wants(mode)
-    ok = (verdict is not None or not want_verdict) and (confidence is not None or not want_confidence)
-    return head.rstrip(), Reflection(verdict, confidence, ok)
+    return head.rstrip(), _stated(verdict, confidence, mode)
 
 
-def parse_reflection(text: str, mode: str) -> Reflection:
+def parse_reflection(text: str, mode: str, chat: bool = False) -> Reflection:
     """A turn that is only a reflection ("solved 0.8": the turn after feedback); missing where it does not parse."""
+    if chat:
+        return chat_reflection(text, mode, whole=True)[1]
     return split_reflection(SEPARATOR + text, mode)[1]
+
+
+def _confidence(text: str) -> float | None:
+    m = _CHAT_CONFIDENCE.search(text)
+    if m is None:
+        return None
+    value = float(m.group(1)) / 100 if m.group(1) is not None else float(m.group(2))
+    return value if 0.0 <= value <= 1.0 else None
+
+
+def chat_reflection(text: str, mode: str, whole: bool = False) -> tuple[str, Reflection]:
+    """(the answer before the reflection, the Reflection) of an instruct model's turn: the last
+    verdict stated and a confidence after it or after the word "confidence" (on the verdict's line
+    or after it); `whole`: the turn is all reflection (the turn after feedback)."""
+    verdicts = list(_CHAT_VERDICT.finditer(text))
+    words = list(_CHAT_CONFIDENCE_WORD.finditer(text))
+    if not verdicts and not words:
+        return text, Reflection()
+    start = verdicts[-1].start() if verdicts else words[-1].start()
+    line = text.rfind("\n", 0, start) + 1
+    # "Confidence: 0.9, solved": a confidence stated before the verdict on its line
+    before = [w.start() for w in words if line <= w.start() < start]
+    start = min([start] + before)
+    verdict = None
+    if verdicts:
+        verdict = not re.match(r"not|un", verdicts[-1].group(1), re.IGNORECASE)
+    after_word = [w.end() for w in words if w.start() >= start]
+    confidence = _confidence(text[after_word[0]:]) if after_word else None
+    if confidence is None:
+        confidence = _confidence(text[start:])
+    if whole and confidence is None:  # a confidence stated before the verdict, on another line
+        confidence = _confidence(text)
+    return (text if whole else text[:start].rstrip()), _stated(verdict, confidence, mode)
 
 
 def at_turn(reflection: Reflection, k: int) -> Reflection:
@@ -187,6 +246,22 @@ class Reflective(Task):
         self.max_new_tokens = inner.max_new_tokens + len(format_reflection(False, 0.0, "both")) + 2
         self._demo_rng = random.Random(seed)  # the demonstrations' choices; the problems' stream is the inner task's
 
+    def use_chat(self, on: bool) -> None:
+        self.inner.use_chat(on)
+        self.chat = bool(on)
+        extra = _CHAT_REFLECTION_TOKENS if self.chat else len(format_reflection(False, 0.0, "both")) + 2
+        self.max_new_tokens = self.inner.max_new_tokens + extra
+
+    def instruction(self, problem: Problem) -> str:
+        """The inner task's instruction; with the reflection in the answer's turn, the request for it after."""
+        text = self.inner.instruction(problem)
+        return text if self.own_turn else f"{text} After your answer, end with a line stating {_ASKED[self.reflect]}."
+
+    def _ask(self, feedback: str) -> str:
+        """The feedback on the answer, in chat form followed by the request to reflect."""
+        return f"{feedback.rstrip()}\nJudge your answer from these results: reply with {_ASKED[self.reflect]}." \
+            if self.chat else feedback
+
     def _inner_over(self, problem: Problem, turns: list[str]) -> int | None:
         """The index of the inner episode's last turn among `turns`, None while it goes on."""
         for k in range(min(len(turns), self.inner.max_turns)):
@@ -221,7 +296,7 @@ class Reflective(Task):
             out[i] = reply
         feedback = self.inner.answer_feedback_batch([problems[i] for i in answered], [episodes[i] for i in answered])
         for i, reply in zip(answered, feedback):
-            out[i] = reply
+            out[i] = self._ask(reply)
         return out
 
     def _strip(self, turns: list[str]) -> list[str]:
@@ -230,7 +305,7 @@ class Reflective(Task):
 
     def _inner_turns(self, problem: Problem, turns: list[str]) -> list[str]:
         if not self.own_turn:
-            return [split_reflection(t, self.reflect)[0] for t in turns]
+            return [split_reflection(t, self.reflect, self.chat)[0] for t in turns]
         end = self._inner_over(problem, turns)
         return turns if end is None else turns[:end + 1]
 
@@ -247,11 +322,11 @@ class Reflective(Task):
             return []
         out: list[list[Reflection]] = [[] for _ in turns]
         if not self.own_turn:
-            out[-1] = [at_turn(split_reflection(turns[-1], self.reflect)[1], len(turns) - 1)]
+            out[-1] = [at_turn(split_reflection(turns[-1], self.reflect, self.chat)[1], len(turns) - 1)]
             return out
         end = self._inner_over(problem, turns)
         if end is not None and end + 1 < len(turns):
-            out[end + 1] = [at_turn(parse_reflection(turns[end + 1], self.reflect), end + 1)]
+            out[end + 1] = [at_turn(parse_reflection(turns[end + 1], self.reflect, self.chat), end + 1)]
         else:  # the turns ran out before the reflection: missing, on the last turn
             out[-1] = [at_turn(Reflection(), len(turns) - 1)]
         return out

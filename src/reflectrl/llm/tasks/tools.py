@@ -45,6 +45,10 @@ the same format on this task (tasks/reflect.py). Options:
                  once. The episode may last `calls` + 2 agent turns (slack for a bad call).
                  `keys` must be >= calls // 2; the largest possible intermediate value must
                  fit `calc`'s 9 digits (use ops=+- or a smaller max_value otherwise).
+
+Chat form (an instruct model, llm/chat.py): the user turn is the question and the three calls
+explained; a tool's output is a user turn; the call a reply makes is the first one written in it
+(prose and markdown around it ignored: "I will look it up: `lookup k3`" calls `lookup k3`).
 """
 
 from __future__ import annotations
@@ -61,6 +65,9 @@ _LOOKUP = re.compile(r"lookup\s+(\S+)")
 _CALC = re.compile(r"calc\s+(-?\d{1,9})\s*([-+*])\s*(-?\d{1,9})")  # 9 digits: no huge products
 _ANSWER = re.compile(r"answer\s+(-?\d{1,18})")
 _USAGE = "error: write one of: lookup KEY | calc A+B | answer N\n"
+# chat form: the first call written anywhere in a reply
+_CHAT_CALL = re.compile(r"\b(lookup\s+\w+|calc\s+-?\d{1,9}\s*[-+*]\s*-?\d{1,9}|answer\s+-?\d{1,18})\b",
+                        re.IGNORECASE)
 
 
 class ToolsTask(Task):
@@ -138,8 +145,22 @@ class ToolsTask(Task):
         return Problem(prompt=f"What is {question}?\n", answer=answer,
                        meta={"table": table, "key": key, "op": op, "constant": c})
 
+    def instruction(self, problem: Problem) -> str:
+        return (f"{problem.prompt.strip()} The values of the keys (k0, k1, ...) are hidden: look them up. "
+                "Write one tool call per message: `lookup KEY` gives a key's value, `calc A+B` computes "
+                "(+, - or *), and `answer N` gives your final answer.")
+
+    def _call(self, turn: str) -> str:
+        """The call a turn makes: the whole turn stripped (in chat form, the first call written in it)."""
+        if self.chat:
+            m = _CHAT_CALL.search(turn)
+            if m is not None:
+                word, _, rest = m.group(1).partition(" ")
+                return f"{word.lower()} {rest.strip()}"
+        return turn.strip()
+
     def respond(self, problem: Problem, turns: list[str]) -> str | None:
-        turn = turns[-1].strip()
+        turn = self._call(turns[-1])
         if _ANSWER.fullmatch(turn):
             return None
         m = _LOOKUP.fullmatch(turn)
@@ -152,7 +173,7 @@ class ToolsTask(Task):
         return _USAGE
 
     def score(self, problem: Problem, turns: list[str]) -> float:
-        m = _ANSWER.fullmatch(turns[-1].strip()) if turns else None
+        m = _ANSWER.fullmatch(self._call(turns[-1])) if turns else None
         return float(m is not None and int(m.group(1)) == problem.answer)
 
     def demonstration(self, problem: Problem) -> list[str]:

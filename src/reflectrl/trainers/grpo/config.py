@@ -48,6 +48,8 @@ def loss_types() -> tuple[str, ...]:
 
 
 SCALE_REWARDS = ("group", "batch", "none")
+# the attention and MLP projections of Llama- and Qwen-style decoders
+LORA_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 PSEUDO_REWARDS = ("none", "verdict")
 
 
@@ -88,7 +90,8 @@ class GRPOConfig:
     gae_lambda: float = 0.95
     """GAE's lambda over turns (refgrpo)"""
     log_kl: bool = True                     # log KL to the reference even when beta = 0 (one more forward)
-    """log the KL to the reference even when beta = 0 (one more forward)"""
+    """log the KL to the reference even when beta = 0 (one more no-grad forward a step; the reference is a frozen
+    copy of the starting model, or with LoRA the base with its adapters off, which costs no memory)"""
     eval_every: int = 10                    # greedy accuracy on a fixed held-out set every N steps (0: never)
     """greedy held-out accuracy every N steps (0: never)"""
     eval_problems: int = 64
@@ -116,9 +119,19 @@ class LLMRunConfig:
     device: str = "auto"
     """auto (cuda where available), cpu, cuda or cuda:N (--device)"""
     precision: str = "auto"
-    """auto (bf16 autocast on a CUDA device that supports it, else fp32), fp32 or bf16"""
+    """auto (bf16 autocast on a CUDA device that supports it, else fp32), fp32 or bf16 (autocast, fp32 weights)"""
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass (less memory, ~30% more time)"""
+    logprob_chunk: int = 16
+    """sequence positions whose full-vocabulary logits are computed at once (0: every position at once)"""
+    lora_rank: int = 0
+    """LoRA adapters of this rank on lora_targets, the base model frozen (0: train every weight)"""
+    lora_alpha: float = 16.0
+    """LoRA's scale numerator: the adapters' update is scaled by lora_alpha / lora_rank"""
+    lora_dropout: float = 0.0
+    """dropout on the adapters' input"""
+    lora_targets: str = LORA_TARGETS
+    """the modules that get adapters, by name, comma-separated"""
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     """the GRPO knobs"""
     sections: dict[str, Any] = field(default_factory=dict)
@@ -140,7 +153,8 @@ class LLMRunConfig:
         return cls(**d, grpo=grpo, sections=sections)
 
 
-RUN_KNOBS = ("checkpoint_every", "torch_threads", "device", "precision", "gradient_checkpointing")
+RUN_KNOBS = ("checkpoint_every", "torch_threads", "device", "precision", "gradient_checkpointing", "logprob_chunk",
+             "lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
 PRECISIONS = ("auto", "fp32", "bf16")
 
 
@@ -179,6 +193,25 @@ def check_device(device: str) -> None:
         raise UserError(f"--device {device}: use auto, cpu, cuda or cuda:N")
 
 
+def check_memory_knobs(cfg: LLMRunConfig) -> None:
+    """logprob_chunk and the LoRA knobs."""
+    if cfg.logprob_chunk < 0:
+        raise UserError(f"logprob_chunk={cfg.logprob_chunk}: must be >= 0 positions (0: every position at once)")
+    if cfg.lora_rank < 0:
+        raise UserError(f"lora_rank={cfg.lora_rank}: must be >= 0 (0: no LoRA, every weight trains)")
+    if not math.isfinite(cfg.lora_alpha) or cfg.lora_alpha <= 0:
+        raise UserError(f"lora_alpha={cfg.lora_alpha}: must be a finite number > 0")
+    if not 0 <= cfg.lora_dropout < 1:
+        raise UserError(f"lora_dropout={cfg.lora_dropout}: must be in [0, 1)")
+    if not lora_targets(cfg):
+        raise UserError(f"lora_targets='{cfg.lora_targets}': name the modules that get adapters, comma-separated "
+                        f"(default {LORA_TARGETS})")
+
+
+def lora_targets(cfg: LLMRunConfig) -> list[str]:
+    return [name.strip() for name in cfg.lora_targets.split(",") if name.strip()]
+
+
 def validate_llm(cfg: LLMRunConfig) -> None:
     g = cfg.grpo
     algo = parse_algo(cfg.algo, "llm")
@@ -193,6 +226,7 @@ def validate_llm(cfg: LLMRunConfig) -> None:
     check_device(cfg.device)
     if cfg.precision not in PRECISIONS:
         raise UserError(f"precision={cfg.precision}: use one of {', '.join(PRECISIONS)}")
+    check_memory_knobs(cfg)
     for name in ("prompts_per_step", "num_iterations", "minibatches", "eval_problems"):
         if getattr(g, name) < 1:
             raise UserError(f"{name}={getattr(g, name)}: must be a positive integer")

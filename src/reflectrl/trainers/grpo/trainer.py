@@ -32,9 +32,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from reflectrl.errors import NonFiniteError, UserError
 from reflectrl.estimators import compute_gae
+from reflectrl.llm import chat
 from reflectrl.llm.calibration import calibration_metrics, relevance_metrics, scalar_metrics
 from reflectrl.llm.losses import aggregate
 from reflectrl.llm.model import hidden_size
@@ -45,7 +47,7 @@ from reflectrl.registry import parse_algo, signal_spec, step_kind
 from reflectrl.runs import MetricsLogger, RunDir
 from reflectrl.signals import Batch, Signal, SignalContext, make_signal
 from reflectrl.trainers.base import Stopwatch, apply_signals, crossed, train_loop
-from reflectrl.trainers.grpo.config import LLMRunConfig
+from reflectrl.trainers.grpo.config import LLMRunConfig, lora_targets
 
 CHECKPOINT_FORMAT = 1
 EVAL_SEED = 20261129  # one held-out problem set for every run, so curves compare across seeds and algos
@@ -53,6 +55,9 @@ EVAL_SEED = 20261129  # one held-out problem set for every run, so curves compar
 # episode scored 0) before the run says so: a few, so a model that was never taught the task is
 # named before it spends its budget, and not one, as a fine model can miss on a single batch.
 SILENT_STEPS = 5
+# A vocabulary this small keeps its log-probabilities unchunked (logprob_chunk is not applied): the whole
+# batch's logits are a few MB, and the tiny models' pinned runs (tests/test_params_hash.py) keep their bits.
+SMALL_VOCAB = 4096
 
 
 # ---------------------------------------------------------------------------- rollouts
@@ -92,10 +97,12 @@ def _left_pad(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tens
 @torch.no_grad()
 def rollout(model, tokenizer, task: Task, problems: list[Problem], *, max_new_tokens: int,
             temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False) -> Episodes:
-    """Play one episode per problem with the model, turn by turn (sampling from torch's RNG)."""
+    """Play one episode per problem with the model, turn by turn (sampling from torch's RNG), in
+    the tokenizer's chat format where it has one (llm/chat.py; the task then reads its instruct form)."""
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     n = len(problems)
-    seqs = [tokenizer.encode(p.prompt) for p in problems]  # with a BOS where the model has one
+    chat.speak(task, tokenizer)
+    seqs = [chat.prompt_ids(tokenizer, task, p) for p in problems]
     agent = [[False] * len(s) for s in seqs]
     turn_of = [[-1] * len(s) for s in seqs]
     turn_ends: list[list[int]] = [[] for _ in range(n)]
@@ -123,7 +130,7 @@ def rollout(model, tokenizer, task: Task, problems: list[Problem], *, max_new_to
                    if k + 1 < task.max_turns else [None] * len(active))
         for i, reply in zip(active, replies):
             if reply is not None:
-                reply_ids = tokenizer.encode(reply, add_special_tokens=False)
+                reply_ids = chat.reply_ids(tokenizer, reply, seqs[i])
                 seqs[i] += reply_ids
                 agent[i] += [False] * len(reply_ids)
                 turn_of[i] += [-1] * len(reply_ids)
@@ -183,36 +190,78 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale_rewards: str 
 
 
 def token_logprobs(model, ids: torch.Tensor, attention: torch.Tensor, *, temperature: float = 1.0,
-                   with_logits: bool = False):
+                   with_logits: bool = False, chunk: int = 0, start: int = 0):
     """(log p(token t | tokens < t) for t >= 1, last hidden state), shapes (N, L-1) and (N, L, H);
     with `with_logits`, also the log-softmax distributions (N, L-1, V), detached.
 
     Logits are divided by the sampling temperature, so log-probabilities are those of the
-    distribution the tokens were drawn from. Inputs move to the model's device."""
+    distribution the tokens were drawn from. Inputs move to the model's device.
+
+    With `chunk` > 0 (and no `with_logits`) the (N, L-1, V) logits never sit in memory at once,
+    neither in the forward nor in the backward pass: the decoder's last hidden state is computed
+    once, then the LM head, temperature, log-softmax and gather run `chunk` positions at a time
+    under activation checkpointing (the backward pass recomputes each chunk's logits), from step
+    `start` on (the step that predicts the batch's first completion token); the earlier steps
+    predict prompt tokens, which are never in the loss, and their log-probabilities are left 0."""
     ids, attention = ids.to(model.device), attention.to(model.device)
-    out = model(input_ids=ids, attention_mask=attention, output_hidden_states=True, use_cache=False)
-    logits = out.logits[:, :-1].float() / temperature
-    full = torch.log_softmax(logits, -1)
-    logp = full.gather(-1, ids[:, 1:, None]).squeeze(-1)
-    if with_logits:
-        return logp, out.hidden_states[-1], full.detach()
-    return logp, out.hidden_states[-1]
+    if with_logits or chunk <= 0 or not _has_plain_head(model):
+        out = model(input_ids=ids, attention_mask=attention, output_hidden_states=True, use_cache=False)
+        logits = out.logits[:, :-1].float() / temperature
+        full = torch.log_softmax(logits, -1)
+        logp = full.gather(-1, ids[:, 1:, None]).squeeze(-1)
+        if with_logits:
+            return logp, out.hidden_states[-1], full.detach()
+        return logp, out.hidden_states[-1]
+    hidden = model.get_decoder()(input_ids=ids, attention_mask=attention, use_cache=False).last_hidden_state
+    head, targets = model.get_output_embeddings(), ids[:, 1:]
+    steps = targets.shape[1]
+    start = min(max(start, 0), steps)
+    pieces = [torch.zeros(ids.shape[0], start, device=ids.device)]
+    for s in range(start, steps, chunk):
+        end = min(s + chunk, steps)  # step t is read from position t and predicts token t+1
+        args = (head, hidden[:, s:end], targets[:, s:end], temperature)
+        if torch.is_grad_enabled():
+            pieces.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False))
+        else:
+            pieces.append(_chunk_logprobs(*args))
+    return torch.cat(pieces, 1), hidden
+
+
+def _chunk_logprobs(head, hidden: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log p(target) at each of a chunk's positions: (N, C)."""
+    logits = head(hidden).float() / temperature
+    return logits.gather(-1, targets[..., None]).squeeze(-1) - torch.logsumexp(logits, -1)
+
+
+def _has_plain_head(model) -> bool:
+    """Whether the model's logits are its output embedding applied to its decoder's last hidden state
+    (Llama, Qwen and most causal LMs; not those that cap or scale their logits after the head)."""
+    config = model.config.get_text_config()
+    if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None):
+        return False
+    try:
+        return model.get_decoder() is not None and model.get_output_embeddings() is not None
+    except (AttributeError, NotImplementedError):
+        return False
 
 
 def teacher_inputs(tokenizer, task: Task, episodes: Episodes, kind: str = "solution"):
     """The episodes with the task's reference (tasks/base.py's `reference_hint`) between each
-    prompt and its completion: (ids, attention) right-padded, and per episode the prompt's
-    length and the hint's, (N,) each. Token t >= prompt length of an episode sits at t + hint
+    prompt and its completion (in chat form inside the prompt's user turn, llm/chat.py): (ids,
+    attention) right-padded, and per episode the prompt's length and the hint's (how much longer
+    the hinted prompt is), (N,) each. Token t >= prompt length of an episode sits at t + hint
     length in the teacher's sequence."""
     n = episodes.ids.shape[0]
     lengths = episodes.attention.sum(1).tolist()
     prompt_len = episodes.agent.long().argmax(1)  # the first agent token
     seqs, hint_len = [], []
     for i in range(n):
-        hint = tokenizer.encode(reference_hint(task, episodes.problems[i], kind), add_special_tokens=False)
+        # the prompt re-rendered with the hint after it (in chat form, inside the user turn)
+        problem = episodes.problems[i]
+        hinted = chat.prompt_ids(tokenizer, task, problem, hint=reference_hint(task, problem, kind))
         p, row = int(prompt_len[i]), episodes.ids[i, :lengths[i]].tolist()
-        seqs.append(row[:p] + hint + row[p:])
-        hint_len.append(len(hint))
+        seqs.append(hinted + row[p:])
+        hint_len.append(len(hinted) - p)
     width = max(len(q) for q in seqs)
     ids = torch.full((n, width), tokenizer.pad_token_id, dtype=torch.long)
     attention = torch.zeros((n, width), dtype=torch.long)
@@ -328,7 +377,9 @@ def return_to_go_advantages(turns: Batch, scale: torch.Tensor) -> torch.Tensor:
 
 def resolve_device(device: str, precision: str) -> tuple[torch.device, bool]:
     """(the device to train on, whether to autocast to bf16) for `device` = auto | cpu | cuda[:N]
-    and `precision` = auto (bf16 on a CUDA device that supports it, else fp32) | fp32 | bf16."""
+    and `precision` = auto (bf16 on a CUDA device that supports it, else fp32) | fp32 | bf16 (on a
+    CUDA device that supports it, or on the CPU: autocast there too, the weights staying fp32).
+    auto stays fp32 on the CPU: see docs/benchmarks.md for what bf16 gains there."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(device)
@@ -336,9 +387,63 @@ def resolve_device(device: str, precision: str) -> tuple[torch.device, bool]:
         raise UserError(f"--device {device}: CUDA is not available here (torch {torch.__version__}); "
                         "use --device cpu, or auto")
     supported = dev.type == "cuda" and torch.cuda.is_bf16_supported()
-    if precision == "bf16" and not supported:
+    if precision == "bf16" and not (supported or dev.type == "cpu"):
         raise UserError(f"precision=bf16: not supported on {dev} here; use precision=fp32 (or auto)")
     return dev, precision == "bf16" or (precision == "auto" and supported)
+
+
+def add_lora(model, cfg: LLMRunConfig):
+    """The model with LoRA adapters (peft) of rank `lora_rank` on `lora_targets`, its own weights frozen."""
+    from peft import LoraConfig, get_peft_model
+
+    targets = lora_targets(cfg)
+    names = [name for name, _ in model.named_modules()]
+    missing = [t for t in targets if not any(name == t or name.endswith("." + t) for name in names)]
+    if missing:
+        raise UserError(f"lora_targets: the model has no module named {', '.join(missing)}; its linear layers "
+                        f"are {', '.join(sorted(linear_names(model)))}")
+    lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                      target_modules=targets, bias="none", task_type="CAUSAL_LM")
+    with torch.random.fork_rng(devices=[]):  # the adapters' initial draws: from the seed, aside from the run's
+        torch.manual_seed(cfg.seed)
+        return get_peft_model(model, lora)
+
+
+def linear_names(model) -> set[str]:
+    return {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+
+
+def merged_state_dict(model) -> dict:
+    """The policy's weights under the plain model's names. With LoRA, each adapted weight is
+    W + (lora_alpha / lora_rank) B A, computed aside: merging into the model and back would not
+    give the same floats."""
+    if not hasattr(model, "peft_config"):
+        return model.state_dict()
+    from peft.tuners.lora import LoraLayer
+
+    base = model.get_base_model()
+    with torch.no_grad():
+        deltas = {name: module.get_delta_weight(module.active_adapters[0])
+                  for name, module in base.named_modules() if isinstance(module, LoraLayer)}
+        merged = {}
+        for key, value in base.state_dict().items():
+            if ".lora_" in key:
+                continue
+            owner, _, leaf = key.rpartition(".base_layer.")  # an adapted module's own weight or bias
+            if owner and leaf == "weight":
+                value = value + deltas[owner]
+            merged[f"{owner}.{leaf}" if owner else key] = value
+    return merged
+
+
+def peak_memory(device: torch.device) -> dict:
+    """The process's peak resident memory in GB so far (and the CUDA allocator's peak, on a GPU)."""
+    import resource
+
+    row = {"peak_memory_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9}
+    if device.type == "cuda":
+        row["peak_cuda_memory_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
+    return row
 
 
 def make_llm_signal(cfg: LLMRunConfig) -> Signal | None:
@@ -361,14 +466,23 @@ class GRPOTrainer:
                 model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
             else:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if cfg.lora_rank:
+            self.model = model = add_lora(model, cfg)
+        vocab = model.get_output_embeddings().weight.shape[0] if _has_plain_head(model) else 0
+        self.logprob_chunk = cfg.logprob_chunk if vocab > SMALL_VOCAB else 0
         g = cfg.grpo
         self.task = make_task(cfg.task)
+        chat.speak(self.task, tokenizer)  # a chat model's instruct form and budget, before max_new_tokens is read
         self.max_new_tokens = g.max_new_tokens or self.task.max_new_tokens
         torch.manual_seed(cfg.seed)
         self.rng = random.Random(cfg.seed)  # the problems drawn; generation draws from torch's RNG
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=g.learning_rate, weight_decay=g.weight_decay)
+        trained = [p for p in model.parameters() if p.requires_grad]  # with LoRA, the adapters only
+        self.optimizer = torch.optim.AdamW(trained, lr=g.learning_rate, weight_decay=g.weight_decay)
+        # the reference policy (for beta > 0, and the logged KL): with LoRA the base model, its adapters
+        # switched off for the pass (no copy); otherwise a frozen copy of the starting model
+        self.wants_reference = g.beta > 0 or g.log_kl
         self.reference = None
-        if g.beta > 0 or g.log_kl:
+        if self.wants_reference and not cfg.lora_rank:
             self.reference = copy.deepcopy(model).eval().requires_grad_(False)
         self.signal = signal if signal is not None else make_llm_signal(cfg)
         # each signal works on the step kind it declares: agent turns or tokens
@@ -537,22 +651,25 @@ class GRPOTrainer:
         """`num_iterations` passes of `minibatches` clipped-objective steps; the signals act on
         the first forward's features and fit after the update."""
         g = self.cfg.grpo
+        start_time = time.perf_counter()
         ids, attention = episodes.ids, episodes.attention
         mask = episodes.agent[:, 1:].to(self.device)
-        self.model.train()
+        # log-probabilities in chunks of positions, from the step that predicts the batch's first agent token
+        chunked = dict(chunk=self.logprob_chunk, start=int(episodes.agent.any(0).long().argmax()) - 1)
         self.teacher_seconds = 0.0
         n = ids.shape[0]
         ref_logp = None
-        if self.reference is not None:
-            with torch.no_grad(), self.precision():
-                ref_logp, _ = token_logprobs(self.reference, ids, attention, temperature=g.temperature)
+        if self.wants_reference:
+            with torch.no_grad(), self.precision(), self.reference_policy() as reference:
+                ref_logp, _ = token_logprobs(reference, ids, attention, temperature=g.temperature, **chunked)
+        self.model.train()
         prepass = g.num_iterations > 1 or g.minibatches > 1
         old_logp = token_adv = signal_batches = None
         want_logits = self.wants_teacher
         if prepass:  # old log-probabilities (and the signals' features) before any update
             with torch.no_grad(), self.precision():
                 old_logp, hidden, *full = token_logprobs(self.model, ids, attention, temperature=g.temperature,
-                                                         with_logits=want_logits)
+                                                         with_logits=want_logits, **chunked)
             with watch:
                 token_adv, signal_batches = self._signal_output(episodes, scored, hidden, *full)
             token_adv = token_adv.to(self.device)
@@ -566,7 +683,7 @@ class GRPOTrainer:
                 with self.precision():
                     logp, hidden, *full = token_logprobs(self.model, ids[idx], attention[idx],
                                                          temperature=g.temperature,
-                                                         with_logits=want_logits and not prepass)
+                                                         with_logits=want_logits and not prepass, **chunked)
                 if not prepass:  # the update's own forward is the old policy: features come free
                     old_logp = logp.detach()
                     with watch:
@@ -581,7 +698,8 @@ class GRPOTrainer:
                     raise NonFiniteError("loss", self.step)
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), g.max_grad_norm)
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.optimizer.param_groups[0]["params"],
+                                                           g.max_grad_norm)
                 if not torch.isfinite(grad_norm):
                     raise NonFiniteError("gradient", self.step)
                 self.optimizer.step()
@@ -599,7 +717,19 @@ class GRPOTrainer:
             with torch.no_grad():
                 delta = ref_logp - (old_logp if old_logp is not None else ref_logp)
                 stats["kl"] = aggregate(torch.exp(delta) - delta - 1, mask, "dapo").item()
+        stats["update_seconds"] = time.perf_counter() - start_time
         return stats
+
+    @contextlib.contextmanager
+    def reference_policy(self):
+        """The frozen reference policy for one no-grad pass: the starting model's copy, or with LoRA
+        the base model with its adapters disabled (in eval mode for the pass: no adapter dropout)."""
+        if self.reference is not None:
+            yield self.reference
+            return
+        self.model.eval()
+        with self.model.disable_adapter():
+            yield self.model
 
     def metrics(self, episodes: Episodes, scored: Scored, stats: dict, watch: Stopwatch, seconds: float,
                 generation_seconds: float) -> dict:
@@ -637,7 +767,9 @@ class GRPOTrainer:
             row["teacher_time_fraction"] = self.teacher_seconds / seconds
         row["step_seconds"] = seconds
         row["generation_seconds"] = generation_seconds
+        row["update_seconds"] = stats["update_seconds"]
         row["tokens_per_second"] = lengths.sum().item() / seconds
+        row.update(peak_memory(self.device))
         return row
 
     @torch.no_grad()
@@ -751,7 +883,11 @@ class GRPOTrainer:
             "config": self.cfg.to_dict(),
             "step": self.step,
             "global_step": self.step,
-            "model": self.model.state_dict(),
+            # the policy under the plain model's names (what `--model RUN` reads from an unfinished run)
+            "model": merged_state_dict(self.model),
+            # with LoRA, what resuming loads onto the base model: the adapters
+            "adapters": None if not self.cfg.lora_rank else {
+                name: p.detach().clone() for name, p in self.model.named_parameters() if p.requires_grad},
             "optimizer": self.optimizer.state_dict(),
             "torch_rng": torch.get_rng_state(),
             "python_rng": self.rng.getstate(),
@@ -763,7 +899,13 @@ class GRPOTrainer:
 
     def load_state_dict(self, state: dict) -> None:
         self.step = state["step"]
-        self.model.load_state_dict(state["model"])
+        if state.get("adapters") is not None:  # LoRA: the base is the starting model, unchanged
+            unexpected = self.model.load_state_dict(state["adapters"], strict=False).unexpected_keys
+            if unexpected:
+                raise UserError(f"the checkpoint's LoRA adapters do not fit this model (no {unexpected[0]}); "
+                                "was the model directory or lora_targets changed since the run started?")
+        else:
+            self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["torch_rng"])
         self.rng.setstate(state["python_rng"])
@@ -779,6 +921,10 @@ class GRPOTrainer:
         self.run.save_checkpoint(self.state_dict())
 
     def save_model(self, path) -> None:
-        """The policy as an ordinary HF model directory (loadable with --model)."""
-        self.model.save_pretrained(path)
+        """The policy as an ordinary HF model directory (loadable with --model); with LoRA, the adapters
+        merged into the weights (the trainer's model keeps them apart)."""
+        if hasattr(self.model, "peft_config"):
+            self.model.get_base_model().save_pretrained(path, state_dict=merged_state_dict(self.model))
+        else:
+            self.model.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
