@@ -56,9 +56,11 @@ EXPERIMENTS = {
         "confidence": ["--algo", "grpo+confidence"],
         "calibration": ["--algo", "grpo+calibration"]}},
 }
-# one step = 4 prompts x 8 samples, as bench/llm_vs_trl.py measures it; evaluated on 64 held-out problems
+# one step = 4 prompts x 8 samples, as bench/llm_vs_trl.py measures it; evaluated on 64 held-out problems.
+# Gradient checkpointing: peak memory 15 GB -> about 6 GB per run at about the same seconds per step here
+# (docs/llm.md), so two workers fit in 24 GB
 COMMON = ["prompts_per_step=4", "group_size=8", "eval_every=5", "eval_problems=64", "log_kl=false",
-          "torch_threads=1", "device=cpu", "learning_rate=1e-5"]
+          "torch_threads=1", "device=cpu", "learning_rate=1e-5", "gradient_checkpointing=true"]
 MARGIN = 0.05  # accuracy: what "no difference" means in the TOST
 # the RefGRPO paper's under- and over-confidence and reflection accuracy; RLCR's ECE, Brier and AUROC
 CALIBRATION_KEYS = ("eval_reflection_format_rate", "eval_reflection_accuracy", "eval_under_confidence_rate",
