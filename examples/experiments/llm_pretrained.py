@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from reflectrl.report.analysis import TWO_SIDED, UNTESTABLE, untestable_reason
 from reflectrl.report.provenance import bench_provenance
 from reflectrl.report.stats import (
     interval,
@@ -98,10 +99,16 @@ def load(run: Path) -> dict:
 
 
 def cell(values: np.ndarray, base: np.ndarray | None) -> tuple[str, str]:
+    """The entry's IQM [CI], and its difference to grpo: "untestable: ..." where the comparison cannot
+    inform (the report's rule with the language tasks' fixed reference, 0 and 1: both at the floor
+    or the ceiling, no spread in either entry), else the difference, P(improvement) and a TOST."""
     mid, lo, hi = interval([values], iqm)
     text = f"{mid:.3f} [{lo:.3f}, {hi:.3f}]"
     if base is None:
         return text, ""
+    why = untestable_reason(TWO_SIDED, ["code"], values, base, margin=MARGIN)
+    if why or len(values) < 2:
+        return text, why or f"{UNTESTABLE}: fewer than 2 seeds"
     d, dlo, dhi = interval([values, base], iqm_difference)
     diff = f"{d:+.3f} [{dlo:+.3f}, {dhi:+.3f}] P>{probability_of_improvement(values, base):.2f}"
     if dlo <= 0 <= dhi:
@@ -109,10 +116,10 @@ def cell(values: np.ndarray, base: np.ndarray | None) -> tuple[str, str]:
     return text, diff
 
 
-def summarise(out: Path, experiment: str, seeds: int) -> str:
+def summarise(out: Path, experiment: str, seeds: int, extra: list[str]) -> str:
     spec = EXPERIMENTS[experiment]
     per_run, unfinished = {}, []
-    lines = [f"Task `{spec['task']}`, model `{MODEL}`; knobs {' '.join(COMMON)}.", "",
+    lines = [f"Task `{spec['task']}`, model `{MODEL}`; knobs {' '.join(COMMON + list(extra))}.", "",
              "| entry | seeds | final greedy acc, IQM [95% CI] | vs grpo | mean over evals | vs grpo | "
              "sampled acc (training) | completion tokens | s/step | peak GB |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -182,7 +189,7 @@ def main() -> None:
             for run in pool.map(lambda j: train(out, spec["task"], spec["entries"][j[0]], j[0], j[1], args.steps,
                                                 args.extra), jobs):
                 print(f"done: {run}", flush=True)
-    print(summarise(out, args.experiment, args.seeds))
+    print(summarise(out, args.experiment, args.seeds, args.extra))
     command = ["python", "examples/experiments/llm_pretrained.py", "--experiment", args.experiment,
                "--seeds", str(args.seeds), "--steps", str(args.steps), "--out", str(out)]
     command += ["--entries", args.entries] if args.entries else []
