@@ -244,6 +244,9 @@ def test_train_stop_and_resume_on_backend_jax_import_no_torch(tmp_path):
     acc = EventAccumulator(str(out / "tb"))
     acc.Reload()
     assert [e.step for e in acc.Scalars("loss")] == steps
+    # and `reflectrl eval` of the run, in a process that cannot import torch either
+    shown = _reflectrl(env, "eval", str(out), "--episodes", "2", "--json")
+    assert json.loads(shown.stdout)["episodes"] == 2
 
 
 @pytest.mark.slow

@@ -466,10 +466,6 @@ def main(argv: list[str] | None = None) -> int:
     warnings.formatwarning = _one_line_warnings
     try:
         args = build_parser().parse_args(argv)
-        if args.command == "eval":  # (train and llm patch it as they build a trainer, after their checks)
-            from reflectrl.torch_setup import optimizers_without_dynamo
-
-            optimizers_without_dynamo()  # 2.5 s of start-up that only a compiler needs (torch_setup.py)
         if args.command == "train":
             return _train_resume(args) if args.resume else _train_new(args)
         if args.command == "train-group":

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
-import torch
 
 from reflectrl.config import EVAL_MAX_STEPS, RunConfig, check_seed, env_settings, trainer_name
 from reflectrl.envs import ClipObservation, episode_step_limit, is_continuous, make_env
@@ -23,7 +22,6 @@ from reflectrl.errors import UserError
 from reflectrl.outputs import check_writable, write_error
 from reflectrl.registry import trainer_spec
 from reflectrl.runs import RunDir
-from reflectrl.trainers.policies import params_sha256
 
 
 def run_form(run: RunDir):
@@ -108,6 +106,13 @@ def evaluate(
         if env_id is not None:
             raise UserError(f"a backend={run.config().get('backend')} run is evaluated in its own env: drop env")
         return form.load("evaluate")(run, episodes, deterministic, seed, video, max_steps)
+    # the torch policies: imported only here, so that evaluating a backend=jax run imports no torch
+    import torch
+
+    from reflectrl.torch_setup import optimizers_without_dynamo
+    from reflectrl.trainers.policies import params_sha256
+
+    optimizers_without_dynamo()  # 2.5 s of start-up that only a compiler needs (torch_setup.py)
     cfg, agent, state = load_policy(run, env_id, env_kwargs)
     env = eval_env(cfg, state, agent, render_mode="rgb_array" if video else None)
     observe = getattr(agent, "observe", None)
