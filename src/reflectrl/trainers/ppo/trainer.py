@@ -328,7 +328,6 @@ class PPOTrainer(EnvStepTrainer):
         reward streams' value heads added to each minibatch's loss."""
         if self.recurrent:
             return self.update_sequences(rollout)
-        p = self.cfg.ppo
         b_obs = self.agent.batch_layout(rollout.obs.reshape(-1, self.obs_dim))
         b_actions = rollout.actions.reshape(-1, *self.action_shape)
         b = {"logprobs": rollout.logprobs.reshape(-1), "advantages": rollout.advantages.reshape(-1),
@@ -347,16 +346,22 @@ class PPOTrainer(EnvStepTrainer):
                 newlogprob, entropy, newvalue, features = self.agent.evaluate(b_obs[idx], b_actions[idx], True)
             else:
                 newlogprob, entropy, newvalue = self.agent.evaluate(b_obs[idx], b_actions[idx])
-            extras = []
-            if aux:
-                extra = self.signal.auxiliary_loss(features, idx)
-                if extra is not None:
-                    extras.append(extra)
-            if streams is not None:
-                extras.append(p.vf_coef * streams.value_loss(trunk if on_trunk else b_obs[idx], idx))
-            return newlogprob, entropy, newvalue, extras
+            heads_read = trunk if on_trunk else (None if streams is None else b_obs[idx])
+            return newlogprob, entropy, newvalue, self.extra_losses(features if aux else None, heads_read, idx)
 
         return self.clipped(evaluate, b)
+
+    def extra_losses(self, features, heads_read, idx) -> list:
+        """A minibatch's terms beside PPO's loss: the signal's auxiliary loss on `features` (None: the
+        signal wants none) and the reward streams' value loss on `heads_read`, for the rows `idx`."""
+        extras = []
+        if features is not None:
+            extra = self.signal.auxiliary_loss(features, idx)
+            if extra is not None:
+                extras.append(extra)
+        if self.streams is not None:
+            extras.append(self.cfg.ppo.vf_coef * self.streams.value_loss(heads_read, idx))
+        return extras
 
     def clipped(self, evaluate, b: dict) -> dict:
         """PPO's clipped update over the batch `b` (rows: steps, or envs for sequences), with the stream
@@ -373,7 +378,6 @@ class PPOTrainer(EnvStepTrainer):
         set of envs (CleanRL's ppo_atari_lstm.py), the recurrence re-run over their T steps from the memory
         the rollout began with. The update's rows are envs (each holds its T steps), so the minibatches split
         the envs; a signal's auxiliary loss and the stream heads see the steps by their flat index t*N + env."""
-        p = self.cfg.ppo
         T, N = rollout.values.shape
         steps = torch.arange(T * N).reshape(T, N).T  # (N, T): each env's steps by their flat index
         rows = lambda x: None if x is None else x.T  # noqa: E731  (T, N) -> (N, T): a row per env
@@ -389,14 +393,8 @@ class PPOTrainer(EnvStepTrainer):
             newlogprob, entropy, newvalue, out = self.agent.evaluate_sequences(
                 rollout.obs[:, envs], rollout.actions[:, envs], rollout.memory[:, envs], rollout.starts[:, envs])
             out = out.transpose(0, 1).reshape(len(idx), -1)  # in the order of idx
-            extras = []
-            if aux:
-                extra = self.signal.auxiliary_loss(out, idx)
-                if extra is not None:
-                    extras.append(extra)
-            if streams is not None:
-                extras.append(p.vf_coef * streams.value_loss(out if on_trunk else flat_obs[idx], idx))
-            return newlogprob.T, entropy.T, newvalue.T, extras
+            heads_read = out if on_trunk else (None if streams is None else flat_obs[idx])
+            return newlogprob.T, entropy.T, newvalue.T, self.extra_losses(out if aux else None, heads_read, idx)
 
         return self.clipped(evaluate, b)
 
