@@ -13,7 +13,7 @@ pytest.importorskip("peft")
 from test_llm import _params, _rewarding, _trainer  # noqa: E402
 
 from reflectrl.errors import UserError  # noqa: E402
-from reflectrl.trainers.grpo import trainer as grpo_trainer  # noqa: E402
+from reflectrl.llm import decode  # noqa: E402
 from reflectrl.trainers.grpo.trainer import resolve_device, token_logprobs  # noqa: E402
 
 
@@ -31,7 +31,7 @@ def _batch(vocab: int, n: int = 3, width: int = 13, seed: int = 0):
 def chunked_everywhere(monkeypatch):
     """The trainer chunks the tiny model's log-probabilities too (it keeps the whole-batch path for
     vocabularies under SMALL_VOCAB)."""
-    monkeypatch.setattr(grpo_trainer, "SMALL_VOCAB", 0)
+    monkeypatch.setattr(decode, "SMALL_VOCAB", 0)
 
 
 def test_chunked_logprobs_and_gradients_equal_the_full_ones(tiny_model_dir):
@@ -64,7 +64,7 @@ def test_chunked_logprobs_and_gradients_equal_the_full_ones(tiny_model_dir):
 def test_small_vocabularies_keep_the_whole_batch_path(tiny_model_dir, chunked_everywhere, monkeypatch):
     trainer = _trainer(tiny_model_dir)
     assert trainer.logprob_chunk == trainer.cfg.logprob_chunk > 0
-    monkeypatch.setattr(grpo_trainer, "SMALL_VOCAB", 4096)
+    monkeypatch.setattr(decode, "SMALL_VOCAB", 4096)
     assert _trainer(tiny_model_dir).logprob_chunk == 0  # the tiny model's pinned runs keep their bits
 
 
@@ -76,9 +76,9 @@ def _one_step(model_dir, monkeypatch, steps=1, **knobs):
 
 
 def test_a_chunked_step_trains_the_full_steps_weights(tiny_model_dir, monkeypatch):
-    full, start, full_rows = _one_step(tiny_model_dir, monkeypatch, logprob_chunk=2)
-    monkeypatch.setattr(grpo_trainer, "SMALL_VOCAB", 0)
-    chunked, start_c, rows = _one_step(tiny_model_dir, monkeypatch, logprob_chunk=2)
+    full, start, full_rows = _one_step(tiny_model_dir, monkeypatch, logprob_chunk=2, decoder="generate")
+    monkeypatch.setattr(decode, "SMALL_VOCAB", 0)
+    chunked, start_c, rows = _one_step(tiny_model_dir, monkeypatch, logprob_chunk=2, decoder="generate")
     assert full.logprob_chunk == 0 and chunked.logprob_chunk == 2
     assert torch.equal(start, start_c) and not torch.equal(start, _params(full))
     assert rows[0]["loss"] == pytest.approx(full_rows[0]["loss"], abs=1e-6)

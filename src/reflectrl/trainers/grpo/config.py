@@ -124,6 +124,9 @@ class LLMRunConfig:
     """recompute activations in the backward pass (less memory, ~30% more time)"""
     logprob_chunk: int = 16
     """sequence positions whose full-vocabulary logits are computed at once (0: every position at once)"""
+    decoder: str = "auto"
+    """sampling: generate (transformers'), reflectrl (llm/decode.py: shared prompt prefill, buffered KV cache,
+    inverse-CDF draws) or auto (reflectrl above 4096 vocabulary entries, generate below)"""
     lora_rank: int = 0
     """LoRA adapters of this rank on lora_targets, the base model frozen (0: train every weight)"""
     lora_alpha: float = 16.0
@@ -154,8 +157,9 @@ class LLMRunConfig:
 
 
 RUN_KNOBS = ("checkpoint_every", "torch_threads", "device", "precision", "gradient_checkpointing", "logprob_chunk",
-             "lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
+             "decoder", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
 PRECISIONS = ("auto", "fp32", "bf16")
+DECODERS = ("auto", "generate", "reflectrl")
 
 
 def apply_llm_overrides(cfg: LLMRunConfig, items: list[str]) -> LLMRunConfig:
@@ -197,6 +201,8 @@ def check_memory_knobs(cfg: LLMRunConfig) -> None:
     """logprob_chunk and the LoRA knobs."""
     if cfg.logprob_chunk < 0:
         raise UserError(f"logprob_chunk={cfg.logprob_chunk}: must be >= 0 positions (0: every position at once)")
+    if cfg.decoder not in DECODERS:
+        raise UserError(f"decoder={cfg.decoder}: use one of {', '.join(DECODERS)}")
     if cfg.lora_rank < 0:
         raise UserError(f"lora_rank={cfg.lora_rank}: must be >= 0 (0: no LoRA, every weight trains)")
     if not math.isfinite(cfg.lora_alpha) or cfg.lora_alpha <= 0:

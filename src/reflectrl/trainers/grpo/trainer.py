@@ -36,7 +36,7 @@ from torch.utils.checkpoint import checkpoint
 
 from reflectrl.errors import NonFiniteError, UserError
 from reflectrl.estimators import compute_gae
-from reflectrl.llm import chat
+from reflectrl.llm import chat, decode
 from reflectrl.llm.calibration import calibration_metrics, relevance_metrics, scalar_metrics
 from reflectrl.llm.losses import aggregate
 from reflectrl.llm.model import hidden_size
@@ -55,9 +55,9 @@ EVAL_SEED = 20261129  # one held-out problem set for every run, so curves compar
 # episode scored 0) before the run says so: a few, so a model that was never taught the task is
 # named before it spends its budget, and not one, as a fine model can miss on a single batch.
 SILENT_STEPS = 5
-# A vocabulary this small keeps its log-probabilities unchunked (logprob_chunk is not applied): the whole
-# batch's logits are a few MB, and the tiny models' pinned runs (tests/test_params_hash.py) keep their bits.
-SMALL_VOCAB = 4096
+# A vocabulary of SMALL_VOCAB or fewer keeps its log-probabilities unchunked (logprob_chunk is not applied) and
+# samples with transformers' generate (decoder=auto): the whole batch's logits are a few MB, and the tiny models'
+# pinned runs (tests/test_params_hash.py) keep their bits.
 
 
 # ---------------------------------------------------------------------------- rollouts
@@ -96,9 +96,10 @@ def _left_pad(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tens
 
 @torch.no_grad()
 def rollout(model, tokenizer, task: Task, problems: list[Problem], *, max_new_tokens: int,
-            temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False) -> Episodes:
+            temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False, decoder: str = "auto") -> Episodes:
     """Play one episode per problem with the model, turn by turn (sampling from torch's RNG), in
-    the tokenizer's chat format where it has one (llm/chat.py; the task then reads its instruct form)."""
+    the tokenizer's chat format where it has one (llm/chat.py; the task then reads its instruct form).
+    `decoder`: transformers' generate or llm/decode.py's loop (auto: the loop above SMALL_VOCAB tokens)."""
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     n = len(problems)
     chat.speak(task, tokenizer)
@@ -109,11 +110,16 @@ def rollout(model, tokenizer, task: Task, problems: list[Problem], *, max_new_to
     turns: list[list[str]] = [[] for _ in range(n)]
     active = list(range(n))
     sample = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
+    lean = decode.use_lean_decoder(model, decoder)
     for k in range(task.max_turns):
         ids, attn = _left_pad([seqs[i] for i in active], pad)
-        out = model.generate(input_ids=ids.to(model.device), attention_mask=attn.to(model.device),
-                             max_new_tokens=max_new_tokens,
-                             eos_token_id=eos, pad_token_id=pad, **sample)
+        if lean:
+            out = decode.sample(model, ids, attn, max_new_tokens=max_new_tokens, eos=eos, pad=pad,
+                                temperature=temperature, top_p=top_p, greedy=greedy,
+                                min_new_tokens=model.generation_config.min_new_tokens or 0)
+        else:
+            out = model.generate(input_ids=ids.to(model.device), attention_mask=attn.to(model.device),
+                                 max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad, **sample)
         new = out[:, ids.shape[1]:].tolist()
         still = []
         for j, i in enumerate(active):
@@ -469,7 +475,7 @@ class GRPOTrainer:
         if cfg.lora_rank:
             self.model = model = add_lora(model, cfg)
         vocab = model.get_output_embeddings().weight.shape[0] if _has_plain_head(model) else 0
-        self.logprob_chunk = cfg.logprob_chunk if vocab > SMALL_VOCAB else 0
+        self.logprob_chunk = cfg.logprob_chunk if vocab > decode.SMALL_VOCAB else 0
         g = cfg.grpo
         self.task = make_task(cfg.task)
         chat.speak(self.task, tokenizer)  # a chat model's instruct form and budget, before max_new_tokens is read
@@ -629,7 +635,7 @@ class GRPOTrainer:
         try:
             with self.precision():
                 return rollout(self.model, self.tokenizer, self.task, problems, max_new_tokens=self.max_new_tokens,
-                               temperature=g.temperature, top_p=g.top_p)
+                               temperature=g.temperature, top_p=g.top_p, decoder=self.cfg.decoder)
         except RuntimeError as err:  # torch.multinomial on a NaN distribution: the weights are broken
             if "inf" in str(err) or "nan" in str(err):
                 raise NonFiniteError("sampling probabilities", self.step) from None
@@ -779,7 +785,7 @@ class GRPOTrainer:
         state = torch.get_rng_state()
         with self.precision():
             episodes = rollout(self.model, self.tokenizer, self.task, self.eval_set,
-                               max_new_tokens=self.max_new_tokens, greedy=True)
+                               max_new_tokens=self.max_new_tokens, greedy=True, decoder=self.cfg.decoder)
         torch.set_rng_state(state)
         rewards = torch.tensor(self.task.score_batch(self.eval_set, episodes.turns))
         out = {"eval_reward": rewards.mean().item(), "eval_accuracy": (rewards >= 1.0).float().mean().item()}
