@@ -97,8 +97,9 @@ def test_decoder_choice(tiny):
 
 
 def test_rollout_greedy_episodes_equal_generates(tiny):
-    from reflectrl.llm.tasks import make_task
     import random
+
+    from reflectrl.llm.tasks import make_task
 
     model, tok = tiny
     task = make_task("arith")
