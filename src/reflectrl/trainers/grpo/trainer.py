@@ -36,7 +36,7 @@ from torch.utils.checkpoint import checkpoint
 
 from reflectrl.errors import NonFiniteError, UserError
 from reflectrl.estimators import compute_gae
-from reflectrl.llm import chat, decode
+from reflectrl.llm import chat, decode, packing
 from reflectrl.llm.calibration import calibration_metrics, relevance_metrics, scalar_metrics
 from reflectrl.llm.losses import aggregate
 from reflectrl.llm.model import hidden_size
@@ -196,7 +196,7 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale_rewards: str 
 
 
 def token_logprobs(model, ids: torch.Tensor, attention: torch.Tensor, *, temperature: float = 1.0,
-                   with_logits: bool = False, chunk: int = 0, start: int = 0):
+                   with_logits: bool = False, chunk: int = 0, start: int = 0, prompt_lengths=None):
     """(log p(token t | tokens < t) for t >= 1, last hidden state), shapes (N, L-1) and (N, L, H);
     with `with_logits`, also the log-softmax distributions (N, L-1, V), detached.
 
@@ -208,7 +208,9 @@ def token_logprobs(model, ids: torch.Tensor, attention: torch.Tensor, *, tempera
     once, then the LM head, temperature, log-softmax and gather run `chunk` positions at a time
     under activation checkpointing (the backward pass recomputes each chunk's logits), from step
     `start` on (the step that predicts the batch's first completion token); the earlier steps
-    predict prompt tokens, which are never in the loss, and their log-probabilities are left 0."""
+    predict prompt tokens, which are never in the loss, and their log-probabilities are left 0.
+    With `prompt_lengths` (N,) too (each row's first agent token), rows that share a prompt are
+    packed into one row for the decoder (llm/packing.py): each prompt is computed once."""
     ids, attention = ids.to(model.device), attention.to(model.device)
     if with_logits or chunk <= 0 or not _has_plain_head(model):
         out = model(input_ids=ids, attention_mask=attention, output_hidden_states=True, use_cache=False)
@@ -218,7 +220,17 @@ def token_logprobs(model, ids: torch.Tensor, attention: torch.Tensor, *, tempera
         if with_logits:
             return logp, out.hidden_states[-1], full.detach()
         return logp, out.hidden_states[-1]
-    hidden = model.get_decoder()(input_ids=ids, attention_mask=attention, use_cache=False).last_hidden_state
+    packed = None
+    if prompt_lengths is not None and packing.supported(model) and packing.worth_packing(ids, prompt_lengths):
+        ids_, attention_, lengths_ = ids.cpu(), attention.cpu(), prompt_lengths.cpu()
+        rows = packing.best_rows(attention_, packing.groups(ids_, lengths_), *packing.costs(model))
+        if rows > 1:
+            packed = packing.pack(ids_, attention_, lengths_, max_rows=rows).to(ids.device)
+    if packed is not None:
+        hidden = packed.unpack(model.get_decoder()(input_ids=packed.ids, attention_mask=packed.attention_mask(model),
+                                                   position_ids=packed.positions, use_cache=False).last_hidden_state)
+    else:
+        hidden = model.get_decoder()(input_ids=ids, attention_mask=attention, use_cache=False).last_hidden_state
     head, targets = model.get_output_embeddings(), ids[:, 1:]
     steps = targets.shape[1]
     start = min(max(start, 0), steps)
@@ -662,12 +674,15 @@ class GRPOTrainer:
         mask = episodes.agent[:, 1:].to(self.device)
         # log-probabilities in chunks of positions, from the step that predicts the batch's first agent token
         chunked = dict(chunk=self.logprob_chunk, start=int(episodes.agent.any(0).long().argmax()) - 1)
+        # each row's first agent token: rows that share a prompt compute it once (llm/packing.py)
+        prompts = episodes.agent.long().argmax(1) if self.cfg.share_prompts else None
         self.teacher_seconds = 0.0
         n = ids.shape[0]
         ref_logp = None
         if self.wants_reference:
             with torch.no_grad(), self.precision(), self.reference_policy() as reference:
-                ref_logp, _ = token_logprobs(reference, ids, attention, temperature=g.temperature, **chunked)
+                ref_logp, _ = token_logprobs(reference, ids, attention, temperature=g.temperature,
+                                             prompt_lengths=prompts, **chunked)
         self.model.train()
         prepass = g.num_iterations > 1 or g.minibatches > 1
         old_logp = token_adv = signal_batches = None
@@ -675,7 +690,7 @@ class GRPOTrainer:
         if prepass:  # old log-probabilities (and the signals' features) before any update
             with torch.no_grad(), self.precision():
                 old_logp, hidden, *full = token_logprobs(self.model, ids, attention, temperature=g.temperature,
-                                                         with_logits=want_logits, **chunked)
+                                                         with_logits=want_logits, prompt_lengths=prompts, **chunked)
             with watch:
                 token_adv, signal_batches = self._signal_output(episodes, scored, hidden, *full)
             token_adv = token_adv.to(self.device)
@@ -689,7 +704,9 @@ class GRPOTrainer:
                 with self.precision():
                     logp, hidden, *full = token_logprobs(self.model, ids[idx], attention[idx],
                                                          temperature=g.temperature,
-                                                         with_logits=want_logits and not prepass, **chunked)
+                                                         with_logits=want_logits and not prepass,
+                                                         prompt_lengths=None if prompts is None else prompts[idx],
+                                                         **chunked)
                 if not prepass:  # the update's own forward is the old policy: features come free
                     old_logp = logp.detach()
                     with watch:
