@@ -124,6 +124,9 @@ class LLMRunConfig:
     """recompute activations in the backward pass (less memory, ~30% more time)"""
     logprob_chunk: int = 16
     """sequence positions whose full-vocabulary logits are computed at once (0: every position at once)"""
+    release_memory: bool = True
+    """glibc: large blocks mapped apart, so that freed memory returns to the system (llm/malloc.py: about half
+    the peak resident memory of a SmolLM2 step)"""
     share_prompts: bool = True
     """with logprob_chunk: the update's forward passes compute each group's shared prompt once (the group packed
     into one row under a 4D attention mask, llm/packing.py); the same numbers up to float rounding"""
@@ -160,7 +163,7 @@ class LLMRunConfig:
 
 
 RUN_KNOBS = ("checkpoint_every", "torch_threads", "device", "precision", "gradient_checkpointing", "logprob_chunk",
-             "share_prompts", "decoder", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
+             "release_memory", "share_prompts", "decoder", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
 PRECISIONS = ("auto", "fp32", "bf16")
 DECODERS = ("auto", "generate", "reflectrl")
 

@@ -36,7 +36,7 @@ from torch.utils.checkpoint import checkpoint
 
 from reflectrl.errors import NonFiniteError, UserError
 from reflectrl.estimators import compute_gae
-from reflectrl.llm import chat, decode, packing
+from reflectrl.llm import chat, decode, malloc, packing
 from reflectrl.llm.calibration import calibration_metrics, relevance_metrics, scalar_metrics
 from reflectrl.llm.losses import aggregate
 from reflectrl.llm.model import hidden_size
@@ -475,6 +475,8 @@ class GRPOTrainer:
                  signal: Signal | None = None):
         if cfg.torch_threads is not None:
             torch.set_num_threads(cfg.torch_threads)
+        if cfg.release_memory:
+            malloc.map_large_blocks()
         self.cfg, self.run, self.tokenizer = cfg, run, tokenizer
         self.device, self.bf16 = resolve_device(cfg.device, cfg.precision)
         self.model = model = model.to(self.device)
