@@ -120,3 +120,19 @@ def test_trainer_steps_with_the_lean_decoder(tiny_model_dir):
     assert row["completion_length"] > 0 and row["generation_seconds"] > 0
     with pytest.raises(UserError, match="decoder=fast"):
         _trainer(tiny_model_dir, decoder="fast")
+
+
+def test_sampled_evaluation_is_seeded_and_leaves_the_training_rng_alone(tiny_model_dir):
+    from test_llm import _trainer
+
+    from reflectrl.errors import UserError
+
+    trainer = _trainer(tiny_model_dir, eval_every=1, eval_problems=4, eval_samples=3)
+    state = torch.get_rng_state()
+    first = trainer.evaluate()
+    assert torch.equal(torch.get_rng_state(), state)
+    assert 0.0 <= first["eval_sampled_accuracy"] <= 1.0 and "eval_accuracy" in first
+    assert trainer.evaluate() == first  # the same draws at the same step
+    assert "eval_sampled_accuracy" not in _trainer(tiny_model_dir, eval_every=1, eval_problems=4).evaluate()
+    with pytest.raises(UserError, match="eval_samples=-1"):
+        _trainer(tiny_model_dir, eval_samples=-1)

@@ -13,8 +13,8 @@ Experiments (each a task and its entries; every entry starts from the same packa
 
 Every (entry, seed) is one `reflectrl llm train` run in OUT/ENTRY/seedN; a finished run is skipped, an
 interrupted one resumes, so the command can be re-run until everything is done. Writes OUT/summary.md
-(held-out greedy accuracy at the end and over evaluations, sampled training accuracy, seconds per
-step, peak memory, and for the reflection experiment the calibration metrics; IQM over seeds with 95%
+(held-out greedy accuracy at the end and over evaluations, held-out sampled success at step 0 and at
+the end, sampled training accuracy, seconds per step, peak memory, and for the reflection experiment the calibration metrics; IQM over seeds with 95%
 stratified-bootstrap CIs, the difference to grpo with P(improvement) and a TOST at MARGIN where the
 interval holds 0), OUT/runs.csv (one row per run), OUT/per_run.json and OUT/provenance.json.
 Unfinished runs are excluded and listed.
@@ -61,7 +61,7 @@ EXPERIMENTS = {
 # Gradient checkpointing: peak memory 15 GB -> about 6 GB per run at about the same seconds per step here
 # (docs/llm.md), so two workers fit in 24 GB
 COMMON = ["prompts_per_step=4", "group_size=8", "eval_every=5", "eval_problems=64", "log_kl=false",
-          "torch_threads=1", "device=cpu", "learning_rate=1e-5", "gradient_checkpointing=true"]
+          "torch_threads=1", "device=cpu", "learning_rate=1e-5", "gradient_checkpointing=true", "eval_samples=2"]
 MARGIN = 0.05  # accuracy: what "no difference" means in the TOST
 # the RefGRPO paper's under- and over-confidence and reflection accuracy; RLCR's ECE, Brier and AUROC
 CALIBRATION_KEYS = ("eval_reflection_format_rate", "eval_reflection_accuracy", "eval_under_confidence_rate",
@@ -92,6 +92,9 @@ def load(run: Path) -> dict:
            "completion_length": float(np.mean([r["completion_length"] for r in train_rows])),
            "step_seconds": float(np.mean([r["step_seconds"] for r in train_rows])),
            "peak_memory_gb": max((r.get("peak_memory_gb", 0.0) for r in train_rows), default=0.0)}
+    sampled = [r["eval_sampled_accuracy"] for r in evals if "eval_sampled_accuracy" in r]
+    if sampled:  # held-out success of sampled completions: the untrained model's at step 0, then the trained
+        out.update(sampled_initial=sampled[0], sampled_final=sampled[-1])
     for key in CALIBRATION_KEYS:
         if key in evals[-1]:
             out[key] = evals[-1][key]
@@ -142,6 +145,18 @@ def summarise(out: Path, experiment: str, seeds: int, extra: list[str]) -> str:
                      f"{np.mean([r['completion_length'] for r in rows]):.1f} | "
                      f"{np.mean([r['step_seconds'] for r in rows]):.1f} | "
                      f"{max(r['peak_memory_gb'] for r in rows):.2f} |")
+    sampled = [(name, rows) for name, rows in per_run.items() if all("sampled_final" in r for r in rows)]
+    if sampled:
+        lines += ["", "Held-out success of sampled completions (eval_samples per problem at the training temperature): "
+                  "the untrained model's at step 0, the trained model's at the end, and the change per seed.", "",
+                  "| entry | seeds | at step 0, IQM [95% CI] | at the end | change, IQM [95% CI] | seeds that rose |",
+                  "|---|---|---|---|---|---|"]
+        for name, rows in sampled:
+            start, end = np.array([[r["sampled_initial"]] for r in rows]), np.array([[r["sampled_final"]] for r in rows])
+            change = end - start
+            mid, lo, hi = interval([change], iqm)
+            lines.append(f"| {name} | {len(rows)} | {cell(start, None)[0]} | {cell(end, None)[0]} | "
+                         f"{mid:+.3f} [{lo:+.3f}, {hi:+.3f}] | {int((change > 0).sum())}/{len(rows)} |")
     calibration = [(name, rows) for name, rows in per_run.items() if any(k in rows[0] for k in CALIBRATION_KEYS)]
     if calibration:
         keys = [k for k in CALIBRATION_KEYS if any(k in rows[0] for _, rows in calibration)]
@@ -157,7 +172,7 @@ def summarise(out: Path, experiment: str, seeds: int, extra: list[str]) -> str:
     (out / "summary.md").write_text(text)
     (out / "per_run.json").write_text(json.dumps(per_run, indent=1) + "\n")
     header = ["entry", "seed", "initial", "final", "auc", "train_accuracy", "completion_length", "step_seconds",
-              "peak_memory_gb", *CALIBRATION_KEYS, "run"]
+              "peak_memory_gb", "sampled_initial", "sampled_final", *CALIBRATION_KEYS, "run"]
     flat = [",".join(header)]
     flat += [",".join([name, Path(r["run"]).name[4:]] + [str(r.get(k, "")) for k in header[2:]])
              for name, rows in per_run.items() for r in rows]

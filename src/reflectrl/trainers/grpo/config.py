@@ -96,6 +96,9 @@ class GRPOConfig:
     """greedy held-out accuracy every N steps (0: never)"""
     eval_problems: int = 64
     """size of the held-out set"""
+    eval_samples: int = 0
+    """also sample this many completions per held-out problem at the training temperature and log their success
+    rate (eval_sampled_accuracy; the draws seeded per evaluation, the training RNG untouched; 0: greedy only)"""
     pseudo_reward: str = "none"
     """none, or verdict: train on the model's own final verdict ('solved': 1) instead of the withheld label"""
 
@@ -244,6 +247,8 @@ def validate_llm(cfg: LLMRunConfig) -> None:
             raise UserError(f"{name}={getattr(g, name)}: must be a positive integer")
     if g.group_size < 2:
         raise UserError(f"group_size={g.group_size}: GRPO compares samples within a group; use 2 or more")
+    if g.eval_samples < 0:
+        raise UserError(f"eval_samples={g.eval_samples}: must be >= 0 (0: greedy evaluation only)")
     if g.eval_every < 0:
         raise UserError(f"eval_every={g.eval_every}: must be >= 0 (0 turns evaluation off)")
     if (g.prompts_per_step * g.group_size) % g.minibatches:

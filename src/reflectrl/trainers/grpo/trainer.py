@@ -799,7 +799,8 @@ class GRPOTrainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict:
-        """Greedy accuracy on the held-out problems (the same for every run of the task)."""
+        """Greedy accuracy on the held-out problems (the same for every run of the task); with
+        eval_samples, the success rate of that many sampled completions per problem too."""
         self.model.eval()
         state = torch.get_rng_state()
         with self.precision():
@@ -808,6 +809,16 @@ class GRPOTrainer:
         torch.set_rng_state(state)
         rewards = torch.tensor(self.task.score_batch(self.eval_set, episodes.turns))
         out = {"eval_reward": rewards.mean().item(), "eval_accuracy": (rewards >= 1.0).float().mean().item()}
+        g = self.cfg.grpo
+        if g.eval_samples:  # sampled success on the same problems, its draws seeded by the step
+            problems = [p for p in self.eval_set for _ in range(g.eval_samples)]
+            torch.manual_seed(EVAL_SEED + self.step)
+            with self.precision():
+                sampled = rollout(self.model, self.tokenizer, self.task, problems, max_new_tokens=self.max_new_tokens,
+                                  temperature=g.temperature, top_p=g.top_p, decoder=self.cfg.decoder)
+            torch.set_rng_state(state)
+            scores = torch.tensor(self.task.score_batch(problems, sampled.turns))
+            out["eval_sampled_accuracy"] = (scores >= 1.0).float().mean().item()
         if self.task.reflect != "none":
             self.last_eval = ((rewards >= 1.0).tolist(), episodes.final_reflections(self.task))
             metrics = calibration_metrics(*self.last_eval)
