@@ -14,8 +14,8 @@ Experiments (each a task and its entries; every entry starts from the same packa
 Every (entry, seed) is one `reflectrl llm train` run in OUT/ENTRY/seedN; a finished run is skipped, an
 interrupted one resumes, so the command can be re-run until everything is done. Writes OUT/summary.md
 (held-out greedy accuracy at the end and over evaluations, held-out sampled success at step 0 and at
-the end, sampled training accuracy, seconds per step, peak memory, and for the reflection experiment the calibration metrics; IQM over seeds with 95%
-stratified-bootstrap CIs, the difference to grpo with P(improvement) and a TOST at MARGIN where the
+the end, sampled training accuracy, seconds per step, peak memory, and for the reflection experiment
+the calibration metrics; IQM over seeds with 95% stratified-bootstrap CIs, the difference to grpo with P(improvement) and a TOST at MARGIN where the
 interval holds 0), OUT/runs.csv (one row per run), OUT/per_run.json and OUT/provenance.json.
 Unfinished runs are excluded and listed.
 """
@@ -152,7 +152,8 @@ def summarise(out: Path, experiment: str, seeds: int, extra: list[str]) -> str:
                   "| entry | seeds | at step 0, IQM [95% CI] | at the end | change, IQM [95% CI] | seeds that rose |",
                   "|---|---|---|---|---|---|"]
         for name, rows in sampled:
-            start, end = np.array([[r["sampled_initial"]] for r in rows]), np.array([[r["sampled_final"]] for r in rows])
+            start = np.array([[r["sampled_initial"]] for r in rows])
+            end = np.array([[r["sampled_final"]] for r in rows])
             change = end - start
             mid, lo, hi = interval([change], iqm)
             lines.append(f"| {name} | {len(rows)} | {cell(start, None)[0]} | {cell(end, None)[0]} | "
