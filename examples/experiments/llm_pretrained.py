@@ -15,7 +15,8 @@ Every (entry, seed) is one `reflectrl llm train` run in OUT/ENTRY/seedN; a finis
 interrupted one resumes, so the command can be re-run until everything is done. Writes OUT/summary.md
 (held-out greedy accuracy at the end and over evaluations, held-out sampled success at step 0 and at
 the end, sampled training accuracy, seconds per step, peak memory, and for the reflection experiment
-the calibration metrics; IQM over seeds with 95% stratified-bootstrap CIs, the difference to grpo with P(improvement) and a TOST at MARGIN where the
+the calibration metrics; IQM over seeds with 95% stratified-bootstrap CIs, the difference to grpo
+with P(improvement) and a TOST at MARGIN where the
 interval holds 0), OUT/runs.csv (one row per run), OUT/per_run.json and OUT/provenance.json.
 Unfinished runs are excluded and listed.
 """
