@@ -41,3 +41,14 @@ def test_a_run_finished_in_two_files_is_refused(tmp_path):
     res = run(a, b, "--pairs", "ppo:ppo")
     assert res.returncode == 2
     assert res.stderr.count("\n") == 1 and "e/ppo/1 is finished in both" in res.stderr
+
+
+def test_pairs_that_cannot_inform_are_untestable_and_outside_holm(tmp_path):
+    # MiniGrid's fixed reference: 0 to 1; both entries at 0 on every seed, and a third that solves every seed
+    rows = [("MiniGrid-Empty-5x5-v0", a, s, "finished", v, v) for s in range(1, 7)
+            for a, v in (("ppo", 0.0), ("ppo+x", 0.0), ("ppo+y", 0.5 + 0.05 * s))]
+    res = run(write(tmp_path / "a.csv", rows), "--pairs", "ppo+x:ppo,ppo+y:ppo", "--metric", "final")
+    assert res.returncode == 0, res.stderr
+    assert "| ppo+x | ppo | 6 / 6 | +0.000 [+0.000, +0.000] | | | | **untestable: both at the floor** |" in res.stdout
+    assert "Holm over the 2 one-sided tests" in res.stdout and "of the env's fixed reference range" in res.stdout
+    assert "| ppo+y | ppo |" in res.stdout and "**better**" in res.stdout

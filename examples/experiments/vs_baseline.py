@@ -8,8 +8,11 @@ compares every entry with `ppo` only.
 For each pair: the IQM difference (variant - baseline) of the metric over seeds with its 95%
 stratified-bootstrap CI (report/stats.py, 50,000 resamples), the one-sided bootstrap p-values of
 "above" and "below", Holm-corrected over every test of the table (both sides of every pair), and
-a TOST of equivalence within +-margin x the observed range of the metric in the file, also
-Holm-corrected. The verdict: 'better' / 'worse' where a Holm-corrected one-sided p is below
+a TOST of equivalence within +-margin x the env's fixed reference range (report/references.py;
+the observed range of the metric in the file where the env has none, or the file holds several
+envs), also Holm-corrected. A pair that cannot inform (the report's rule, analysis.untestable_reason:
+both at the floor or the ceiling, no spread in either) is 'untestable', with the reason, decided
+before any test and left out of the Holm families. The verdict: 'better' / 'worse' where a Holm-corrected one-sided p is below
 0.025 (and the CI is on that side); else 'equivalent' where the Holm-corrected TOST p is below
 0.05; else 'inconclusive'. Unfinished runs are left out and counted. Writes a Markdown table.
 
@@ -29,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from reflectrl.report.analysis import TWO_SIDED, untestable_reason
+from reflectrl.report.references import reference_for
 from reflectrl.report.stats import (
     holm,
     interval,
@@ -99,7 +104,12 @@ def main() -> int:
     if not observed:
         print(f"vs_baseline: no finished run has a '{args.metric}' in {source}", file=sys.stderr)
         return 2
-    margin = args.margin * (max(observed) - min(observed))
+    envs = sorted({r["env"] for r in rows})
+    refs = [reference_for(e) for e in envs]
+    if len(envs) == 1 and refs[0] is not None:  # the env's fixed reference (report/references.py)
+        margin, scale = args.margin * (refs[0].ceiling - refs[0].floor), "of the env's fixed reference range"
+    else:
+        margin, scale = args.margin * (max(observed) - min(observed)), "of the observed range"
     pairs = [p.split(":", 1) for p in args.pairs.split(",")]
     names = {r["algo"] for r in rows}
     missing = [n for pair in pairs for n in pair if n not in names]
@@ -107,24 +117,35 @@ def main() -> int:
         print(f"vs_baseline: no entry {missing[0]!r} in {source}; entries: {', '.join(sorted(names))}",
               file=sys.stderr)
         return 2
-    results = []
+    results, untestable = [], {}
     for variant, base in pairs:
         x, y = scores(rows, variant, args.metric), scores(rows, base, args.metric)
         mid, lo, hi = interval([x[:, None], y[:, None]], iqm_difference, reps=REPS)
         samples = stratified_bootstrap([x[:, None], y[:, None]], iqm_difference, REPS, seed=0)
+        # decided before any test, and kept out of the Holm families: the report's one rule
+        why = untestable_reason(TWO_SIDED, envs, x[:, None], y[:, None], margin=args.margin) if len(envs) == 1 else ""
+        if why:
+            untestable[len(results)] = why
         results.append((variant, base, len(x), len(y), mid, lo, hi, p_value_above(samples, 0.0),
                         p_value_below(samples, 0.0), tost_p_value(samples, margin)))
-    sided = holm([r[7] for r in results] + [r[8] for r in results])
-    tost = holm([r[9] for r in results]) if margin > 0 else [1.0] * len(results)
-    n = len(results)
+    tested = [i for i in range(len(results)) if i not in untestable]
+    n = len(tested)
+    sided = dict(zip([("above", i) for i in tested] + [("below", i) for i in tested],
+                     holm([results[i][7] for i in tested] + [results[i][8] for i in tested])))
+    tost = dict(zip(tested, holm([results[i][9] for i in tested]) if margin > 0 else [1.0] * n))
     lines = [f"{args.metric}: variant - baseline, IQM over seeds [95% CI]; Holm over the {2 * n} one-sided tests "
-             f"(and over the {n} TOSTs, margin +-{margin:.4g} = {args.margin:.0%} of the observed range); "
-             f"{REPS:,} bootstrap resamples; {unfinished} unfinished run(s) left out", "",
+             f"(and over the {n} TOSTs, margin +-{margin:.4g} = {args.margin:.0%} {scale}); "
+             f"{REPS:,} bootstrap resamples; {unfinished} unfinished run(s) left out; comparisons that cannot inform "
+             "are 'untestable' (decided before any test, outside the Holm families)", "",
              "| variant | baseline | seeds | difference [95% CI] | p above (Holm) | p below (Holm) | TOST p (Holm) "
              "| verdict |",
              "|---|---|---|---|---|---|---|---|"]
     for i, (variant, base, nx, ny, mid, lo, hi, *_rest) in enumerate(results):
-        above, below = sided[i], sided[n + i]
+        if i in untestable:
+            lines.append(f"| {variant} | {base} | {nx} / {ny} | {mid:+.3f} [{lo:+.3f}, {hi:+.3f}] | | | | "
+                         f"**{untestable[i]}** |")
+            continue
+        above, below = sided[("above", i)], sided[("below", i)]
         verdict = ("better" if above < 0.025 and lo > 0 else "worse" if below < 0.025 and hi < 0
                    else "equivalent" if tost[i] < 0.05 else "inconclusive")
         lines.append(f"| {variant} | {base} | {nx} / {ny} | {mid:+.3f} [{lo:+.3f}, {hi:+.3f}] | {above:.4f} | "
