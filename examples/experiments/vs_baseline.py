@@ -12,8 +12,8 @@ a TOST of equivalence within +-margin x the env's fixed reference range (report/
 the observed range of the metric in the file where the env has none, or the file holds several
 envs), also Holm-corrected. A pair that cannot inform (the report's rule, analysis.untestable_reason:
 both at the floor or the ceiling, no spread in either) is 'untestable', with the reason, decided
-before any test and left out of the Holm families. The verdict: 'better' / 'worse' where a Holm-corrected one-sided p is below
-0.025 (and the CI is on that side); else 'equivalent' where the Holm-corrected TOST p is below
+before any test and left out of the Holm families. The verdict: 'better' / 'worse' where a
+Holm-corrected one-sided p is below 0.025 (and the CI is on that side); else 'equivalent' where the Holm-corrected TOST p is below
 0.05; else 'inconclusive'. Unfinished runs are left out and counted. Writes a Markdown table.
 
 Several runs.csv files are read as one experiment: the entries of an experiment published in
