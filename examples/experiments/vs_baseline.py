@@ -7,14 +7,15 @@ compares every entry with `ppo` only.
 
 For each pair: the IQM difference (variant - baseline) of the metric over seeds with its 95%
 stratified-bootstrap CI (report/stats.py, 50,000 resamples), the one-sided bootstrap p-values of
-"above" and "below", Holm-corrected over every test of the table (both sides of every pair), and
-a TOST of equivalence within +-margin x the env's fixed reference range (report/references.py;
-the observed range of the metric in the file where the env has none, or the file holds several
-envs), also Holm-corrected. A pair that cannot inform (the report's rule, analysis.untestable_reason:
-both at the floor or the ceiling, no spread in either) is 'untestable', with the reason, decided
-before any test and left out of the Holm families. The verdict: 'better' / 'worse' where a
-Holm-corrected one-sided p is below 0.025 (and the CI is on that side); else 'equivalent' where the Holm-corrected TOST p is below
-0.05; else 'inconclusive'. Unfinished runs are left out and counted. Writes a Markdown table.
+"above" and "below", Holm-corrected over every test of the table (both sides of every pair), and a
+TOST of equivalence within +-margin x the env's fixed reference range (report/references.py; the
+observed range of the metric in the file where the env has none, or the file holds several envs),
+also Holm-corrected. A pair that cannot inform (the report's rule, analysis.untestable_reason: both
+at the floor or the ceiling, no spread in either) is 'untestable', with the reason, decided before
+any test and left out of the Holm families. The verdict: 'better' / 'worse' where a Holm-corrected
+one-sided p is below 0.025 (and the CI is on that side); else 'equivalent' where the Holm-corrected
+TOST p is below 0.05; else 'inconclusive'. Unfinished runs are left out and counted. Writes a
+Markdown table.
 
 Several runs.csv files are read as one experiment: the entries of an experiment published in
 parts (one session's finished entries each, the same command and settings) are compared across
