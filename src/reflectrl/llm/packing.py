@@ -17,8 +17,9 @@ from a cost model (a layer's weights per token, its attention per pair); at 4 x 
 ~70 + 128 tokens on SmolLM2 it picks 4 (measured on this CPU, forward + backward with activation
 checkpointing: 8 to a row 110 s, 4 to a row 102 s, 2 to a row 106 s, unpacked 115-124 s).
 
-`pack(ids, attention, prompt_lengths, max_rows=...)` returns the packed inputs and the index that
-maps the packed hidden states back to the (N, L) layout.
+`plan(model, ids, attention, prompt_lengths)` decides and packs; `pack(ids, attention,
+prompt_lengths, max_rows=...)` returns the packed inputs and the index that maps the packed hidden
+states back to the (N, L) layout.
 """
 
 from __future__ import annotations
@@ -71,9 +72,18 @@ def groups(ids: torch.Tensor, prompt_lengths: torch.Tensor, max_rows: int = 0) -
     return out
 
 
-def worth_packing(ids: torch.Tensor, prompt_lengths: torch.Tensor) -> bool:
-    """Whether packing saves work: some prompt is shared by two or more rows."""
-    return len(groups(ids, prompt_lengths)) < ids.shape[0]
+def plan(model, ids: torch.Tensor, attention: torch.Tensor, prompt_lengths: torch.Tensor) -> Packed | None:
+    """The batch packed as the cost model prefers, on the batch's device, or None where packing saves
+    nothing (no prompt shared by two rows, one row to a packed row) or the attention takes no 4D mask."""
+    if not supported(model):
+        return None
+    device = ids.device
+    ids, attention, prompt_lengths = ids.cpu(), attention.cpu(), prompt_lengths.cpu()
+    spans = groups(ids, prompt_lengths)
+    if len(spans) == ids.shape[0]:
+        return None
+    rows = best_rows(attention, spans, *costs(model))
+    return pack(ids, attention, prompt_lengths, max_rows=rows).to(device) if rows > 1 else None
 
 
 def costs(model) -> tuple[float, float]:

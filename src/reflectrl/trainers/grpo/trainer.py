@@ -220,12 +220,7 @@ def token_logprobs(model, ids: torch.Tensor, attention: torch.Tensor, *, tempera
         if with_logits:
             return logp, out.hidden_states[-1], full.detach()
         return logp, out.hidden_states[-1]
-    packed = None
-    if prompt_lengths is not None and packing.supported(model) and packing.worth_packing(ids, prompt_lengths):
-        ids_, attention_, lengths_ = ids.cpu(), attention.cpu(), prompt_lengths.cpu()
-        rows = packing.best_rows(attention_, packing.groups(ids_, lengths_), *packing.costs(model))
-        if rows > 1:
-            packed = packing.pack(ids_, attention_, lengths_, max_rows=rows).to(ids.device)
+    packed = None if prompt_lengths is None else packing.plan(model, ids, attention, prompt_lengths)
     if packed is not None:
         hidden = packed.unpack(model.get_decoder()(input_ids=packed.ids, attention_mask=packed.attention_mask(model),
                                                    position_ids=packed.positions, use_cache=False).last_hidden_state)
@@ -488,7 +483,7 @@ class GRPOTrainer:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if cfg.lora_rank:
             self.model = model = add_lora(model, cfg)
-        vocab = model.get_output_embeddings().weight.shape[0] if _has_plain_head(model) else 0
+        vocab = decode.vocab_size(model) if _has_plain_head(model) else 0
         self.logprob_chunk = cfg.logprob_chunk if vocab > decode.SMALL_VOCAB else 0
         g = cfg.grpo
         self.task = make_task(cfg.task)
