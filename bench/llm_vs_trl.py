@@ -34,7 +34,6 @@ import argparse
 import json
 import os
 import platform
-import random
 import resource
 import statistics
 import subprocess
@@ -106,23 +105,16 @@ def run_trl(path: Path, a, gear: bool, workdir: Path) -> list[dict]:
     from transformers.trainer_callback import PrinterCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    from reflectrl.integrations.rewards import task_dataset, task_rewards
     from reflectrl.llm import chat
     from reflectrl.llm.model import load_model
-    from reflectrl.llm.tasks import make_task
-    from reflectrl.llm.tasks.base import Problem
 
-    task, rng = make_task("arith"), random.Random(a.seed)
     # the prompts ours sends: a chat model's tokenizer gets the task's instruction as a user turn (TRL applies
-    # the same chat template with its generation prompt), the tiny model the raw prompt
-    in_chat = chat.speak(task, AutoTokenizer.from_pretrained(str(path)))
-    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": task.instruction(p)}] if in_chat
-                                  else p.prompt, "answer": p.answer}
-                                 for p in (task.sample(rng) for _ in range(a.prompts * (a.warmup + a.steps)))])
-
-    def exact_match(completions, answer, **kwargs):
-        if in_chat:  # conversational completions, read as ours reads them
-            return [task.score(Problem("", x), [c[0]["content"]]) for c, x in zip(completions, answer)]
-        return [float(c.strip() == x) for c, x in zip(completions, answer)]
+    # the same chat template with its generation prompt), the tiny model the raw prompt; scored as ours scores
+    in_chat = chat.has_chat(AutoTokenizer.from_pretrained(str(path)))
+    n = a.prompts * (a.warmup + a.steps)
+    dataset = Dataset.from_list(task_dataset("arith", n, seed=a.seed, chat=in_chat))
+    exact_match = task_rewards("arith", n=n, seed=a.seed, chat=in_chat)[0]
 
     class StepTimer(TrainerCallback):
         def __init__(self):

@@ -412,6 +412,32 @@ def test_trl_reward_functions_by_hand():
         task_rewards("arith[reflect=verdict]", ["confidence"])
 
 
+def test_trl_rows_and_rewards_in_chat_form_are_what_the_trainer_gives_a_chat_model():
+    from reflectrl.integrations.rewards import task_dataset, task_rewards
+
+    rng, task = random.Random(5), make_task("arith")
+    task.use_chat(True)
+    problems = [task.sample(rng) for _ in range(3)]
+    rows = task_dataset("arith", 3, seed=5, chat=True)
+    assert [r["prompt"] for r in rows] == [[{"role": "user", "content": task.instruction(p)}] for p in problems]
+    assert rows[0]["prompt"][0]["content"].startswith("What is ")
+    # the raw prompt as a user turn, read in the raw form: what chat=True gave before
+    raw = task_dataset("arith", 3, seed=5, chat="raw")
+    assert [r["prompt"][0]["content"] for r in raw] == [p.prompt for p in problems]
+    assert [r["prompt"] for r in task_dataset("arith", 3, seed=5)] == [p.prompt for p in problems]
+    # an instruct model answers in prose: the chat form reads the number after it, the raw form does not
+    said = [[{"role": "assistant", "content": f"Sure! {p.meta['a']} {p.meta['op']} {p.meta['b']} is {p.answer}."}]
+            for p in problems]
+    chat_outcome = task_rewards("arith", seed=5, chat=True)[0]
+    raw_outcome = task_rewards("arith", seed=5, chat="raw")[0]
+    assert chat_outcome(None, said, problem=[0, 1, 2]) == [1.0, 1.0, 1.0]
+    assert raw_outcome(None, said, problem=[0, 1, 2]) == [0.0, 0.0, 0.0]
+    wrong = [[{"role": "assistant", "content": f"It is {int(p.answer) + 1}."}] for p in problems]
+    assert chat_outcome(None, wrong, problem=[0, 1, 2]) == [0.0, 0.0, 0.0]
+    with pytest.raises(UserError, match="chat='yes'"):
+        task_dataset("arith", 2, chat="yes")
+
+
 @pytest.mark.slow
 def test_a_finished_run_writes_its_calibration_and_reliability_diagram(cli, reflect_model_dirs, tmp_path):
     run = tmp_path / "run"

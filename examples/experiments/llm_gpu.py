@@ -139,7 +139,8 @@ def run(a, entries: list[str]) -> list[dict]:
     classes = {name: common.with_autocast_generation(cls) for name, cls in
                (("grpo", GRPOTrainer), ("gear", GEARGRPOTrainer), ("divergence", DivergenceGRPOTrainer))}
     n = a.steps * a.prompts
-    rows = task_dataset(a.task, n, seed=a.seed, chat=chat, reference="solution", instruction=instruction)
+    rows = task_dataset(a.task, n, seed=a.seed, chat="raw" if chat else False, reference="solution",
+                        instruction=instruction)
     results, base_rate = [], None
 
     class EvalEvery(TrainerCallback):

@@ -158,7 +158,7 @@ def run(a, script: str = SCRIPT, path: str = __file__) -> list[dict]:
     if episodes:
         rows, problems = common.episode_rows(task, n, a.seed, instruction, chat)
     else:
-        rows = task_dataset(a.task, n, seed=a.seed, chat=chat, instruction=instruction)
+        rows = task_dataset(a.task, n, seed=a.seed, chat="raw" if chat else False, instruction=instruction)
     for entry in entries:
         model, tokenizer = common.load_policy(a.model, device)
         before = [p.detach().clone() for p in model.parameters()]

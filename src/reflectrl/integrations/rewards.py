@@ -19,9 +19,16 @@ the completion exactly as reflectrl reads them (tasks/reflect.py). Single-turn t
 TRL's GRPOTrainer generates one completion per prompt.
 
 `instruct=True` prefixes each prompt with one sentence describing the reflection format, for
-a model that was not taught it by `reflectrl llm sft` (an instruct model; pass the rows
-through the model's chat template as TRL does for conversational datasets by giving
-`{"prompt": [{"role": "user", "content": ...}]}`: `chat=True`).
+a model that was not taught it by `reflectrl llm sft`.
+
+For an instruct model (one with a chat template), `chat=True` in both functions gives what
+`reflectrl llm train` gives that model (llm/chat.py): each row's prompt is the task's
+instruction as a user turn, `{"prompt": [{"role": "user", "content": task.instruction(p)}]}`
+(TRL renders conversational rows through the template with its generation prompt), and the
+reward functions read the completions as an instruct model writes them (the number after prose,
+the ```python block). `chat="raw"` keeps the task's raw continuation prompt as the user turn and
+reads completions in the raw form (what `chat=True` meant before; the Qwen scripts in
+examples/experiments use it, and pin their own instruction sentence).
 """
 
 from __future__ import annotations
@@ -44,13 +51,24 @@ INSTRUCTIONS = {
 }
 
 
-def task_dataset(spec: str, n: int, seed: int = 0, instruct: bool = False, chat: bool = False,
+def _task(spec: str, chat: bool | str):
+    """The task of `spec` in the form `chat` asks for (True: chat form; False or "raw": raw)."""
+    if chat not in (True, False, "raw"):
+        raise UserError(f"chat={chat!r}: use True (the task's chat form), 'raw' (its raw prompt as a user turn) "
+                        "or False (plain text)")
+    task = make_task(spec)
+    task.use_chat(chat is True)
+    return task
+
+
+def task_dataset(spec: str, n: int, seed: int = 0, instruct: bool = False, chat: bool | str = False,
                  reference: str | None = None, instruction: str | None = None) -> list[dict]:
     """`n` problems of the task as rows {"prompt", "problem"} (`problem`: the row's index, which
     the reward functions read back); with `reference` ("solution" or "answer"), also the task's
     reference for each (the column DivergenceGRPOTrainer's teacher reads); `instruction`: a
-    sentence put before each prompt."""
-    task = make_task(spec)
+    sentence put before each prompt; `chat`: True (the task's chat form, as `reflectrl llm train`
+    gives a chat model), "raw" (the raw prompt as a user turn) or False (plain text rows)."""
+    task = _task(spec, chat)
     if task.max_turns != 1:
         hint = ("; a reflection after the tests' feedback is a turn of its own: add reflect_after=answer to "
                 "reflect in the answer's turn") if "reflect" in spec and "reflect_after=answer" not in spec else ""
@@ -60,7 +78,7 @@ def task_dataset(spec: str, n: int, seed: int = 0, instruct: bool = False, chat:
     rows = []
     for i in range(n):
         problem = task.sample(rng)
-        prompt = problem.prompt
+        prompt = task.instruction(problem) if chat is True else problem.prompt
         if instruct and task.reflect != "none":
             prompt = f"{INSTRUCTIONS[task.reflect]}\n{prompt}"
         if instruction:
@@ -79,13 +97,14 @@ def _text(completion) -> str:
 
 
 def task_rewards(spec: str, signals: Sequence[str] = (), n: int | None = None, seed: int = 0,
-                 configs: dict | None = None) -> list[Callable]:
-    """[outcome, then one reward function per signal] for rows made by task_dataset(spec, n, seed).
+                 configs: dict | None = None, chat: bool | str = False) -> list[Callable]:
+    """[outcome, then one reward function per signal] for rows made by task_dataset(spec, n, seed)
+    (with the same `chat`: True reads completions as an instruct model writes them).
     `configs`: {"verdict": VerdictConfig(...), "confidence": ConfidenceConfig(...)}."""
     from reflectrl.signals.confidence.torch import ConfidenceConfig, confidence_terms
     from reflectrl.signals.verdict.torch import VerdictConfig, verdict_terms
 
-    task = make_task(spec)
+    task = _task(spec, chat)
     configs = dict(configs or {})
     for name in signals:
         if name not in ("verdict", "confidence"):
