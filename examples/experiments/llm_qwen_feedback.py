@@ -4,6 +4,8 @@ grpo+verdict vs grpo+confidence on a task whose environment answers the agent be
     # on a GPU machine whose HF cache holds the model (nothing is downloaded: HF_HUB_OFFLINE=1):
     python examples/experiments/llm_qwen_feedback.py --model Qwen/Qwen2.5-0.5B-Instruct --bf16 --steps 200 \\
         --json feedback.jsonl
+    # the packaged SmolLM2-135M-Instruct (reflectrl[lm]; docs/llm.md), the model the CPU runs use, on an accelerator:
+    python examples/experiments/llm_qwen_feedback.py --model smollm2-135m --bf16 --steps 200 --json smollm2.jsonl
     # another task, or the reflection on the answer itself for comparison:
     python examples/experiments/llm_qwen_feedback.py --model ... --task 'code[reflect=both;reflect_after=answer]'
     # a smoke run on a CPU with the tiny model (tests/test_llm_recipes.py):
@@ -62,7 +64,14 @@ def precheck(a) -> None:
     if a.device != "cpu" and not torch.cuda.is_available():
         common.fail(SCRIPT, "no accelerator here (torch sees no CUDA device); this comparison is a GPU run "
                             "(a smoke run on a CPU: --device cpu with a tiny model)")
-    if not weights_present(a.model):
+    from reflectrl.llm.model import PACKAGED_MODELS, resolve_model
+
+    if a.model in PACKAGED_MODELS:  # e.g. smollm2-135m: converted once from its installed package
+        try:
+            resolve_model(a.model)
+        except UserError as err:
+            common.fail(SCRIPT, f"--model {a.model}: {str(err).splitlines()[0]}")
+    elif not weights_present(a.model):
         common.fail(SCRIPT, f"no weights for --model {a.model}: neither a local directory nor in the Hugging Face "
                             "cache, and nothing is downloaded at run time")
     try:
