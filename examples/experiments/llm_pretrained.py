@@ -173,6 +173,11 @@ def summarise(out: Path, experiment: str, seeds: int, steps: int, extra: list[st
             mid, lo, hi = interval([change], iqm)
             lines.append(f"| {name} | {len(rows)} | {cell(start, None)[0]} | {cell(end, None)[0]} | "
                          f"{mid:+.3f} [{lo:+.3f}, {hi:+.3f}] | {int((change > 0).sum())}/{len(rows)} |")
+        starts = {r["sampled_initial"] for _, rows in sampled for r in rows}
+        if len(starts) == 1:  # the evaluation's draws are seeded by the step: one measurement of the untrained model
+            lines += ["", f"At step 0 every run measures the same untrained model with the same draws (the "
+                      f"evaluation's sampling is seeded by the step): {starts.pop():.3f} is one measurement, and its "
+                      "own sampling error is not in the intervals over seeds."]
     calibration = [(name, rows) for name, rows in per_run.items() if any(k in rows[0] for k in CALIBRATION_KEYS)]
     if calibration:
         keys = [k for k in CALIBRATION_KEYS if any(k in rows[0] for _, rows in calibration)]
