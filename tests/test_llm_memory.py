@@ -118,6 +118,43 @@ def test_lora_with_gradient_checkpointing_trains_the_same_step(tiny_model_dir, c
     assert torch.allclose(_params(plain), _params(checkpointed), rtol=0, atol=1e-6)
 
 
+def test_lora_samples_through_merged_weights_and_puts_the_originals_back(tiny_model_dir, chunked_everywhere,
+                                                                         monkeypatch):
+    from reflectrl.trainers.grpo.trainer import merged_for_sampling
+
+    trainer, _, _ = _one_step(tiny_model_dir, monkeypatch, steps=2, lora_rank=4, learning_rate=0.05)
+    model = trainer.model
+    adapters, base = _lora_params(trainer)
+    assert any(p.abs().max() > 0 for n, p in adapters.items() if "lora_B" in n)  # the adapters moved off 0
+    objects = {n: p for n, p in model.named_parameters()}
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, model.config.vocab_size, (3, 12), generator=g)
+    attention = torch.ones_like(ids)
+    with torch.no_grad():
+        unmerged = model(input_ids=ids, attention_mask=attention).logits
+        with model.disable_adapter():
+            base_model = model(input_ids=ids, attention_mask=attention).logits
+        with merged_for_sampling(model):
+            merged = model(input_ids=ids, attention_mask=attention).logits
+            swapped = [n for n, p in model.named_parameters() if "base_layer.weight" in n and p is not objects[n]]
+        again = model(input_ids=ids, attention_mask=attention).logits
+    assert not torch.allclose(base_model, unmerged, rtol=0, atol=1e-4)  # the adapters change the policy
+    assert torch.allclose(merged, unmerged, rtol=0, atol=1e-5)  # and the merged weights are that policy
+    assert torch.equal(again, unmerged)  # the adapters are on again, the weights as before
+    assert swapped and len(swapped) == sum("base_layer.weight" in n for n in objects)  # every adapted layer merged
+    after = dict(model.named_parameters())
+    assert all(after[n] is objects[n] for n in objects)  # the same tensors, not copies
+    adapters_after, base_after = _lora_params(trainer)
+    assert all(torch.equal(base[n], base_after[n]) for n in base)
+    assert all(torch.equal(adapters[n], adapters_after[n]) for n in adapters)
+    # a step samples this way, and with lora_merged_sampling=false through the adapters: the same episodes here
+    on, _, rows_on = _one_step(tiny_model_dir, monkeypatch, steps=2, lora_rank=4, learning_rate=0.05)
+    off, _, rows_off = _one_step(tiny_model_dir, monkeypatch, steps=2, lora_rank=4, learning_rate=0.05,
+                                 lora_merged_sampling="false")
+    assert [r["completion_length"] for r in rows_on] == [r["completion_length"] for r in rows_off]
+    assert torch.allclose(_params(on), _params(off), rtol=0, atol=1e-5)
+
+
 def test_lora_resumes_exactly_and_saves_a_merged_model(tiny_model_dir, chunked_everywhere, monkeypatch, tmp_path):
     from reflectrl.llm.model import load_model
     from reflectrl.runs import RunDir

@@ -144,6 +144,10 @@ class LLMRunConfig:
     """dropout on the adapters' input"""
     lora_targets: str = LORA_TARGETS
     """the modules that get adapters, by name, comma-separated"""
+    lora_merged_sampling: bool = True
+    """with LoRA, sample (and evaluate) through the weights with the adapters merged in, W + scale B A, set
+    aside for the rollout and the original weights put back after it (exactly); false: through the
+    unmerged adapters (the same policy up to float rounding, and slower: two more products per layer per token)"""
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     """the GRPO knobs"""
     sections: dict[str, Any] = field(default_factory=dict)
@@ -166,7 +170,8 @@ class LLMRunConfig:
 
 
 RUN_KNOBS = ("checkpoint_every", "torch_threads", "device", "precision", "gradient_checkpointing", "logprob_chunk",
-             "release_memory", "share_prompts", "decoder", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
+             "release_memory", "share_prompts", "decoder", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets",
+             "lora_merged_sampling")
 PRECISIONS = ("auto", "fp32", "bf16")
 DECODERS = ("auto", "generate", "reflectrl")
 

@@ -449,6 +449,32 @@ def merged_state_dict(model) -> dict:
     return merged
 
 
+@contextlib.contextmanager
+def merged_for_sampling(model):
+    """Sample through merged LoRA weights: each adapted layer's weight replaced by W + scale B A (a new
+    tensor) and the adapters switched off, then the original weight objects put back, so the weights
+    the update trains and the checkpoint saves are untouched, bit for bit. Without adapters, nothing."""
+    if not hasattr(model, "peft_config"):
+        yield
+        return
+    from peft.tuners.lora import LoraLayer
+
+    saved = []
+    try:
+        with torch.no_grad():
+            for module in model.get_base_model().modules():
+                if isinstance(module, LoraLayer):
+                    layer = module.base_layer
+                    saved.append((layer, layer.weight))
+                    merged = layer.weight + module.get_delta_weight(module.active_adapters[0]).to(layer.weight.dtype)
+                    layer.weight = torch.nn.Parameter(merged, requires_grad=False)
+        with model.disable_adapter():
+            yield
+    finally:
+        for layer, weight in saved:
+            layer.weight = weight
+
+
 def peak_memory(device: torch.device) -> dict:
     """The process's peak resident memory in GB so far (and the CUDA allocator's peak, on a GPU)."""
     import resource
@@ -527,6 +553,13 @@ class GRPOTrainer:
         if self.bf16:
             return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def sampling(self):
+        """The rollout's context: the precision, and with LoRA the adapters merged (lora_merged_sampling)."""
+        with self.precision(), (merged_for_sampling(self.model) if self.cfg.lora_merged_sampling
+                                else contextlib.nullcontext()):
+            yield
 
     # ------------------------------------------------------------------ one step
 
@@ -642,7 +675,7 @@ class GRPOTrainer:
         problems = [p for p in problems for _ in range(g.group_size)]
         self.model.eval()
         try:
-            with self.precision():
+            with self.sampling():
                 return rollout(self.model, self.tokenizer, self.task, problems, max_new_tokens=self.max_new_tokens,
                                temperature=g.temperature, top_p=g.top_p, decoder=self.cfg.decoder)
         except RuntimeError as err:  # torch.multinomial on a NaN distribution: the weights are broken
@@ -798,7 +831,7 @@ class GRPOTrainer:
         eval_samples, the success rate of that many sampled completions per problem too."""
         self.model.eval()
         state = torch.get_rng_state()
-        with self.precision():
+        with self.sampling():
             episodes = rollout(self.model, self.tokenizer, self.task, self.eval_set,
                                max_new_tokens=self.max_new_tokens, greedy=True, decoder=self.cfg.decoder)
         torch.set_rng_state(state)
@@ -808,7 +841,7 @@ class GRPOTrainer:
         if g.eval_samples:  # sampled success on the same problems, its draws seeded by the step
             problems = [p for p in self.eval_set for _ in range(g.eval_samples)]
             torch.manual_seed(EVAL_SEED + self.step)
-            with self.precision():
+            with self.sampling():
                 sampled = rollout(self.model, self.tokenizer, self.task, problems, max_new_tokens=self.max_new_tokens,
                                   temperature=g.temperature, top_p=g.top_p, decoder=self.cfg.decoder)
             torch.set_rng_state(state)
