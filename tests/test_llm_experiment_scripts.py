@@ -1,29 +1,16 @@
 """examples/experiments/llm_untrained.py and llm_pretrained.py's protocol pieces, on the tiny model."""
 
-import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch")
 
+from experiment_scripts import EXPERIMENTS, experiment_module  # noqa: E402
+
 from reflectrl.llm.model import init_tiny  # noqa: E402
-
-EXPERIMENTS = Path(__file__).resolve().parent.parent / "examples" / "experiments"
-
-
-def experiment_module(name):
-    spec = importlib.util.spec_from_file_location(name, EXPERIMENTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(EXPERIMENTS))
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(EXPERIMENTS))
-    return module
 
 
 def test_wilson_interval_matches_scipy():

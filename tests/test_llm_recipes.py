@@ -2,7 +2,6 @@
 weights under bf16 autocast, one process per entry, the one-line refusals, multi-turn episodes
 (the verdict after feedback) and each recipe end to end. Smoke runs, not measurements."""
 
-import importlib.util
 import json
 import os
 import random
@@ -15,22 +14,10 @@ import pytest
 pytest.importorskip("trl")
 torch = pytest.importorskip("torch")
 
+from experiment_scripts import EXPERIMENTS, experiment_module  # noqa: E402
+
 from reflectrl.llm.model import init_tiny, load_model  # noqa: E402
 from reflectrl.llm.tasks import make_task  # noqa: E402
-
-EXPERIMENTS = Path(__file__).resolve().parent.parent / "examples" / "experiments"
-
-
-def experiment_module(name):
-    spec = importlib.util.spec_from_file_location(name, EXPERIMENTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(EXPERIMENTS))
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(EXPERIMENTS))
-    return module
-
 
 common = experiment_module("llm_qwen_common")
 
