@@ -426,18 +426,23 @@ def linear_names(model) -> set[str]:
     return {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
 
 
+def lora_deltas(model) -> dict:
+    """{name: (LoRA layer, its weight's update scale B A)} of a peft model's adapted layers (call under no_grad)."""
+    from peft.tuners.lora import LoraLayer
+
+    return {name: (module, module.get_delta_weight(module.active_adapters[0]))
+            for name, module in model.get_base_model().named_modules() if isinstance(module, LoraLayer)}
+
+
 def merged_state_dict(model) -> dict:
     """The policy's weights under the plain model's names. With LoRA, each adapted weight is
     W + (lora_alpha / lora_rank) B A, computed aside: merging into the model and back would not
     give the same floats."""
     if not hasattr(model, "peft_config"):
         return model.state_dict()
-    from peft.tuners.lora import LoraLayer
-
     base = model.get_base_model()
     with torch.no_grad():
-        deltas = {name: module.get_delta_weight(module.active_adapters[0])
-                  for name, module in base.named_modules() if isinstance(module, LoraLayer)}
+        deltas = {name: delta for name, (_, delta) in lora_deltas(model).items()}
         merged = {}
         for key, value in base.state_dict().items():
             if ".lora_" in key:
@@ -457,17 +462,13 @@ def merged_for_sampling(model):
     if not hasattr(model, "peft_config"):
         yield
         return
-    from peft.tuners.lora import LoraLayer
-
     saved = []
     try:
         with torch.no_grad():
-            for module in model.get_base_model().modules():
-                if isinstance(module, LoraLayer):
-                    layer = module.base_layer
-                    saved.append((layer, layer.weight))
-                    merged = layer.weight + module.get_delta_weight(module.active_adapters[0]).to(layer.weight.dtype)
-                    layer.weight = torch.nn.Parameter(merged, requires_grad=False)
+            for module, delta in lora_deltas(model).values():
+                layer = module.base_layer
+                saved.append((layer, layer.weight))
+                layer.weight = torch.nn.Parameter(layer.weight + delta.to(layer.weight.dtype), requires_grad=False)
         with model.disable_adapter():
             yield
     finally:
