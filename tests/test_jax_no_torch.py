@@ -169,6 +169,26 @@ def test_a_resumed_runs_events_hide_what_the_killed_process_logged_past_the_chec
     assert [r["global_step"] for r in read_metrics(tmp_path)] == [32, 64, 96, 128]
 
 
+def test_a_run_resumed_from_step_0_keeps_none_of_what_the_killed_process_logged(tmp_path):
+    """The step-0 checkpoint comes before anything runs: a row logged at step 0 after it (the
+    untrained policy's evaluation) is logged again by the resumed run, so it is not kept twice."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = RunDir(tmp_path)
+    first = MetricsLogger(run, resume_step=0)  # a fresh run
+    first.log({"global_step": 0, "eval_accuracy": 0.25})
+    first.close()
+    time.sleep(1.1)  # event files are named by the second they were opened in
+    second = MetricsLogger(run, resume_step=0)  # killed before its first periodic checkpoint
+    second.log({"global_step": 0, "eval_accuracy": 0.25})
+    second.log({"global_step": 1, "eval_accuracy": 0.5})
+    second.close()
+    assert [r["global_step"] for r in read_metrics(tmp_path)] == [0, 1]
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("eval_accuracy")] == [(0, 0.25), (1, 0.5)]
+
+
 def test_state_samples_from_numpy_and_from_torch_are_the_same_file(tmp_path):
     torch = pytest.importorskip("torch")
     from reflectrl.runs.state_samples import StateSampler, load_samples

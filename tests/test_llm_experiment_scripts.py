@@ -56,3 +56,17 @@ def test_learning_experiment_evaluates_at_the_ends_only():
     ends = pretrained.knobs(pretrained.EXPERIMENTS["learning"], 20)
     assert "eval_every=20" in ends and "eval_every=5" not in ends and "eval_samples=2" in ends
     assert pretrained.knobs(pretrained.EXPERIMENTS["credit"], 20) == pretrained.COMMON
+
+
+def test_a_runs_repeated_step_0_evaluation_counts_once(tmp_path):
+    """A run resumed from its step-0 checkpoint by an older reflectrl logged step 0's evaluation twice:
+    the summary reads one row per step, so the area under the curve is not pulled toward step 0."""
+    pretrained = experiment_module("llm_pretrained")
+    ev0 = {"global_step": 0, "step": 0, "eval_accuracy": 0.25, "eval_sampled_accuracy": 0.125}
+    train = {"global_step": 1, "step": 1, "reward": 1.0, "accuracy": 1.0, "completion_length": 10.0,
+             "step_seconds": 2.0}
+    ev1 = {**train, "eval_accuracy": 0.75, "eval_sampled_accuracy": 0.5}
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (ev0, ev0, ev1)))
+    out = pretrained.load(tmp_path)
+    assert out["eval_steps"] == [0, 1] and out["auc"] == 0.5
+    assert (out["initial"], out["final"], out["sampled_initial"], out["sampled_final"]) == (0.25, 0.75, 0.125, 0.5)

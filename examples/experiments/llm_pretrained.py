@@ -98,8 +98,10 @@ def train(out: Path, task: str, entry: list[str], name: str, seed: int, steps: i
 
 def load(run: Path) -> dict:
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    evals = [r for r in rows if "eval_accuracy" in r]
-    train_rows = [r for r in rows if "reward" in r]
+    # one row per step (the last logged): a run resumed from its step-0 checkpoint by an older reflectrl
+    # logged its step-0 evaluation twice
+    evals = list({r["step"]: r for r in rows if "eval_accuracy" in r}.values())
+    train_rows = list({r["step"]: r for r in rows if "reward" in r}.values())
     out = {"run": str(run), "eval_steps": [r["step"] for r in evals],
            "eval_accuracy": [r["eval_accuracy"] for r in evals], "final": evals[-1]["eval_accuracy"],
            "initial": evals[0]["eval_accuracy"], "auc": float(np.mean([r["eval_accuracy"] for r in evals])),
