@@ -47,6 +47,7 @@ from reflectrl.report.stats import (
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from llm_learning import CLI, finished, sh  # noqa: E402  (the same subprocess and run-status helpers)
+from llm_untrained import wilson  # noqa: E402
 
 MODEL = "smollm2-135m"
 EXPERIMENTS = {
@@ -177,9 +178,16 @@ def summarise(out: Path, experiment: str, seeds: int, steps: int, extra: list[st
                          f"{mid:+.3f} [{lo:+.3f}, {hi:+.3f}] | {int((change > 0).sum())}/{len(rows)} |")
         starts = {r["sampled_initial"] for _, rows in sampled for r in rows}
         if len(starts) == 1:  # the evaluation's draws are seeded by the step: one measurement of the untrained model
+            start = starts.pop()
+            g = json.loads((Path(sampled[0][1][0]["run"]) / "config.json").read_text())["grpo"]
+            draws = g["eval_problems"] * g["eval_samples"]
+            lo, hi = wilson(start * draws, draws)
+            above = [f"{name} {sum(r['sampled_final'] > hi for r in rows)}/{len(rows)}" for name, rows in sampled]
             lines += ["", f"At step 0 every run measures the same untrained model with the same draws (the "
-                      f"evaluation's sampling is seeded by the step): {starts.pop():.3f} is one measurement, and its "
-                      "own sampling error is not in the intervals over seeds."]
+                      f"evaluation's sampling is seeded by the step): {start:.3f} is one measurement, and its "
+                      f"own sampling error is not in the intervals over seeds. Over its {draws} draws its 95% Wilson "
+                      f"interval is [{lo:.3f}, {hi:.3f}]; seeds whose final sampled success is above its upper "
+                      f"end: {', '.join(above)}."]
     calibration = [(name, rows) for name, rows in per_run.items() if any(k in rows[0] for k in CALIBRATION_KEYS)]
     if calibration:
         keys = [k for k in CALIBRATION_KEYS if any(k in rows[0] for _, rows in calibration)]
