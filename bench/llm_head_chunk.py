@@ -11,7 +11,6 @@ here"). Prints each update's seconds and the medians' ratio. Needs the packaged 
 import argparse
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
@@ -29,7 +28,7 @@ def strided(head, hidden, targets, temperature):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default=str(Path.home() / ".cache/reflectrl/models/smollm2-135m"))
+    ap.add_argument("--model", default="smollm2-135m", help="a model directory or a packaged model's name")
     ap.add_argument("--lora", type=int, default=16, help="LoRA rank (0: full fine-tuning)")
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--group", type=int, default=8)

@@ -379,11 +379,13 @@ class MetricsLogger:
 
     def __init__(self, run: RunDir, resume_step: int | None = None):
         self.path = run.path / METRICS
+        purge = None
         if resume_step is not None:
-            self._truncate_after(resume_step)
-        # from step 0 (the checkpoint written before anything ran) nothing logged is kept: what the
-        # killed process logged at step 0 (an evaluation of the untrained policy) comes again
-        purge = None if resume_step is None else resume_step + 1 if resume_step > 0 else 0
+            # from step 0 (the checkpoint written before anything ran) nothing logged is kept: what the
+            # killed process logged at step 0 (an evaluation of the untrained policy) comes again
+            last_kept = resume_step if resume_step > 0 else -1
+            self._truncate_after(last_kept)
+            purge = last_kept + 1
         self.writer = ScalarEvents(run.path / TENSORBOARD, purge_step=purge)
         self.file = open(self.path, "a")
 
@@ -397,7 +399,7 @@ class MetricsLogger:
                     row = json.loads(line)
                 except json.JSONDecodeError:
                     break  # a line cut by the kill: everything after it is gone too
-                if row.get("global_step", 0) > step or step == 0:
+                if row.get("global_step", 0) > step:
                     break
                 kept.append(line)
         atomic_write_bytes(self.path, "".join(kept).encode())
